@@ -1,0 +1,25 @@
+"""FastAPI dependencies: the shared objects live on ``app.state`` (set in the lifespan)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.commands import ObserverCommands
+
+
+async def _session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with request.app.state.sessions() as session:
+        yield session
+
+
+def _commands(request: Request) -> ObserverCommands:
+    commands: ObserverCommands = request.app.state.commands
+    return commands
+
+
+SessionDep = Annotated[AsyncSession, Depends(_session)]
+CommandsDep = Annotated[ObserverCommands, Depends(_commands)]

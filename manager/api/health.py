@@ -1,0 +1,28 @@
+"""/healthz (the process is up) and /readyz (database and broker reachable)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    checks: dict[str, str] = {}
+    try:
+        async with request.app.state.sessions() as session:
+            await session.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as e:  # noqa: BLE001 - report, never raise
+        checks["database"] = f"unreachable: {type(e).__name__}"
+    checks["broker"] = "ok" if request.app.state.broker.is_connected() else "unreachable"
+    ready = all(v == "ok" for v in checks.values())
+    return JSONResponse({"status": "ok" if ready else "unavailable", **checks}, status_code=200 if ready else 503)

@@ -1,0 +1,29 @@
+"""/api/services and /api/stats"""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter
+
+from manager import queries
+from manager.api.deps import SessionDep
+from manager.api.schemas import ServiceOut, Stats
+
+router = APIRouter(prefix="/api", tags=["services"])
+
+
+@router.get("/services", response_model=list[ServiceOut])
+async def list_services(session: SessionDep) -> list[ServiceOut]:
+    return [ServiceOut.of(svc, running) for svc, running in await queries.list_services(session)]
+
+
+@router.get("/services/{service_id}", response_model=ServiceOut)
+async def get_service(service_id: uuid.UUID, session: SessionDep) -> ServiceOut:
+    svc, running = await queries.get_service(session, service_id)
+    return ServiceOut.of(svc, running)
+
+
+@router.get("/stats", response_model=Stats)
+async def get_stats(session: SessionDep) -> Stats:
+    return Stats.model_validate(await queries.stats(session))

@@ -1,0 +1,79 @@
+"""The manager's FastAPI application: wiring only.
+
+The lifespan checks the schema, connects to the broker (in the background, retrying),
+starts the state consumer and the background loops, and closes everything on the way out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
+
+from manager.api import health, observers, services
+from manager.background import BackgroundLoops
+from manager.broker import BrokerLink
+from manager.commands import ObserverCommands
+from manager.db.engine import check_schema, make_engine, make_sessionmaker
+from manager.errors import ManagerError
+from manager.state.consumer import StateConsumer
+from manager.state.rules import StateRules
+from shared import __version__
+from shared.settings import ManagerSettings, get_manager_settings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: ManagerSettings | None = None) -> FastAPI:
+    settings = settings or get_manager_settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = make_engine(settings.database_url)
+        await check_schema(engine)
+        sessions = make_sessionmaker(engine)
+        broker = BrokerLink(settings)
+        rules = StateRules()
+        consumer = StateConsumer(sessions, broker, rules)
+        loops = BackgroundLoops(settings, sessions, broker, rules)
+        app.state.sessions = sessions
+        app.state.broker = broker
+        app.state.commands = ObserverCommands(sessions, broker)
+        app.state.consumer = consumer
+        broker.start(consumer.on_message)
+        background = asyncio.create_task(loops.run(), name="background")
+        try:
+            yield
+        finally:
+            background.cancel()
+            with contextlib.suppress(BaseException):
+                await background
+            await broker.close()
+            await engine.dispose()
+
+    app = FastAPI(title="Observer orchestrator manager", version=__version__, lifespan=lifespan)
+    app.include_router(health.router)
+    app.include_router(observers.router)
+    app.include_router(services.router)
+
+    @app.exception_handler(ManagerError)
+    async def _domain_error(_: Request, exc: ManagerError) -> JSONResponse:
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
+
+    @app.exception_handler(DBAPIError)
+    async def _database_error(_: Request, exc: DBAPIError) -> JSONResponse:
+        logger.error("database error: %s", exc)
+        return JSONResponse({"detail": "the database is unavailable; retry later"}, status_code=503)
+
+    return app

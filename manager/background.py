@@ -1,0 +1,143 @@
+"""Periodic repairs, one pass each per ``sweep_interval_s``:
+
+* re-broadcast stops still OnDeleting after ``restop_after_s`` (seed scenario 5: the stop
+  may have hit no service while the observer was being redistributed);
+* mark services lost after ``lost_after_heartbeats`` missed heartbeats — only once the
+  state backlog is drained after a manager restart, so old news is not judged as silence;
+* publish again the starts of rows a crash left un-enqueued;
+* stop observers reported running that have no row, after ``unknown_grace_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.broker import BrokerLink
+from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
+from manager.state.rules import StateRules
+from shared.errors import BrokerUnavailable
+from shared.messages import InventoryRequest, StartObserver, StopObserver
+from shared.settings import ManagerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class BackgroundLoops:
+    def __init__(
+        self,
+        settings: ManagerSettings,
+        sessions: async_sessionmaker[AsyncSession],
+        broker: BrokerLink,
+        rules: StateRules,
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.broker = broker
+        self.rules = rules
+        self.backlog_drained = False
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval_s)
+            if not self.broker.ready.is_set():
+                continue
+            for step in (self.restop, self.judge_heartbeats, self.republish_unenqueued, self.stop_unknown):
+                try:
+                    await step()
+                except BrokerUnavailable as e:
+                    logger.warning("%s: broker unavailable (%s)", step.__name__, e)
+                    break
+                except Exception:
+                    logger.exception("background step %s failed", step.__name__)
+
+    async def restop(self) -> None:
+        now = datetime.now(UTC)
+        async with self.sessions.begin() as session:
+            ids = list(
+                await session.scalars(
+                    update(Observer)
+                    .where(
+                        Observer.status == ObserverStatus.ON_DELETING,
+                        Observer.modified_at < now - timedelta(seconds=self.settings.restop_after_s),
+                    )
+                    .values(modified_at=now)
+                    .returning(Observer.id)
+                )
+            )
+        for oid in ids:
+            await self.broker.publish_control(StopObserver(observer_id=oid, reason="stop requested (again)"))
+        if ids:
+            logger.info("re-broadcast %d stop(s) still OnDeleting", len(ids))
+
+    async def judge_heartbeats(self) -> None:
+        if not self.backlog_drained:
+            backlog = await self.broker.state_backlog()
+            if backlog is None or backlog > 0:
+                logger.info("state backlog: %s message(s) to apply before judging heartbeats", backlog)
+                return
+            self.backlog_drained = True
+            logger.info("state backlog drained: judging heartbeats from now on")
+        silence = timedelta(seconds=self.settings.heartbeat_s * self.settings.lost_after_heartbeats)
+        async with self.sessions.begin() as session:
+            lost = list(
+                await session.scalars(
+                    update(Service)
+                    .where(
+                        Service.status == ServiceStatus.ALIVE, Service.last_heartbeat_at < datetime.now(UTC) - silence
+                    )
+                    .values(status=ServiceStatus.LOST, modified_at=datetime.now(UTC))
+                    .returning(Service.name)
+                )
+            )
+        for name in lost:
+            logger.warning("service %s missed %d heartbeats: lost", name, self.settings.lost_after_heartbeats)
+
+    async def republish_unenqueued(self) -> None:
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.settings.enqueue_sweep_after_s)
+        async with self.sessions() as session:
+            rows = list(
+                await session.scalars(
+                    select(Observer)
+                    .where(
+                        Observer.enqueued_at.is_(None),
+                        Observer.status == ObserverStatus.CREATED,
+                        Observer.created_at < cutoff,
+                    )
+                    .limit(1000)
+                )
+            )
+        for obs in rows:
+            await self.broker.publish_start(
+                StartObserver(observer_id=obs.id, name=obs.name, kind=obs.kind, args=obs.args, pool=obs.pool)
+            )
+            async with self.sessions.begin() as session:
+                await session.execute(
+                    update(Observer).where(Observer.id == obs.id).values(enqueued_at=datetime.now(UTC))
+                )
+            logger.warning("published again the start of %s, left un-enqueued by a crash", obs.id)
+
+    async def stop_unknown(self) -> None:
+        unknown = self.rules.suspicions.unknown
+        due = [
+            (oid, sid)
+            for oid, (sid, seen) in list(unknown.items())
+            if time.monotonic() - seen >= self.settings.unknown_grace_s
+        ]
+        if not due:
+            return
+        async with self.sessions() as session:
+            known = set(await session.scalars(select(Observer.id).where(Observer.id.in_([oid for oid, _ in due]))))
+        for oid, sid in due:
+            del unknown[oid]
+            if oid in known:
+                # Its row committed after the report: ask the host to report again.
+                await self.broker.publish_control(InventoryRequest(service_id=sid))
+                continue
+            logger.warning("observer %s runs on %s but has no row: stopping it", oid, sid)
+            await self.broker.publish_control(StopObserver(observer_id=oid, service_id=sid, reason="unknown observer"))

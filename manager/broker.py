@@ -1,0 +1,123 @@
+"""The manager's link to RabbitMQ: the only manager module that imports aio-pika.
+
+Uses a robust connection: unlike a service, the manager holds no deliveries that stand
+for running work, so re-consuming the state queue after a reconnect is exactly right.
+While the broker is unreachable, publishes raise ``BrokerUnavailable`` (the API answers
+503) and the connection is retried in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import aio_pika
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+
+from shared import topology
+from shared.errors import BrokerUnavailable
+from shared.messages import Message, StartObserver
+from shared.settings import ManagerSettings, amqp_url_with_heartbeat
+
+logger = logging.getLogger(__name__)
+
+StateHandler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+_PUBLISH_TIMEOUT_S = 10.0
+
+
+class BrokerLink:
+    def __init__(self, settings: ManagerSettings) -> None:
+        self.settings = settings
+        self._connection: AbstractRobustConnection | None = None
+        self._pub: AbstractRobustChannel | None = None
+        self._declared_pools: set[str] = set()
+        self._connect_task: asyncio.Task[None] | None = None
+        self.ready = asyncio.Event()
+
+    def start(self, on_state: StateHandler) -> None:
+        """Connect in the background (retrying) and consume the state queue."""
+        self._connect_task = asyncio.create_task(self._connect_loop(on_state), name="broker-connect")
+
+    async def _connect_loop(self, on_state: StateHandler) -> None:
+        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+        delay = 0.5
+        while True:
+            try:
+                connection = await aio_pika.connect_robust(
+                    url, client_properties={"connection_name": "manager"}, reconnect_interval=1
+                )
+                break
+            except Exception as e:  # noqa: BLE001 - any failure: retry
+                logger.warning("broker unreachable (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self._connection = connection
+        self._pub = await connection.channel(publisher_confirms=True)
+        await topology.declare_common(self._pub)
+        consume = await connection.channel()
+        await consume.set_qos(prefetch_count=self.settings.state_prefetch)
+        state = await topology.declare_state_queue(consume)
+        await state.consume(on_state)
+        self.ready.set()
+        logger.info("connected to the broker; consuming %s", topology.STATE_QUEUE)
+
+    async def close(self) -> None:
+        if self._connect_task is not None:
+            self._connect_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._connect_task
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+
+    def is_connected(self) -> bool:
+        return self._connection is not None and self._connection.connected.is_set()
+
+    async def _channel(self) -> AbstractRobustChannel:
+        if self._pub is None or not self.is_connected():
+            raise BrokerUnavailable("the broker is unreachable")
+        return self._pub
+
+    async def publish_start(self, start: StartObserver) -> None:
+        """Publish a persistent start message to the pool's queue and wait for the confirm."""
+        channel = await self._channel()
+        try:
+            if start.pool not in self._declared_pools:
+                await topology.declare_start_queue(channel, start.pool)
+                self._declared_pools.add(start.pool)
+            await channel.default_exchange.publish(
+                topology.persistent(start.encode(), message_id=str(start.message_id)),
+                routing_key=topology.start_queue_name(start.pool),
+                timeout=_PUBLISH_TIMEOUT_S,
+            )
+        except Exception as e:
+            raise BrokerUnavailable(f"start message for {start.observer_id} not confirmed: {e!r}") from e
+
+    async def publish_control(self, message: Message) -> None:
+        """Broadcast a stop or an inventory request to every service."""
+        channel = await self._channel()
+        try:
+            exchange = await channel.get_exchange(topology.CONTROL_EXCHANGE, ensure=False)
+            await exchange.publish(
+                topology.persistent(message.encode(), message_id=str(message.message_id)),
+                routing_key="",
+                mandatory=False,
+                timeout=_PUBLISH_TIMEOUT_S,
+            )
+        except Exception as e:
+            raise BrokerUnavailable(f"control message not confirmed: {e!r}") from e
+
+    async def state_backlog(self) -> int | None:
+        """Messages ready in the state queue, or None if unknown."""
+        try:
+            channel = await self._channel()
+            # On the raw channel: aio-pika's robust channel keeps the first declaration
+            # result of a queue and would report a stale count.
+            raw = await channel.get_underlay_channel()
+            result = await raw.queue_declare(topology.STATE_QUEUE, passive=True)
+        except Exception:  # noqa: BLE001
+            return None
+        return result.message_count

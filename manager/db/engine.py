@@ -1,0 +1,48 @@
+"""Engine, session factory and the schema check done at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class SchemaOutdated(RuntimeError):
+    pass
+
+
+def make_engine(url: str) -> AsyncEngine:
+    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def head_revision() -> str:
+    config = Config(str(REPO_ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
+async def check_schema(engine: AsyncEngine) -> None:
+    """Refuse to run on a database whose schema is not at the migrations' head."""
+    head = head_revision()
+    async with engine.connect() as conn:
+        try:
+            current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
+        except ProgrammingError:
+            current = None
+    if current != head:
+        raise SchemaOutdated(
+            f"database schema is at revision {current or 'none'}, this manager needs {head}: "
+            "run `alembic upgrade head` (or `make migrate`) first"
+        )

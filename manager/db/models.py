@@ -1,0 +1,94 @@
+"""ORM models. The schema changes only through Alembic migrations (``migrations/``)."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Enum, ForeignKey, Index, Integer, String, Text, func, text
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ObserverStatus(enum.StrEnum):
+    CREATED = "Created"
+    PROCESSING = "Processing"
+    ON_DELETING = "OnDeleting"
+    DELETED = "Deleted"
+    FAILED = "Failed"
+
+
+LIVE_STATUSES = (ObserverStatus.CREATED, ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
+FINAL_STATUSES = (ObserverStatus.DELETED, ObserverStatus.FAILED)
+
+
+class ServiceStatus(enum.StrEnum):
+    ALIVE = "alive"
+    LOST = "lost"
+    DELETED = "deleted"
+
+
+def _enum(cls: type[enum.StrEnum], name: str) -> Enum:
+    return Enum(cls, name=name, values_callable=lambda c: [m.value for m in c], native_enum=True)
+
+
+class Service(Base):
+    __tablename__ = "services"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    workers_count: Mapped[int] = mapped_column(Integer, nullable=False)
+    pools: Mapped[list[str]] = mapped_column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
+    kinds: Mapped[list[str]] = mapped_column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
+    host: Mapped[str] = mapped_column(String(255), nullable=False, server_default="")
+    pid: Mapped[int | None] = mapped_column(Integer)
+    version: Mapped[str] = mapped_column(String(50), nullable=False, server_default="")
+    status: Mapped[ServiceStatus] = mapped_column(_enum(ServiceStatus, "service_status"), nullable=False)
+    is_deleted: Mapped[bool] = mapped_column(nullable=False, server_default=text("false"))
+    running: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    loop_lag_ms: Mapped[float] = mapped_column(nullable=False, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    last_heartbeat_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+    __table_args__ = (Index("ix_services_status_name", "status", "name"),)
+
+
+class Observer(Base):
+    __tablename__ = "observers"
+
+    id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), nullable=False)
+    kind: Mapped[str] = mapped_column(String(100), nullable=False)
+    args: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
+    pool: Mapped[str] = mapped_column(String(64), nullable=False, server_default="default")
+    status: Mapped[ObserverStatus] = mapped_column(_enum(ObserverStatus, "observer_status"), nullable=False)
+    service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), ForeignKey("services.id"))
+    attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
+    last_error: Mapped[str | None] = mapped_column(Text)
+    # NULL until the start message was confirmed by the broker; the sweeper republishes
+    # rows a crash left un-enqueued.
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+    __table_args__ = (
+        # Names are unique among observers that are not Deleted/Failed.
+        Index(
+            "uq_observers_live_name",
+            "name",
+            unique=True,
+            postgresql_where=text("status NOT IN ('Deleted', 'Failed')"),
+        ),
+        Index("ix_observers_created", "created_at", "id"),
+        Index("ix_observers_service", "service_id"),
+        Index("ix_observers_status_pool", "status", "pool"),
+    )

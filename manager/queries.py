@@ -1,0 +1,144 @@
+"""Read-only queries behind the API: observers (keyset pages), services, stats."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import case, func, select, tuple_
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.models import LIVE_STATUSES, Observer, ObserverStatus, Service, ServiceStatus
+from manager.errors import Invalid, NotFound
+
+
+@dataclass(frozen=True)
+class ObserverFilter:
+    status: ObserverStatus | None = None
+    kind: str | None = None
+    pool: str | None = None
+    service_id: uuid.UUID | None = None
+    name: str | None = None
+
+
+def encode_cursor(created_at: datetime, observer_id: uuid.UUID) -> str:
+    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{observer_id}".encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        created, oid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return datetime.fromisoformat(created), uuid.UUID(oid)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as e:
+        raise Invalid("cursor is not valid: pass the next_cursor of a previous page unchanged") from e
+
+
+async def list_observers(
+    session: AsyncSession, flt: ObserverFilter, limit: int, cursor: str | None
+) -> tuple[list[tuple[Observer, str | None]], str | None]:
+    query = select(Observer, Service.name).outerjoin(Service, Service.id == Observer.service_id)
+    if flt.status is not None:
+        query = query.where(Observer.status == flt.status)
+    if flt.kind is not None:
+        query = query.where(Observer.kind == flt.kind)
+    if flt.pool is not None:
+        query = query.where(Observer.pool == flt.pool)
+    if flt.service_id is not None:
+        query = query.where(Observer.service_id == flt.service_id)
+    if flt.name is not None:
+        query = query.where(Observer.name == flt.name)
+    if cursor is not None:
+        query = query.where(tuple_(Observer.created_at, Observer.id) > tuple_(*decode_cursor(cursor)))
+    query = query.order_by(Observer.created_at, Observer.id).limit(limit + 1)
+    rows: list[tuple[Observer, str | None]] = [(obs, svc) for obs, svc in (await session.execute(query)).all()]
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1][0]
+        next_cursor = encode_cursor(last.created_at, last.id)
+    return rows, next_cursor
+
+
+async def get_observer(session: AsyncSession, observer_id: uuid.UUID) -> tuple[Observer, str | None]:
+    row = (
+        await session.execute(
+            select(Observer, Service.name)
+            .outerjoin(Service, Service.id == Observer.service_id)
+            .where(Observer.id == observer_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"no observer with id {observer_id}")
+    return row[0], row[1]
+
+
+def _running_counts() -> Any:
+    return (
+        select(Observer.service_id, func.count().label("running"))
+        .where(Observer.status.in_((ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)))
+        .group_by(Observer.service_id)
+        .subquery()
+    )
+
+
+async def list_services(session: AsyncSession, include_deleted: bool = True) -> list[tuple[Service, int]]:
+    counts = _running_counts()
+    order = case((Service.status == ServiceStatus.ALIVE, 0), (Service.status == ServiceStatus.LOST, 1), else_=2)
+    query = select(Service, func.coalesce(counts.c.running, 0)).outerjoin(counts, counts.c.service_id == Service.id)
+    if not include_deleted:
+        query = query.where(Service.status != ServiceStatus.DELETED)
+    query = query.order_by(order, Service.name, Service.created_at.desc()).limit(1000)
+    return [(svc, int(n)) for svc, n in (await session.execute(query)).all()]
+
+
+async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Service, int]:
+    counts = _running_counts()
+    row = (
+        await session.execute(
+            select(Service, func.coalesce(counts.c.running, 0))
+            .outerjoin(counts, counts.c.service_id == Service.id)
+            .where(Service.id == service_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"no service with id {service_id}")
+    return row[0], int(row[1])
+
+
+async def stats(session: AsyncSession) -> dict[str, Any]:
+    by_status = {s.value: 0 for s in ObserverStatus}
+    for status, count in (await session.execute(select(Observer.status, func.count()).group_by(Observer.status))).all():
+        by_status[status.value] = count
+    used: dict[str, int] = {
+        pool: count
+        for pool, count in (
+            await session.execute(
+                select(Observer.pool, func.count()).where(Observer.status.in_(LIVE_STATUSES)).group_by(Observer.pool)
+            )
+        ).all()
+    }
+    total: dict[str, int] = {}
+    alive = await session.execute(
+        select(Service.pools, Service.workers_count).where(Service.status == ServiceStatus.ALIVE)
+    )
+    for pools, workers in alive.all():
+        for pool in pools:
+            total[pool] = total.get(pool, 0) + workers
+    capacity = {
+        pool: {
+            "total": total.get(pool, 0),
+            "used": used.get(pool, 0),
+            "free": max(0, total.get(pool, 0) - used.get(pool, 0)),
+        }
+        for pool in sorted(set(total) | set(used))
+    }
+    services = {s.value: 0 for s in ServiceStatus}
+    for svc_status, count in (
+        await session.execute(select(Service.status, func.count()).group_by(Service.status))
+    ).all():
+        services[svc_status.value] = count
+    return {"observers": by_status, "services": services, "capacity": capacity}

@@ -1,0 +1,1 @@
+"""Applying service reports to the database (``rules``) and consuming them (``consumer``)."""

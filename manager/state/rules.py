@@ -1,0 +1,260 @@
+"""The rules that turn service reports into the manager's truth (DESIGN.md, "Manager state
+machine"). Each ``apply_*`` runs inside the caller's transaction and returns the control
+messages to publish *after* it commits.
+
+Every write is a compare-and-set (``UPDATE ... WHERE status ... AND service_id ...``) so the
+API and this consumer never overwrite each other, whatever order messages arrive in:
+* a report about an observer applies only if its sender is the observer's host, or the
+  observer has none; a late report from an old host is ignored;
+* a start reported for an observer that is being or has been stopped is answered with a
+  stop targeted at that host;
+* two hosts at once: the redelivered copy wins (the other host lost its channel), else the
+  first one wins and the new copy (a duplicate start message) is stopped;
+* inventories (the ids a service really runs) repair anything a lost or reordered
+  message left wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import case, select, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
+from shared.messages import (
+    InventoryRequest,
+    Message,
+    ObserverFailed,
+    ObserverStarted,
+    ObserverStopped,
+    ServiceBorn,
+    ServiceHeartbeat,
+    ServiceInventory,
+    ServiceStopped,
+    StateMessage,
+    StopObserver,
+)
+
+logger = logging.getLogger(__name__)
+
+S = ObserverStatus
+STOPPING_OR_GONE = (S.ON_DELETING, S.DELETED, S.FAILED)
+
+
+@dataclass
+class Outgoing:
+    """Control messages to publish once the transaction committed."""
+
+    messages: list[Message] = field(default_factory=list)
+
+    def stop(self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str) -> None:
+        self.messages.append(StopObserver(observer_id=observer_id, service_id=service_id, reason=reason))
+
+
+@dataclass
+class Suspicions:
+    """In-memory notes that outlive one message (lost on restart; inventories rebuild them).
+
+    * unknown: ids reported running that have no row: stopped after a grace, in case the
+      row's commit is still in flight (``background``);
+    * conflicts: observer -> the other service that listed it while its host is alive;
+      resolved when the host's own inventory arrives.
+    """
+
+    unknown: dict[uuid.UUID, tuple[uuid.UUID, float]] = field(default_factory=dict)
+    conflicts: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
+
+
+class StateRules:
+    def __init__(self) -> None:
+        self.suspicions = Suspicions()
+
+    async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> Outgoing:
+        out = Outgoing()
+        match message:
+            case ServiceBorn():
+                await self._born(session, message, now)
+            case ServiceHeartbeat():
+                await self._heartbeat(session, message, now)
+            case ServiceStopped():
+                await self._service_gone(session, message.service_id, now)
+            case ServiceInventory():
+                await self._inventory(session, message, now, out)
+            case ObserverStarted():
+                await self._started(session, message, now, out)
+            case ObserverStopped():
+                await self._stopped(session, message, now)
+            case ObserverFailed():
+                await self._failed(session, message, now)
+        return out
+
+    # --- services ------------------------------------------------------------------------
+
+    async def _born(self, session: AsyncSession, m: ServiceBorn, now: datetime) -> None:
+        replaced = await session.scalars(
+            update(Service)
+            .where(Service.name == m.name, Service.id != m.service_id, Service.status != ServiceStatus.DELETED)
+            .values(status=ServiceStatus.DELETED, is_deleted=True, modified_at=now)
+            .returning(Service.id)
+        )
+        for old_id in list(replaced):
+            logger.info("service %s (%s) restarted as %s: old instance deleted", m.name, old_id, m.service_id)
+            await self._release_observers(session, old_id, now)
+        values = {
+            "name": m.name,
+            "workers_count": m.workers_count,
+            "pools": m.pools,
+            "kinds": m.kinds,
+            "host": m.host,
+            "pid": m.pid,
+            "version": m.version,
+            "modified_at": now,
+            "last_heartbeat_at": now,
+        }
+        stmt = insert(Service).values(id=m.service_id, status=ServiceStatus.ALIVE, **values)
+        await session.execute(stmt.on_conflict_do_update(index_elements=[Service.id], set_=values))
+
+    async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime) -> None:
+        await self._touch_service(session, m.service_id, now, running=m.running, loop_lag_ms=m.loop_lag_ms)
+
+    async def _touch_service(
+        self, session: AsyncSession, service_id: uuid.UUID, now: datetime, **extra: object
+    ) -> bool:
+        """Record a sign of life; a lost service that speaks again is alive. False if the
+        service is unknown or deleted."""
+        result = await session.execute(
+            update(Service)
+            .where(Service.id == service_id, Service.status != ServiceStatus.DELETED)
+            .values(status=ServiceStatus.ALIVE, last_heartbeat_at=now, modified_at=now, **extra)
+            .returning(Service.id)
+        )
+        return result.first() is not None
+
+    async def _service_gone(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
+        await session.execute(
+            update(Service)
+            .where(Service.id == service_id)
+            .values(status=ServiceStatus.DELETED, is_deleted=True, running=0, modified_at=now)
+        )
+        await self._release_observers(session, service_id, now)
+
+    async def _release_observers(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
+        """The host is gone: its observers wait, hostless, for a new ObserverStarted."""
+        await session.execute(
+            update(Observer)
+            .where(Observer.service_id == service_id, Observer.status.in_((S.PROCESSING, S.ON_DELETING)))
+            .values(
+                service_id=None,
+                status=case((Observer.status == S.PROCESSING, S.CREATED), else_=Observer.status),
+                modified_at=now,
+            )
+        )
+
+    # --- observers -------------------------------------------------------------------------
+
+    async def _started(self, session: AsyncSession, m: ObserverStarted, now: datetime, out: Outgoing) -> None:
+        obs = await session.get(Observer, m.observer_id, with_for_update=True)
+        if obs is None:
+            self.suspicions.unknown.setdefault(m.observer_id, (m.service_id, time.monotonic()))
+            return
+        if not await self._service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
+            logger.info("ignoring start of %s reported by dead service %s", m.observer_id, m.service_id)
+            return
+        if obs.status in STOPPING_OR_GONE:
+            out.stop(obs.id, m.service_id, f"observer is {obs.status.value}")
+            if obs.status == S.ON_DELETING:
+                obs.service_id = m.service_id
+            return
+        host = obs.service_id
+        if host is not None and host != m.service_id and await self._service_in(session, host, (ServiceStatus.ALIVE,)):
+            if m.redelivered:
+                out.stop(obs.id, host, "moved to another host")
+            else:
+                out.stop(obs.id, m.service_id, "duplicate start message")
+                return
+        obs.status = S.PROCESSING
+        obs.service_id = m.service_id
+        obs.attempts += 1
+        obs.modified_at = now
+
+    async def _stopped(self, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:
+        # Any service may end a requested stop, not only the host we know of: the sender
+        # acked a copy of the start (maybe one the broker redelivered to it before we
+        # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
+        # (its ObserverStarted or its host's inventory gets a targeted stop).
+        await session.execute(
+            update(Observer)
+            .where(Observer.id == m.observer_id, Observer.status == S.ON_DELETING)
+            .values(status=S.DELETED, service_id=m.service_id, modified_at=now)
+        )
+
+    async def _failed(self, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
+        obs = await session.get(Observer, m.observer_id, with_for_update=True)
+        if obs is None or obs.status in (S.DELETED, S.FAILED) or not await self._speaks_for(session, obs, m.service_id):
+            return
+        obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
+        obs.last_error = m.reason
+        obs.service_id = m.service_id
+        obs.modified_at = now
+
+    async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
+        if not await self._touch_service(session, m.service_id, now, running=len(m.observer_ids)):
+            return
+        listed = set(m.observer_ids)
+        rows = await session.scalars(
+            select(Observer).where(Observer.id.in_(listed) | (Observer.service_id == m.service_id)).with_for_update()
+        )
+        seen: set[uuid.UUID] = set()
+        for obs in rows:
+            seen.add(obs.id)
+            await self._reconcile(session, obs, m.service_id, obs.id in listed, now, out)
+        for oid in listed - seen:
+            self.suspicions.unknown.setdefault(oid, (m.service_id, time.monotonic()))
+
+    async def _reconcile(
+        self, session: AsyncSession, obs: Observer, sid: uuid.UUID, listed: bool, now: datetime, out: Outgoing
+    ) -> None:
+        conflicting = self.suspicions.conflicts.pop(obs.id, None) if obs.service_id == sid else None
+        if not listed:
+            if obs.status == S.PROCESSING:
+                # Not running where we thought: another copy (conflicting) or nobody.
+                obs.service_id = conflicting
+                obs.status = S.PROCESSING if conflicting else S.CREATED
+                obs.modified_at = now
+            return
+        if conflicting is not None:
+            out.stop(obs.id, conflicting, "duplicate: also running on its host")
+        if obs.status in STOPPING_OR_GONE:
+            out.stop(obs.id, sid, f"observer is {obs.status.value}")
+            return
+        if obs.service_id in (None, sid) or not await self._service_in(session, obs.service_id, (ServiceStatus.ALIVE,)):
+            if obs.status != S.PROCESSING or obs.service_id != sid:
+                obs.status, obs.service_id, obs.modified_at = S.PROCESSING, sid, now
+            return
+        # Listed here but hosted by another live service: ask that host what it runs.
+        self.suspicions.conflicts[obs.id] = sid
+        out.messages.append(InventoryRequest(service_id=obs.service_id))
+
+    async def _speaks_for(self, session: AsyncSession, obs: Observer, service_id: uuid.UUID) -> bool:
+        """A report about an observer counts if it comes from its host, or if it has no
+        live host (the broker gave its start to the sender when the old host died)."""
+        if obs.service_id in (None, service_id):
+            return True
+        return not await self._service_in(session, obs.service_id, (ServiceStatus.ALIVE,))
+
+    async def _service_in(
+        self, session: AsyncSession, service_id: uuid.UUID | None, statuses: tuple[ServiceStatus, ...]
+    ) -> bool:
+        """Whether the service is known and in one of ``statuses``. A lost service may still
+        report (it was only slow), but its observers are up for grabs: the broker moves
+        them when its connection really died."""
+        if service_id is None:
+            return False
+        status = await session.scalar(select(Service.status).where(Service.id == service_id))
+        return status in statuses

@@ -1,0 +1,21 @@
+"""``python -m observer_service``: run one observer service (configured by ORCH_* variables)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from observer_service.service import ObserverService
+from shared.logs import configure_logging
+from shared.settings import get_service_settings
+
+
+def main() -> None:
+    settings = get_service_settings()
+    configure_logging(settings.log_level, f"service:{settings.service_name}")
+    asyncio.run(ObserverService(settings).run())
+    logging.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Ordered, in-memory queue of state reports waiting to be published.
+
+Reports are published in the order they were made (the manager relies on per-service
+order). A report leaves the outbox only after the broker confirmed it, so a broken session
+loses nothing: the next session publishes the same reports again. The manager's rules are
+idempotent, so a report published twice (confirm lost with the connection) is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from shared.messages import Message
+
+logger = logging.getLogger(__name__)
+
+
+class Outbox:
+    def __init__(self, max_size: int = 200_000) -> None:
+        self._items: collections.deque[Message] = collections.deque()
+        self._max_size = max_size
+        self._not_empty = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def put(self, message: Message) -> None:
+        if len(self._items) >= self._max_size:
+            dropped = self._items.popleft()
+            # The inventory repairs what a dropped report would have said.
+            logger.warning("state outbox full (%d): dropped %s", self._max_size, type(dropped).__name__)
+        self._items.append(message)
+        self._not_empty.set()
+        self._empty.clear()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    async def peek_batch(self, limit: int) -> list[Message]:
+        """Wait for at least one report; return up to ``limit`` from the head, in order."""
+        while not self._items:
+            self._not_empty.clear()
+            await self._not_empty.wait()
+        return [self._items[i] for i in range(min(limit, len(self._items)))]
+
+    def drop_head(self, count: int) -> None:
+        for _ in range(min(count, len(self._items))):
+            self._items.popleft()
+        if not self._items:
+            self._empty.set()
+
+    async def wait_empty(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._empty.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True

@@ -1,0 +1,248 @@
+"""The observers this service runs, one asyncio task each, keyed by observer id.
+
+Invariants:
+* An observer runs only while its start message is held unacked on a live session; the
+  delivery is acked only once its task has finished (stop), nacked with requeue on
+  handoff, rejected (dead-lettered) on failure, and simply dropped when the session died
+  (the broker requeues it by itself).
+* Every report about an observer goes through the outbox, in the order things happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aio_pika.abc import AbstractIncomingMessage
+from pydantic import BaseModel, ValidationError
+
+from observer_service.outbox import Outbox
+from observer_service.session import Session
+from shared.errors import DecodeError, LeaseLost
+from shared.messages import (
+    ObserverFailed,
+    ObserverStarted,
+    ObserverStopped,
+    StartObserver,
+    StopObserver,
+    decode_start,
+    utcnow,
+)
+from shared.observer_api import ObserverKind
+from shared.settings import ServiceSettings
+
+logger = logging.getLogger(__name__)
+
+
+class Context:
+    """The ``ObserverContext`` handed to an observer body."""
+
+    def __init__(self, start: StartObserver, service_id: uuid.UUID, session: Session) -> None:
+        self.observer_id = start.observer_id
+        self.name = start.name
+        self.kind = start.kind
+        self.service_id = service_id
+        self.stopping = asyncio.Event()
+        self.logger = logging.LoggerAdapter(
+            logging.getLogger(f"observer.{start.kind}"), {"observer_id": str(start.observer_id)}
+        )
+        self._session = session
+
+    def ensure_lease(self) -> None:
+        if self._session.closed.is_set():
+            raise LeaseLost("the broker session of this observer is gone")
+        self._session.lease.ensure()
+
+    async def emit(self, payload: dict[str, Any]) -> None:
+        self.ensure_lease()
+        body = {
+            "observer_id": str(self.observer_id),
+            "name": self.name,
+            "kind": self.kind,
+            "service_id": str(self.service_id),
+            "time": utcnow().isoformat(),
+            "payload": payload,
+        }
+        await self._session.emit_event(f"{self.kind}.{self.name}", json.dumps(body).encode())
+
+
+@dataclass(eq=False)
+class Running:
+    start: StartObserver
+    message: AbstractIncomingMessage
+    session: Session
+    ctx: Context
+    task: asyncio.Task[None] | None = None
+    # Set when the service ends the task on purpose; a task that ends without it failed.
+    ended_by: str | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+
+class Runner:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        service_id: uuid.UUID,
+        outbox: Outbox,
+        kinds: dict[str, ObserverKind[Any]],
+    ) -> None:
+        self.settings = settings
+        self.service_id = service_id
+        self.outbox = outbox
+        self.kinds = kinds
+        self.running: dict[uuid.UUID, Running] = {}
+        # Stops for observers we did not host: id -> expiry (monotonic).
+        self._stopped_ids: dict[uuid.UUID, float] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # --- start -------------------------------------------------------------------------
+
+    async def on_start(self, message: AbstractIncomingMessage, session: Session) -> None:
+        try:
+            start = decode_start(message.body)
+        except DecodeError as e:
+            logger.error("dead-lettering a malformed start message (delivery %s): %s", message.delivery_tag, e)
+            await settle(message.reject(requeue=False))
+            return
+        oid = start.observer_id
+        if self._was_stopped(oid):
+            logger.info("observer %s was stopped before its start arrived: acking the start", oid)
+            await settle(message.ack())
+            self.outbox.put(ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start"))
+            return
+        current = self.running.get(oid)
+        if current is not None and current.session is session:
+            logger.warning("duplicate start message for observer %s, already running here: acking it", oid)
+            await settle(message.ack())
+            return
+        kind = self.kinds.get(start.kind)
+        args: BaseModel | None = None
+        error = f"unknown observer kind {start.kind!r}" if kind is None else None
+        if kind is not None:
+            try:
+                args = kind.parse_args(start.args)
+            except ValidationError as e:
+                error = f"invalid args for kind {start.kind!r}: {e.errors()[:3]}"
+        if kind is None or args is None:
+            logger.error("observer %s cannot start: %s; dead-lettering its start", oid, error)
+            self.outbox.put(ObserverFailed(observer_id=oid, service_id=self.service_id, reason=str(error)))
+            await settle(message.reject(requeue=False))
+            return
+        running = Running(start=start, message=message, session=session, ctx=Context(start, self.service_id, session))
+        running.task = asyncio.create_task(_body(kind, args, running.ctx), name=f"observer {oid}")
+        running.task.add_done_callback(functools.partial(self._on_task_done, running))
+        self.running[oid] = running
+        self.outbox.put(
+            ObserverStarted(observer_id=oid, service_id=self.service_id, redelivered=bool(message.redelivered))
+        )
+        logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
+
+    # --- stop --------------------------------------------------------------------------
+
+    async def on_stop(self, stop: StopObserver) -> None:
+        if stop.service_id is not None and stop.service_id != self.service_id:
+            return
+        running = self.running.get(stop.observer_id)
+        if running is None:
+            self._stopped_ids[stop.observer_id] = time.monotonic() + self.settings.stopped_ids_ttl_s
+            return
+        running.ended_by = "stop"
+        await self._end(running)
+        await settle(running.message.ack())
+        self.outbox.put(ObserverStopped(observer_id=stop.observer_id, service_id=self.service_id, reason=stop.reason))
+        logger.info("observer %s stopped (%s)", stop.observer_id, stop.reason)
+
+    def fence(self, session: Session) -> list[uuid.UUID]:
+        """Cancel at once every observer started from a session that died. Their deliveries
+        cannot be settled any more; the broker has already put them back in the queue."""
+        fenced = [r for r in self.running.values() if r.session is session]
+        for running in fenced:
+            running.ended_by = "fenced"
+            if running.task is not None:
+                running.task.cancel()
+            running.ctx.stopping.set()
+            del self.running[running.start.observer_id]
+        if fenced:
+            logger.warning("fenced %d observer(s): their session is gone", len(fenced))
+        return [r.start.observer_id for r in fenced]
+
+    async def handoff(self) -> list[uuid.UUID]:
+        """Graceful shutdown: end every observer, then requeue its start for another host."""
+        handed = list(self.running.values())
+        for running in handed:
+            running.ended_by = "handoff"
+        await asyncio.gather(*(self._end(r) for r in handed))
+        for running in handed:
+            await settle(running.message.nack(requeue=True))
+        return [r.start.observer_id for r in handed]
+
+    def inventory(self) -> list[uuid.UUID]:
+        return list(self.running)
+
+    # --- internals ---------------------------------------------------------------------
+
+    async def _end(self, running: Running) -> None:
+        """Cancel the task and wait a bounded grace for it to finish."""
+        self.running.pop(running.start.observer_id, None)
+        running.ctx.stopping.set()
+        task = running.task
+        if task is None or task.done():
+            return
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=self.settings.stop_grace_s)
+        if not done:
+            logger.error(
+                "observer %s ignored cancellation for %.1fs; releasing its delivery anyway",
+                running.start.observer_id,
+                self.settings.stop_grace_s,
+            )
+
+    def _on_task_done(self, running: Running, _task: asyncio.Task[None]) -> None:
+        task = running.task
+        assert task is not None
+        if running.ended_by is not None:
+            if not task.cancelled() and task.exception() is not None:
+                logger.debug("observer %s ended with %r", running.start.observer_id, task.exception())
+            return
+        error = None if task.cancelled() else task.exception()
+        if isinstance(error, LeaseLost):
+            logger.error("observer %s hit a lapsed lease: fencing the session", running.start.observer_id)
+            running.session.fail(f"observer {running.start.observer_id}: {error}")
+            return
+        reason = "observer returned" if error is None else f"{type(error).__name__}: {error}"
+        if task.cancelled():
+            reason = "observer task was cancelled from inside"
+        logger.error("observer %s failed: %s", running.start.observer_id, reason, exc_info=error)
+        self.running.pop(running.start.observer_id, None)
+        self.outbox.put(
+            ObserverFailed(observer_id=running.start.observer_id, service_id=self.service_id, reason=reason)
+        )
+        self._spawn(settle(running.message.reject(requeue=False)))
+
+    def _was_stopped(self, observer_id: uuid.UUID) -> bool:
+        now = time.monotonic()
+        for oid in [k for k, expiry in self._stopped_ids.items() if expiry < now]:
+            del self._stopped_ids[oid]
+        return self._stopped_ids.pop(observer_id, None) is not None
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+async def _body(kind: ObserverKind[Any], args: BaseModel, ctx: Context) -> None:
+    await kind.run(args, ctx)
+
+
+async def settle(operation: Any) -> None:
+    """Ack/nack/reject, ignoring a channel that is already gone (the broker requeued)."""
+    with contextlib.suppress(Exception):
+        await operation

@@ -1,0 +1,179 @@
+"""The service's run loop: sessions, reports and graceful shutdown.
+
+    ServiceBorn ─► [session: consume, run observers, heartbeats, inventories] ─► lost?
+         ▲                                                                       │
+         └──────── fence (cancel its observers at once), back off, reconnect ◄───┘
+
+SIGTERM/SIGINT: stop consuming, end every observer within the grace, nack(requeue) each
+start so other services take them at once, report ServiceStopped, close, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import time
+import uuid
+
+from aio_pika.abc import AbstractIncomingMessage
+
+from observer_service.lease import Lease
+from observer_service.outbox import Outbox
+from observer_service.runner import Runner, settle
+from observer_service.session import Session
+from shared import __version__
+from shared.errors import BrokerUnavailable, DecodeError
+from shared.kinds import available_kinds
+from shared.messages import (
+    InventoryRequest,
+    ServiceBorn,
+    ServiceHeartbeat,
+    ServiceInventory,
+    ServiceStopped,
+    StopObserver,
+    decode_control,
+)
+from shared.settings import ServiceSettings, hostname
+
+logger = logging.getLogger(__name__)
+
+_RECONNECT_MIN_S = 0.5
+_RECONNECT_MAX_S = 5.0
+
+
+class ObserverService:
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.service_id = uuid.uuid4()
+        self.outbox = Outbox()
+        self.lease = Lease(settings.amqp_heartbeat_s)
+        self.runner = Runner(settings, self.service_id, self.outbox, available_kinds())
+        self.session: Session | None = None
+        self.shutdown = asyncio.Event()
+        self.loop_lag_ms = 0.0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.shutdown.set)
+        self.outbox.put(
+            ServiceBorn(
+                service_id=self.service_id,
+                name=self.settings.service_name,
+                workers_count=self.settings.workers_count,
+                pools=self.settings.pools,
+                kinds=sorted(self.runner.kinds),
+                host=hostname(),
+                pid=os.getpid(),
+                version=__version__,
+            )
+        )
+        logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
+        loops = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._inventory_loop(), self._lag_loop())]
+        try:
+            await self._session_loop()
+            await self._graceful_stop()
+        finally:
+            for task in loops:
+                task.cancel()
+
+    async def _session_loop(self) -> None:
+        delay = _RECONNECT_MIN_S
+        while not self.shutdown.is_set():
+            session = Session(self.settings, self.service_id, self.lease)
+            try:
+                await session.open(functools.partial(self._on_start, session=session), self._on_control, self.outbox)
+            except BrokerUnavailable as e:
+                logger.warning("%s; retrying in %.1fs", e, delay)
+                await _wait_any(self.shutdown, timeout=delay)
+                delay = min(delay * 2, _RECONNECT_MAX_S)
+                continue
+            delay = _RECONNECT_MIN_S
+            self.session = session
+            self._send_inventory()
+            await _wait_any(self.shutdown, session.closed)
+            if self.shutdown.is_set() and not session.closed.is_set():
+                return  # graceful stop uses this live session
+            self.session = None
+            self.runner.fence(session)
+            await session.close(session.close_reason)
+
+    async def _graceful_stop(self) -> None:
+        session = self.session
+        logger.info("shutting down: handing %d observer(s) over", len(self.runner.running))
+        if session is None:
+            return
+        await session.stop_consuming()
+        released = await self.runner.handoff()
+        self.outbox.put(ServiceStopped(service_id=self.service_id, released=released))
+        if not await self.outbox.wait_empty(timeout=5):
+            logger.warning("could not publish %d report(s) before exit", len(self.outbox))
+        await session.close("service stopped")
+        logger.info("service %s stopped", self.service_id)
+
+    # --- message handlers ----------------------------------------------------------------
+
+    async def _on_start(self, message: AbstractIncomingMessage, *, session: Session) -> None:
+        if session.closed.is_set() or self.shutdown.is_set():
+            return  # not ours to run any more; the broker requeues it
+        await self.runner.on_start(message, session)
+
+    async def _on_control(self, message: AbstractIncomingMessage) -> None:
+        try:
+            command = decode_control(message.body)
+        except DecodeError as e:
+            logger.error("dead-lettering a malformed control message: %s", e)
+            await settle(message.reject(requeue=False))
+            return
+        await settle(message.ack())
+        if isinstance(command, StopObserver):
+            await self.runner.on_stop(command)
+        elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
+            self._send_inventory()
+
+    # --- periodic reports -----------------------------------------------------------------
+
+    def _send_inventory(self) -> None:
+        self.outbox.put(ServiceInventory(service_id=self.service_id, observer_ids=self.runner.inventory()))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            if self.session is not None and not self.session.closed.is_set():
+                self.outbox.put(
+                    ServiceHeartbeat(
+                        service_id=self.service_id,
+                        running=len(self.runner.running),
+                        loop_lag_ms=round(self.loop_lag_ms, 3),
+                    )
+                )
+
+    async def _inventory_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.inventory_s)
+            if self.session is not None and not self.session.closed.is_set():
+                self._send_inventory()
+
+    async def _lag_loop(self, period: float = 0.5) -> None:
+        """Event-loop lag: how late a short sleep wakes up (blocked loops miss heartbeats)."""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(period)
+            self.loop_lag_ms = max(0.0, (time.monotonic() - before - period) * 1000)
+            if self.loop_lag_ms > 1000:
+                logger.warning("event loop blocked for %.0f ms", self.loop_lag_ms)
+
+
+async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:
+    waiters = [asyncio.create_task(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+            with contextlib.suppress(BaseException):
+                await waiter

@@ -1,0 +1,183 @@
+"""One broker session: the only module of the service that touches aio-pika.
+
+A session is one AMQP connection with two channels:
+* ``work`` — consumes the pools' start queues (manual ack, ``prefetch_count =
+  workers_count``) and this instance's control queue;
+* ``pub``  — publisher confirms; state reports, observer events and the lease round trips.
+
+Deliveries belong to the channel they came on. When anything in the session breaks the
+whole session is dead (``closed`` is set) and every observer started from it must be
+cancelled at once: the broker has requeued, or will requeue, their start messages. The
+service then opens a new session. We deliberately do not use aio-pika's robust connection:
+it would silently re-consume on a new channel while the old observers keep running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from observer_service.lease import Lease
+from observer_service.outbox import Outbox
+from shared import topology
+from shared.errors import BrokerUnavailable, LeaseLost
+from shared.settings import ServiceSettings, amqp_url_with_heartbeat
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+
+ACK_TIMEOUT_HINT = (
+    "the broker closed the channel because a delivery stayed unacked longer than its "
+    "consumer_timeout: observers hold their start message for their whole life, so lift it "
+    "(advanced.config: [{rabbit,[{consumer_timeout, undefined}]}]. — shipped in deploy/rabbitmq/)"
+)
+
+_OUTBOX_BATCH = 200
+
+
+class Session:
+    def __init__(self, settings: ServiceSettings, service_id: uuid.UUID, lease: Lease) -> None:
+        self.settings = settings
+        self.service_id = service_id
+        self.lease = lease
+        self.closed = asyncio.Event()
+        self.close_reason = ""
+        self._connection: AbstractConnection | None = None
+        self._work: AbstractChannel | None = None
+        self._pub: AbstractChannel | None = None
+        self._start_consumers: list[tuple[AbstractQueue, str]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def open(self, on_start: Handler, on_control: Handler, outbox: Outbox) -> None:
+        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+        try:
+            self._connection = await aio_pika.connect(
+                url, client_properties={"connection_name": f"observer-service {self.settings.service_name}"}
+            )
+            self._connection.close_callbacks.add(self._on_closed)
+            self._pub = await self._connection.channel(publisher_confirms=True)
+            self._pub.close_callbacks.add(self._on_closed)
+            await topology.declare_common(self._pub)
+            await self._renew_lease()
+            self._work = await self._connection.channel(publisher_confirms=False)
+            self._work.close_callbacks.add(self._on_closed)
+            await self._work.set_qos(prefetch_count=min(self.settings.workers_count, 65_535))
+            control = await topology.declare_control_queue(self._work, self.service_id)
+            await control.consume(on_control)
+            for pool in self.settings.pools:
+                queue = await topology.declare_start_queue(self._work, pool)
+                tag = await queue.consume(
+                    on_start, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
+                )
+                self._start_consumers.append((queue, tag))
+        except Exception as e:
+            await self.close(f"open failed: {e!r}")
+            raise BrokerUnavailable(f"cannot open a broker session: {e!r}") from e
+        self._tasks = [
+            asyncio.create_task(self._lease_loop(), name="lease"),
+            asyncio.create_task(self._outbox_loop(outbox), name="outbox"),
+        ]
+        logger.info("broker session open (pools=%s, prefetch=%d)", self.settings.pools, self.settings.workers_count)
+
+    def _on_closed(self, _sender: Any, exc: BaseException | None) -> None:
+        self.fail(f"closed by broker or network: {exc!r}", exc)
+
+    def fail(self, reason: str, exc: BaseException | None = None) -> None:
+        """Mark the session dead. Safe to call many times and from callbacks."""
+        if self.closed.is_set():
+            return
+        self.lease.revoke()
+        self.close_reason = reason
+        if exc is not None and "acknowledgement" in str(exc) and "timed out" in str(exc):
+            logger.error("%s (%s)", ACK_TIMEOUT_HINT, exc)
+        else:
+            logger.warning("broker session lost: %s", reason)
+        self.closed.set()
+
+    async def close(self, reason: str = "closing") -> None:
+        self.fail(reason)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if self._connection is not None and not self._connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._connection.close(), 5)
+
+    async def stop_consuming(self) -> None:
+        """Cancel the start consumers: no new observers, the held deliveries stay ours."""
+        for queue, tag in self._start_consumers:
+            with contextlib.suppress(Exception):
+                await queue.cancel(tag)
+        self._start_consumers.clear()
+
+    # --- lease -------------------------------------------------------------------------
+
+    async def _renew_lease(self) -> None:
+        assert self._pub is not None
+        sent_at = time.monotonic()
+        # Any synchronous method is a round trip; a passive declare is the cheapest.
+        await self._pub.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
+        self.lease.renew(sent_at)
+
+    async def _lease_loop(self) -> None:
+        period = self.settings.amqp_heartbeat_s / 4
+        while not self.closed.is_set():
+            try:
+                await asyncio.wait_for(self._renew_lease(), timeout=self.lease.validity_s)
+            except (TimeoutError, Exception) as e:  # noqa: BLE001 - any failure ends the session
+                if not self.lease.is_valid():
+                    self.fail(f"lease could not be renewed: {e!r}")
+                    return
+            if not self.lease.is_valid():
+                self.fail("lease lapsed (the process was frozen or the broker is unreachable)")
+                return
+            await asyncio.sleep(period)
+
+    # --- publishing --------------------------------------------------------------------
+
+    async def publish(
+        self, routing_key: str, message: aio_pika.Message, exchange: str = "", *, mandatory: bool = True
+    ) -> None:
+        """Publish and wait for the broker's confirm."""
+        if self._pub is None or self.closed.is_set():
+            raise BrokerUnavailable("no broker session")
+        target = self._pub.default_exchange if not exchange else await self._pub.get_exchange(exchange, ensure=False)
+        await target.publish(message, routing_key=routing_key, mandatory=mandatory)
+
+    async def emit_event(self, routing_key: str, body: bytes) -> None:
+        self.lease.ensure()
+        try:
+            await self.publish(
+                routing_key, topology.persistent(body), exchange=topology.EVENTS_EXCHANGE, mandatory=False
+            )
+        except BrokerUnavailable as e:
+            raise LeaseLost(f"cannot emit: {e}") from e
+
+    async def _outbox_loop(self, outbox: Outbox) -> None:
+        """Publish reports in order; a batch is pipelined on one channel (order kept) and
+        leaves the outbox only once every message of it is confirmed."""
+        while not self.closed.is_set():
+            batch = await outbox.peek_batch(_OUTBOX_BATCH)
+            publishes = [
+                self.publish(topology.STATE_QUEUE, topology.persistent(m.encode(), message_id=str(m.message_id)))
+                for m in batch
+            ]
+            try:
+                await asyncio.gather(*publishes)
+            except Exception as e:  # noqa: BLE001
+                self.fail(f"state publish failed: {e!r}")
+                return
+            outbox.drop_head(len(batch))

@@ -1,0 +1,7 @@
+"""Code shared by the manager and the observer services.
+
+Contracts (``messages``), AMQP topology (``topology``), settings, errors and the
+observer plug-in API (``observer_api``). Imports neither FastAPI nor SQLAlchemy.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,33 @@
+"""The project's error hierarchy.
+
+OrchestratorError
+├── DecodeError            a message body that is not a valid contract
+├── LeaseLost              an observer tried to act after its host lost the lease (fencing)
+├── UnknownKind            no observer kind with that name is installed
+└── BrokerUnavailable      the broker could not be reached or did not confirm a publish
+"""
+
+
+class OrchestratorError(Exception):
+    """Base of every error this project raises on purpose."""
+
+
+class DecodeError(OrchestratorError):
+    """A message body could not be decoded into one of the contracts."""
+
+
+class LeaseLost(OrchestratorError):
+    """The host no longer holds a valid lease: the observer must not act.
+
+    Raised by ``ctx.ensure_lease()`` and ``ctx.emit()``. Observer code should let it
+    propagate: the service then fences itself (drops its broker session, cancels every
+    observer) and starts again with whatever the broker hands it.
+    """
+
+
+class UnknownKind(OrchestratorError):
+    """No observer kind with the requested name is installed on this host."""
+
+
+class BrokerUnavailable(OrchestratorError):
+    """The broker is unreachable or did not confirm a publish."""

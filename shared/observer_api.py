@@ -1,0 +1,65 @@
+"""The observer plug-in API.
+
+An observer kind is a name, a pydantic model for its arguments and an async ``run(args,
+ctx)`` that runs until cancelled::
+
+    class EchoArgs(BaseModel):
+        interval_s: float = 1.0
+
+    async def run(args: EchoArgs, ctx: ObserverContext) -> None:
+        while True:
+            await asyncio.sleep(args.interval_s)
+            ctx.ensure_lease()          # before every side effect (fencing)
+            await ctx.emit({"hello": ctx.name})
+
+    KIND = ObserverKind(name="echo", args_model=EchoArgs, run=run)
+
+Rules for authors: never swallow ``asyncio.CancelledError`` (stop = cancel, with a bounded
+grace); call ``ctx.ensure_lease()`` before anything with an effect outside the process and
+let ``LeaseLost`` propagate; never block the event loop (it misses AMQP heartbeats and every
+observer of the service fails over).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
+class ObserverContext(Protocol):
+    """What a running observer gets from its host."""
+
+    observer_id: uuid.UUID
+    name: str
+    kind: str
+    service_id: uuid.UUID
+    stopping: asyncio.Event
+    logger: logging.LoggerAdapter[logging.Logger]
+
+    def ensure_lease(self) -> None:
+        """Raise ``LeaseLost`` unless this host still holds the observer's delivery on a
+        live channel (confirmed by the broker within the last H/2 seconds)."""
+
+    async def emit(self, payload: dict[str, Any]) -> None:
+        """Publish a persistent event to ``observers.events`` with routing key
+        ``<kind>.<name>``; checks the lease first."""
+
+
+@dataclass(frozen=True)
+class ObserverKind(Generic[ArgsT]):
+    name: str
+    args_model: type[ArgsT]
+    run: Callable[[ArgsT, ObserverContext], Awaitable[None]]
+    description: str = ""
+
+    def parse_args(self, raw: dict[str, Any]) -> ArgsT:
+        """Validate raw JSON args; raises ``pydantic.ValidationError``."""
+        return self.args_model.model_validate(raw)

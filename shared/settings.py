@@ -1,0 +1,92 @@
+"""Settings from environment variables prefixed ``ORCH_`` (see the README's table).
+
+Each process builds its settings once through a cached getter; tests start real
+processes with their own environment instead of patching these objects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from functools import lru_cache
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+_POOL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore")
+
+    amqp_url: str = "amqp://orch:orch@127.0.0.1:5682/"
+    # AMQP heartbeat H in seconds: how fast a silent peer is declared dead, and the base
+    # of the fencing lease (valid for H/2 after the last confirmed round trip).
+    amqp_heartbeat_s: int = Field(default=6, ge=2, le=60)
+    # Service heartbeat to the manager (state queue), seconds.
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    log_level: str = "INFO"
+
+
+class ServiceSettings(CommonSettings):
+    service_name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
+    workers_count: int = Field(default=100, ge=1, le=1_000_000)
+    pools: Annotated[list[str], NoDecode] = ["default"]
+    inventory_s: float = Field(default=30.0, gt=0)
+    stop_grace_s: float = Field(default=5.0, ge=0)
+    # How long a stop for an observer this service does not host is remembered, so that a
+    # start message arriving later (redistribution race) is acked at once instead of run.
+    stopped_ids_ttl_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _split_pools(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [p.strip() for p in value.split(",") if p.strip()]
+        if isinstance(value, list):
+            bad = [p for p in value if not isinstance(p, str) or not _POOL_RE.match(p)]
+            if bad or not value:
+                raise ValueError(f"pools must be a comma-separated list of names matching {_POOL_RE.pattern}")
+        return value
+
+
+class ManagerSettings(CommonSettings):
+    database_url: str = "postgresql+asyncpg://orch:orch@127.0.0.1:5442/orch"
+    manager_host: str = "127.0.0.1"
+    manager_port: int = Field(default=8000, ge=0, le=65535)
+    # A service is marked lost after this many heartbeat intervals without one.
+    lost_after_heartbeats: int = Field(default=3, ge=1)
+    # A stop still OnDeleting after this many seconds is broadcast again.
+    restop_after_s: float = Field(default=10.0, gt=0)
+    # An ObserverStarted for an id the manager does not know is stopped after this grace
+    # (covers a create whose commit is still in flight).
+    unknown_grace_s: float = Field(default=10.0, ge=0)
+    # A row whose start message was never confirmed is published again after this age.
+    enqueue_sweep_after_s: float = Field(default=30.0, gt=0)
+    # Period of the background loops.
+    sweep_interval_s: float = Field(default=1.0, gt=0)
+    state_prefetch: int = Field(default=200, ge=1, le=65535)
+
+
+def amqp_url_with_heartbeat(url: str, heartbeat_s: int) -> str:
+    """Add ``heartbeat=`` to an AMQP URL unless it has one: aiormq uses the URL value
+    (default 60 s) and ignores the server's proposal."""
+    if "heartbeat=" in url:
+        return url
+    return f"{url}{'&' if '?' in url else '?'}heartbeat={heartbeat_s}"
+
+
+@lru_cache(maxsize=1)
+def get_service_settings() -> ServiceSettings:
+    return ServiceSettings()
+
+
+@lru_cache(maxsize=1)
+def get_manager_settings() -> ManagerSettings:
+    return ManagerSettings()
+
+
+def hostname() -> str:
+    return os.environ.get("HOSTNAME") or socket.gethostname()

@@ -1,0 +1,68 @@
+"""Fixtures: the project's own RabbitMQ and PostgreSQL (started by ``tools.infra``, reused
+when already running), a migrated template database, and per test a private vhost, a
+private database and a ``System`` that starts real manager and service processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import REPO, System, unique
+from tools import infra
+
+TEMPLATE_DB = "orch_test_template"
+
+
+@pytest.fixture(scope="session")
+def rabbit() -> infra.RabbitNode:
+    infra.up()
+    return infra.rabbit_node()
+
+
+@pytest.fixture(scope="session")
+def postgres(rabbit: infra.RabbitNode) -> infra.PostgresNode:
+    pg = infra.postgres_node()
+    pg.drop_database(TEMPLATE_DB)
+    pg.create_database(TEMPLATE_DB)
+    env = {"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": pg.url(TEMPLATE_DB)}
+    subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO, env=env, check=True)
+    return pg
+
+
+@pytest.fixture
+def vhost(rabbit: infra.RabbitNode) -> Iterator[str]:
+    name = unique("t")
+    rabbit.add_vhost(name)
+    yield name
+    rabbit.delete_vhost(name)
+
+
+@pytest.fixture
+def database(postgres: infra.PostgresNode) -> Iterator[str]:
+    name = unique("t")
+    postgres.create_database(name, template=TEMPLATE_DB)
+    yield postgres.url(name)
+    postgres.drop_database(name)
+
+
+@pytest.fixture
+def system(
+    rabbit: infra.RabbitNode, vhost: str, database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[System]:
+    sysm = System(amqp_url=rabbit.url_for(vhost), database_url=database, workdir=tmp_path)
+    yield sysm
+    sysm.stop_all()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(sysm.logs())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)  # type: ignore[attr-defined]
+    return report

@@ -1,0 +1,85 @@
+"""The broker's consumer_timeout must never restart an observer. (Issue #2 test 13.)
+
+Two extra brokers, both with ``consumer_timeout = 60000``: one with the project's
+advanced.config (the timeout lifted), one without it (the RabbitMQ default behaviour,
+to show the failure the config prevents and that the service names the setting)."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shared import topology
+from shared.messages import StartObserver
+from tests.harness import Proc, System, free_port, read_ticks, wait_for
+from tools import infra
+
+HOLD_S = 150
+
+
+def broker(tmp_path: Path, name: str, lift: bool) -> infra.RabbitNode:
+    node = infra.RabbitNode(
+        name=name,
+        base=tmp_path / name,
+        port=free_port(),
+        dist_port=free_port(),
+        user="orch",
+        password="test-password",
+        extra_conf="consumer_timeout = 60000",
+        lift_consumer_timeout=lift,
+    )
+    node.start()
+    return node
+
+
+def has_text(proc: Proc, text: str) -> bool:
+    return text in proc.text()
+
+
+@pytest.mark.slow
+def test_observer_outlives_the_consumer_timeout(tmp_path: Path) -> None:
+    lifted = broker(tmp_path, "acklifted", lift=True)
+    plain = broker(tmp_path, "ackplain", lift=False)
+    systems = {
+        "lifted": System(amqp_url=lifted.url, database_url="unused", workdir=tmp_path),
+        "plain": System(amqp_url=plain.url, database_url="unused", workdir=tmp_path),
+    }
+    try:
+        logs = {}
+        for label, system in systems.items():
+            service = system.start_service(f"svc-{label}", workers=2)
+            wait_for(functools.partial(has_text, service, "broker session open"), 30, "session")
+            logs[label] = tmp_path / f"{label}.ticks"
+            start = StartObserver(
+                observer_id=uuid.uuid4(),
+                name=f"long-{label}",
+                kind="ticker",
+                args={"interval_s": 1, "log_file": str(logs[label])},
+            )
+            system.publish_raw(topology.start_queue_name("default"), start.encode())
+        began = time.monotonic()
+
+        # Without the lift the broker closes the channel and the service says why
+        plain_service = systems["plain"].procs[0]
+        wait_for(lambda: "consumer_timeout" in plain_service.text(), HOLD_S, "the ack-timeout error")
+        assert "delivery acknowledgement" in plain_service.text()
+
+        # With the project's config the observer is never interrupted
+        time.sleep(max(0.0, HOLD_S - (time.monotonic() - began)))
+        lifted_service = systems["lifted"].procs[0]
+        ticks = read_ticks(logs["lifted"])
+        assert len(ticks) >= HOLD_S - 10
+        gaps = [b[3] - a[3] for a, b in itertools.pairwise(ticks)]
+        assert max(gaps) < 5, f"the observer was interrupted (longest gap {max(gaps):.1f}s)"
+        assert "session lost" not in lifted_service.text()
+        assert "redelivered=True" not in lifted_service.text()
+    finally:
+        for system in systems.values():
+            system.stop_all()
+        lifted.stop()
+        plain.stop()

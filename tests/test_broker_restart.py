@@ -1,0 +1,62 @@
+"""The broker restarts, or everything loses power at once. (Issue #2 tests 9 and 10.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.harness import System, wait_for
+from tools import infra
+
+
+def start_fleet(system: System, tmp_path: Path, count: int) -> list[str]:
+    system.start_manager()
+    system.start_service("svc-a", workers=count)
+    system.start_service("svc-b", workers=count)
+    args = {"interval_s": 0.2, "log_file": str(tmp_path / "ticks.log")}
+    ids = [system.create(f"o-{i}", args=args)["id"] for i in range(count)]
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+    return ids
+
+
+def all_processing_on_alive(system: System, ids: list[str]) -> bool:
+    alive = {s["id"] for s in system.services() if s["status"] == "alive"}
+    observers = {o["id"]: o for o in system.observers()}
+    return all(observers[i]["status"] == "Processing" and observers[i]["service_id"] in alive for i in ids)
+
+
+def test_broker_restart_loses_no_observer(system: System, tmp_path: Path, rabbit: infra.RabbitNode) -> None:
+    ids = start_fleet(system, tmp_path, 6)
+    services = list(system.procs[1:])
+
+    rabbit.stop()
+    rabbit.start()
+
+    # Services reconnect by themselves and every observer runs again
+    wait_for(lambda: all(p.text().count("broker session open") >= 2 for p in services), 60, "reconnected")
+    wait_for(lambda: all_processing_on_alive(system, ids), 60, "all Processing again")
+    assert all(p.alive() for p in system.procs)
+    assert len(system.observers()) == len(ids)
+
+
+def test_blackout_everything_comes_back(
+    system: System, tmp_path: Path, rabbit: infra.RabbitNode, postgres: infra.PostgresNode
+) -> None:
+    ids = start_fleet(system, tmp_path, 5)
+
+    # Power cut: every process dies at once
+    system.stop_all()
+    rabbit.kill()
+    postgres.kill()
+
+    # Power back: infrastructure first, then the same deployment
+    rabbit.start()
+    postgres.start()
+    system.start_manager()
+    system.start_service("svc-a", workers=5)
+    system.start_service("svc-b", workers=5)
+
+    wait_for(lambda: all_processing_on_alive(system, ids), 60, "the same observers Processing")
+    names = {s["name"] for s in system.services() if s["status"] == "alive"}
+    assert names == {"svc-a", "svc-b"}
+    assert all(s["status"] == "deleted" for s in system.services() if s["name"] in names and s["status"] != "alive")

@@ -1,0 +1,112 @@
+"""Garbage and lost messages: dead-lettered, repaired by inventories, duplicates removed.
+(Issue #2 tests 14 and 15.)"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import aio_pika
+
+from shared import topology
+from shared.messages import StartObserver
+from tests.harness import System, read_ticks, wait_for
+
+
+def test_garbage_is_dead_lettered_and_consumers_keep_working(system: System, tmp_path: Path) -> None:
+    system.start_manager()
+    service = system.start_service("svc-a", workers=3)
+
+    system.publish_raw(topology.STATE_QUEUE, b"not json at all")
+    system.publish_raw(topology.STATE_QUEUE, json.dumps({"type": "ServiceBorn", "bogus": 1}).encode())
+    system.publish_raw(topology.start_queue_name("default"), b"\x00\x01garbage")
+    system.publish_raw(topology.start_queue_name("default"), json.dumps({"type": "StartObserver"}).encode())
+
+    state_errors = topology.error_queue_name(topology.STATE_QUEUE)
+    start_errors = topology.error_queue_name(topology.start_queue_name("default"))
+    wait_for(lambda: system.queue_counts(state_errors)[0] == 2, 20, "state garbage dead-lettered")
+    wait_for(lambda: system.queue_counts(start_errors)[0] == 2, 20, "start garbage dead-lettered")
+    assert system.manager is not None
+    assert "dead-lettering a malformed state message" in system.manager.text()
+    assert "dead-lettering a malformed start message" in service.text()
+
+    # Both consumers keep going
+    created = system.create("after-garbage", args={"interval_s": 0.2, "log_file": str(tmp_path / "t.log")})
+    system.wait_status(created["id"], "Processing")
+    assert system.manager.alive() and service.alive()
+
+
+def test_inventory_repairs_a_lost_observer_started(system: System, tmp_path: Path) -> None:
+    manager = system.start_manager()
+    a = system.start_service("svc-a", workers=3)
+    created = system.create("repaired", args={"interval_s": 0.2, "log_file": str(tmp_path / "t.log")})
+    system.wait_status(created["id"], "Processing")
+    dead = system.service_by_name("svc-a")
+    assert dead is not None
+
+    # While the manager is down the observer moves, and its ObserverStarted is lost
+    manager.kill9()
+    system.start_service("svc-b", workers=3, wait=False)
+    wait_for(lambda: "broker session open" in system.procs[-1].text(), 30, "svc-b up")
+    a.kill9()
+    wait_for(lambda: "redelivered=True" in system.procs[-1].text(), 30, "moved to svc-b")
+    dropped = drop_state_messages(system, "ObserverStarted")
+    assert dropped >= 1
+
+    # Then the next inventory of svc-b tells the manager where it runs
+    system.start_manager()
+    observer = wait_for(
+        lambda: (o := system.observer(created["id"]))["service_name"] == "svc-b" and o, 30, "repaired host"
+    )
+    assert observer["status"] == "Processing"
+
+
+def drop_state_messages(system: System, message_type: str) -> int:
+    """Take every message out of the state queue and put back all but ``message_type``."""
+
+    async def filter_queue(channel: aio_pika.abc.AbstractChannel) -> int:
+        queue = await channel.declare_queue(topology.STATE_QUEUE, passive=True)
+        kept: list[bytes] = []
+        dropped = 0
+        while (message := await queue.get(fail=False)) is not None:
+            if json.loads(message.body).get("type") == message_type:
+                dropped += 1
+            else:
+                kept.append(message.body)
+            await message.ack()
+        for body in kept:
+            await channel.default_exchange.publish(topology.persistent(body), routing_key=topology.STATE_QUEUE)
+        return dropped
+
+    return system.amqp(filter_queue)
+
+
+def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Path) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=1)
+    log = tmp_path / "t.log"
+    created = system.create("single", args={"interval_s": 0.1, "log_file": str(log)})
+    first = system.wait_status(created["id"], "Processing")
+    system.start_service("svc-b", workers=3)
+
+    # A second start message for the running observer (svc-a is full: it goes to svc-b)
+    duplicate = StartObserver(
+        observer_id=uuid.UUID(created["id"]),
+        name="single",
+        kind="ticker",
+        args={"interval_s": 0.1, "log_file": str(log)},
+    )
+    system.publish_raw(topology.start_queue_name("default"), duplicate.encode())
+    wait_for(lambda: any(t[1] != first["service_id"] for t in read_ticks(log)), 20, "the duplicate runs")
+
+    # The manager stops the copy: afterwards only the original host ticks
+    def settled() -> bool:
+        recent = [t for t in read_ticks(log) if t[3] > max(t[3] for t in read_ticks(log)) - 1.5]
+        return {t[1] for t in recent} == {first["service_id"]}
+
+    asyncio.run(asyncio.sleep(3))
+    wait_for(settled, 30, "one host left")
+    assert system.observer(created["id"])["service_id"] == first["service_id"]
+    assert system.queue_counts(topology.start_queue_name("default"))[0] == 0
