@@ -212,6 +212,8 @@ class Runner:
                 logger.debug("observer %s ended with %r", running.start.observer_id, task.exception())
             return
         error = None if task.cancelled() else task.exception()
+        if running.session.closed.is_set():
+            return  # the session died under it: fencing ends it, this is no failure of its own
         if isinstance(error, LeaseLost):
             logger.error("observer %s hit a lapsed lease: fencing the session", running.start.observer_id)
             running.session.fail(f"observer {running.start.observer_id}: {error}")

@@ -158,13 +158,16 @@ class Session:
         await target.publish(message, routing_key=routing_key, mandatory=mandatory)
 
     async def emit_event(self, routing_key: str, body: bytes) -> None:
+        """Publish an observer's event. Any failure means the channel is gone (or going):
+        the observer must stop acting, so it gets ``LeaseLost``."""
         self.lease.ensure()
         try:
             await self.publish(
                 routing_key, topology.persistent(body), exchange=topology.EVENTS_EXCHANGE, mandatory=False
             )
-        except BrokerUnavailable as e:
-            raise LeaseLost(f"cannot emit: {e}") from e
+        except Exception as e:
+            self.fail(f"event publish failed: {e!r}")
+            raise LeaseLost(f"cannot emit: {e!r}") from e
 
     async def _outbox_loop(self, outbox: Outbox) -> None:
         """Publish reports in order; a batch is pipelined on one channel (order kept) and

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -89,7 +89,7 @@ def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Pa
     log = tmp_path / "t.log"
     created = system.create("single", args={"interval_s": 0.1, "log_file": str(log)})
     first = system.wait_status(created["id"], "Processing")
-    system.start_service("svc-b", workers=3)
+    b = system.start_service("svc-b", workers=3)
 
     # A second start message for the running observer (svc-a is full: it goes to svc-b)
     duplicate = StartObserver(
@@ -99,14 +99,15 @@ def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Pa
         args={"interval_s": 0.1, "log_file": str(log)},
     )
     system.publish_raw(topology.start_queue_name("default"), duplicate.encode())
-    wait_for(lambda: any(t[1] != first["service_id"] for t in read_ticks(log)), 20, "the duplicate runs")
+    wait_for(lambda: "(ticker single) started" in b.text(), 20, "the duplicate to start on svc-b")
 
-    # The manager stops the copy: afterwards only the original host ticks
+    # The manager stops the copy (targeted at svc-b): afterwards only the original host ticks
+    wait_for(lambda: "stopped (duplicate start message)" in b.text(), 20, "the copy stopped")
     def settled() -> bool:
         recent = [t for t in read_ticks(log) if t[3] > max(t[3] for t in read_ticks(log)) - 1.5]
         return {t[1] for t in recent} == {first["service_id"]}
 
-    asyncio.run(asyncio.sleep(3))
+    time.sleep(2)
     wait_for(settled, 30, "one host left")
     assert system.observer(created["id"])["service_id"] == first["service_id"]
     assert system.queue_counts(topology.start_queue_name("default"))[0] == 0
