@@ -151,7 +151,11 @@ class Runner:
             return
         running = self.running.get(stop.observer_id)
         if running is None:
-            self._stopped_ids[stop.observer_id] = time.monotonic() + self.settings.stopped_ids_ttl_s
+            # Remember a broadcast stop: the start may be on its way here (redistribution).
+            # A targeted stop is about one delivery this host no longer holds; remembering
+            # it could later throw away a legitimate start of the observer.
+            if stop.service_id is None:
+                self._stopped_ids[stop.observer_id] = time.monotonic() + self.settings.stopped_ids_ttl_s
             return
         running.ended_by = "stop"
         await self._end(running)

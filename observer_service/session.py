@@ -42,6 +42,13 @@ ACK_TIMEOUT_HINT = (
 )
 
 _OUTBOX_BATCH = 200
+MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
+
+
+def prefetch_chunks(workers_count: int) -> list[int]:
+    """Prefetch of each consumer so that together they hold ``workers_count`` deliveries."""
+    full, rest = divmod(workers_count, MAX_PREFETCH)
+    return [MAX_PREFETCH] * full + ([rest] if rest else [])
 
 
 class Session:
@@ -72,15 +79,17 @@ class Session:
             await self._renew_lease()
             self._work = await self._connection.channel(publisher_confirms=False)
             self._work.close_callbacks.add(self._on_closed)
-            await self._work.set_qos(prefetch_count=min(self.settings.workers_count, 65_535))
             control = await topology.declare_control_queue(self._work, self.service_id)
             await control.consume(on_control)
             for pool in self.settings.pools:
                 queue = await topology.declare_start_queue(self._work, pool)
-                tag = await queue.consume(
-                    on_start, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
-                )
-                self._start_consumers.append((queue, tag))
+                for prefetch in prefetch_chunks(self.settings.workers_count):
+                    # basic.qos applies to the consumers created after it on this channel.
+                    await self._work.set_qos(prefetch_count=prefetch)
+                    tag = await queue.consume(
+                        on_start, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
+                    )
+                    self._start_consumers.append((queue, tag))
         except Exception as e:
             await self.close(f"open failed: {e!r}")
             raise BrokerUnavailable(f"cannot open a broker session: {e!r}") from e

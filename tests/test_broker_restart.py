@@ -30,6 +30,10 @@ def test_broker_restart_loses_no_observer(system: System, tmp_path: Path, rabbit
     services = list(system.procs[1:])
 
     rabbit.stop()
+    # While the broker is down a create is refused and leaves nothing behind
+    wait_for(lambda: system.get("/readyz").status_code == 503, 30, "readyz to report the broker down")
+    refused = system.post("/api/observers", {"name": "during-outage", "kind": "ticker"})
+    assert refused.status_code == 503 and "broker" in refused.json()["detail"]
     rabbit.start()
 
     # Services reconnect by themselves and every observer runs again
@@ -37,6 +41,7 @@ def test_broker_restart_loses_no_observer(system: System, tmp_path: Path, rabbit
     wait_for(lambda: all_processing_on_alive(system, ids), 60, "all Processing again")
     assert all(p.alive() for p in system.procs)
     assert len(system.observers()) == len(ids)
+    assert system.get("/api/observers", name="during-outage").json()["items"] == []
 
 
 def test_blackout_everything_comes_back(

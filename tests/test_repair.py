@@ -103,6 +103,7 @@ def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Pa
 
     # The manager stops the copy (targeted at svc-b): afterwards only the original host ticks
     wait_for(lambda: "stopped (duplicate start message)" in b.text(), 20, "the copy stopped")
+
     def settled() -> bool:
         recent = [t for t in read_ticks(log) if t[3] > max(t[3] for t in read_ticks(log)) - 1.5]
         return {t[1] for t in recent} == {first["service_id"]}

@@ -1,0 +1,100 @@
+"""The manager's own repairs: orphans stopped, crashed creates re-published, schema check,
+pagination. Real processes, real broker and database."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import asyncpg
+
+from shared import topology
+from shared.messages import StartObserver
+from tests.harness import REPO, System, wait_for
+from tools import infra
+
+
+def sql(database_url: str, query: str, *args: object) -> None:
+    async def run() -> None:
+        conn = await asyncpg.connect(database_url.replace("+asyncpg", ""))
+        try:
+            await conn.execute(query, *args)
+        finally:
+            await conn.close()
+
+    asyncio.run(run())
+
+
+def test_an_observer_with_no_row_is_stopped_after_a_grace(system: System, tmp_path: Path) -> None:
+    system.start_manager()
+    service = system.start_service("svc-a", workers=2)
+    orphan = StartObserver(observer_id=uuid.uuid4(), name="orphan", kind="ticker", args={"interval_s": 0.5})
+    system.publish_raw(topology.start_queue_name("default"), orphan.encode())
+
+    wait_for(lambda: "(ticker orphan) started" in service.text(), 20, "the orphan to start")
+    wait_for(lambda: f"observer {orphan.observer_id} stopped (unknown observer)" in service.text(), 30, "stopped")
+    assert system.queue_counts(topology.start_queue_name("default"))[0] == 0
+    assert system.get(f"/api/observers/{orphan.observer_id}").status_code == 404
+
+
+def test_a_row_left_unenqueued_by_a_crash_is_published_again(system: System) -> None:
+    # A create that crashed between its commit and its publish leaves such a row
+    oid = uuid.uuid4()
+    sql(
+        system.database_url,
+        "INSERT INTO observers (id, name, kind, args, pool, status, created_at, modified_at) "
+        "VALUES ($1, 'crashed', 'ticker', $2::jsonb, 'default', 'Created', now() - interval '1 hour', now())",
+        oid,
+        json.dumps({"interval_s": 1.0}),
+    )
+    system.start_manager()
+    system.start_service("svc-a", workers=2)
+    observer = system.wait_status(str(oid), "Processing", timeout=60)
+    assert observer["service_name"] == "svc-a"
+
+
+def test_the_manager_refuses_an_unmigrated_database(system: System, postgres: infra.PostgresNode) -> None:
+    name = f"t_empty_{uuid.uuid4().hex[:8]}"
+    postgres.create_database(name)
+    try:
+        env = {"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": postgres.url(name), "ORCH_AMQP_URL": system.amqp_url}
+        done = subprocess.run(
+            [sys.executable, "-m", "manager"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode != 0
+        assert "alembic upgrade head" in done.stderr
+    finally:
+        postgres.drop_database(name)
+
+
+def test_list_filters_and_keyset_pages(system: System) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=20)
+    ids = [system.create(f"page-{i:02d}", args={"interval_s": 5})["id"] for i in range(7)]
+    system.create("other", kind="ticker", args={"interval_s": 5}, pool="default")
+
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = system.get("/api/observers", limit=3, **({"cursor": cursor} if cursor else {})).json()
+        seen += [o["id"] for o in page["items"]]
+        assert len(page["items"]) <= 3
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen[:7] == ids and len(seen) == 8
+
+    by_name = system.get("/api/observers", name="page-03").json()["items"]
+    assert [o["id"] for o in by_name] == [ids[3]]
+    wait_for(lambda: len(system.observers(status="Processing")) == 8, 30, "all Processing")
+    service = system.service_by_name("svc-a")
+    assert service is not None
+    assert len(system.observers(service_id=service["id"], kind="ticker", pool="default")) == 8
+    assert system.get("/api/observers", limit=0).status_code == 422
+    bad_cursor = system.get("/api/observers", cursor="nonsense")
+    assert bad_cursor.status_code == 422 and "cursor" in bad_cursor.json()["detail"]
+    assert system.get("/api/observers", status="Sleeping").status_code == 422

@@ -1,0 +1,126 @@
+"""Pure logic, in-process: contracts, lease, outbox, settings, cursors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from manager.errors import Invalid
+from manager.queries import decode_cursor, encode_cursor
+from observer_service.lease import Lease
+from observer_service.outbox import Outbox
+from observer_service.session import prefetch_chunks
+from shared.errors import DecodeError, LeaseLost
+from shared.messages import (
+    ObserverStarted,
+    ServiceHeartbeat,
+    StartObserver,
+    StopObserver,
+    decode_control,
+    decode_start,
+    decode_state,
+)
+from shared.settings import ServiceSettings, amqp_url_with_heartbeat
+
+
+def test_messages_round_trip_by_type() -> None:
+    started = ObserverStarted(observer_id=uuid.uuid4(), service_id=uuid.uuid4(), redelivered=True)
+    assert decode_state(started.encode()) == started
+    stop = StopObserver(observer_id=uuid.uuid4())
+    assert decode_control(stop.encode()) == stop
+    start = StartObserver(observer_id=uuid.uuid4(), name="n", kind="ticker", args={"interval_s": 2})
+    assert decode_start(start.encode()) == start
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not json",
+        b"[]",
+        b'{"type": "Nope"}',
+        b'{"type": "ServiceHeartbeat"}',
+        b'{"type": "ObserverStarted", "x": 1}',
+    ],
+)
+def test_garbage_state_bodies_raise_decode_error(body: bytes) -> None:
+    with pytest.raises(DecodeError):
+        decode_state(body)
+
+
+def test_a_message_of_another_stream_is_refused() -> None:
+    heartbeat = ServiceHeartbeat(service_id=uuid.uuid4(), running=1)
+    with pytest.raises(DecodeError):
+        decode_control(heartbeat.encode())
+    with pytest.raises(DecodeError):
+        decode_start(heartbeat.encode())
+
+
+def test_lease_is_valid_for_half_the_heartbeat_after_a_round_trip_was_sent() -> None:
+    lease = Lease(heartbeat_s=2)
+    with pytest.raises(LeaseLost, match="not connected"):
+        lease.ensure()
+    lease.renew(time.monotonic())
+    lease.ensure()
+    assert 0.9 < lease.remaining_s() <= 1.0
+    lease.renew(time.monotonic() - 5)  # an older round trip never shortens the lease
+    lease.ensure()
+    lease.revoke()
+    assert not lease.is_valid()
+
+
+def test_lease_lapses_when_the_last_round_trip_is_too_old() -> None:
+    lease = Lease(heartbeat_s=2)
+    lease.renew(time.monotonic() - 1.5)
+    with pytest.raises(LeaseLost, match="lapsed"):
+        lease.ensure()
+
+
+def test_outbox_keeps_order_and_drops_only_confirmed_heads() -> None:
+    async def scenario() -> None:
+        outbox = Outbox(max_size=3)
+        ids = [uuid.uuid4() for _ in range(4)]
+        for sid in ids:
+            outbox.put(ServiceHeartbeat(service_id=sid, running=0))
+        batch = await outbox.peek_batch(2)
+        assert [m.service_id for m in batch] == ids[1:3]  # type: ignore[attr-defined]  # the oldest was dropped
+        outbox.drop_head(2)
+        assert len(outbox) == 1
+        assert not await outbox.wait_empty(0.01)
+        outbox.drop_head(1)
+        assert await outbox.wait_empty(0.01)
+
+    asyncio.run(scenario())
+
+
+def test_settings_parse_pools_and_reject_bad_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_POOLS", "default, gpu ,io")
+    assert ServiceSettings().pools == ["default", "gpu", "io"]
+    monkeypatch.setenv("ORCH_POOLS", "bad pool!")
+    with pytest.raises(ValidationError, match="pools"):
+        ServiceSettings()
+
+
+def test_amqp_heartbeat_is_added_unless_given() -> None:
+    assert amqp_url_with_heartbeat("amqp://h/", 6) == "amqp://h/?heartbeat=6"
+    assert amqp_url_with_heartbeat("amqp://h/?x=1", 6) == "amqp://h/?x=1&heartbeat=6"
+    assert amqp_url_with_heartbeat("amqp://h/?heartbeat=9", 6) == "amqp://h/?heartbeat=9"
+
+
+def test_cursor_round_trip_and_garbage() -> None:
+    now, oid = datetime.now(UTC), uuid.uuid4()
+    assert decode_cursor(encode_cursor(now, oid)) == (now, oid)
+    with pytest.raises(Invalid, match="cursor"):
+        decode_cursor("garbage!")
+
+
+def test_prefetch_is_split_into_16_bit_consumers() -> None:
+    assert prefetch_chunks(1) == [1]
+    assert prefetch_chunks(65_535) == [65_535]
+    assert prefetch_chunks(100_000) == [65_535, 34_465]
+    assert sum(prefetch_chunks(200_000)) == 200_000
