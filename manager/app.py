@@ -47,13 +47,18 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
         app.state.commands = ObserverCommands(sessions, broker)
         app.state.consumer = consumer
         broker.start(consumer.on_message)
-        background = asyncio.create_task(loops.run(), name="background")
+        tasks = [
+            asyncio.create_task(consumer.run(), name="state-consumer"),
+            asyncio.create_task(loops.run(), name="background"),
+        ]
         try:
             yield
         finally:
-            background.cancel()
-            with contextlib.suppress(BaseException):
-                await background
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
             await broker.close()
             await engine.dispose()
 

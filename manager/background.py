@@ -22,7 +22,7 @@ from manager.broker import BrokerLink
 from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
-from shared.messages import InventoryRequest, StartObserver, StopObserver
+from shared.messages import InventoryRequest, StartObserver, StopObserver, StopObservers
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
@@ -70,8 +70,9 @@ class BackgroundLoops:
                     .returning(Observer.id)
                 )
             )
-        for oid in ids:
-            await self.broker.publish_control(StopObserver(observer_id=oid, reason="stop requested (again)"))
+        for i in range(0, len(ids), 1000):
+            chunk = ids[i : i + 1000]
+            await self.broker.publish_control(StopObservers(observer_ids=chunk, reason="stop requested (again)"))
         if ids:
             logger.info("re-broadcast %d stop(s) still OnDeleting", len(ids))
 

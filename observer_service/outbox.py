@@ -12,7 +12,7 @@ import asyncio
 import collections
 import logging
 
-from shared.messages import Message
+from shared.messages import Message, ObserverFailed, ObserverStarted, ObserverStopped, ReportBatch
 
 logger = logging.getLogger(__name__)
 
@@ -56,3 +56,32 @@ class Outbox:
         except TimeoutError:
             return False
         return True
+
+
+REPORTS_PER_BATCH = 500
+_OBSERVER_REPORTS = (ObserverStarted, ObserverStopped, ObserverFailed)
+
+
+def pack(messages: list[Message], per_batch: int = REPORTS_PER_BATCH) -> list[Message]:
+    """Pack runs of consecutive observer reports into ``ReportBatch`` messages, keeping the
+    order of everything; other messages pass as they are."""
+    packed: list[Message] = []
+    run: list[ObserverStarted | ObserverStopped | ObserverFailed] = []
+
+    def flush() -> None:
+        if len(run) == 1:
+            packed.append(run[0])
+        elif run:
+            packed.append(ReportBatch(service_id=run[0].service_id, reports=list(run)))
+        run.clear()
+
+    for message in messages:
+        if isinstance(message, _OBSERVER_REPORTS):
+            if run and (len(run) >= per_batch or run[0].service_id != message.service_id):
+                flush()
+            run.append(message)
+        else:
+            flush()
+            packed.append(message)
+    flush()
+    return packed

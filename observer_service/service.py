@@ -35,6 +35,7 @@ from shared.messages import (
     ServiceInventory,
     ServiceStopped,
     StopObserver,
+    StopObservers,
     decode_control,
 )
 from shared.settings import ServiceSettings, hostname
@@ -132,6 +133,8 @@ class ObserverService:
         await settle(message.ack())
         if isinstance(command, StopObserver):
             await self.runner.on_stop(command)
+        elif isinstance(command, StopObservers):
+            await asyncio.gather(*(self.runner.on_stop(stop) for stop in command.each()))
         elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
             self._send_inventory()
 

@@ -26,7 +26,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from observer_service.lease import Lease
-from observer_service.outbox import Outbox
+from observer_service.outbox import Outbox, pack
 from shared import topology
 from shared.errors import BrokerUnavailable, LeaseLost
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
@@ -41,7 +41,7 @@ ACK_TIMEOUT_HINT = (
     "(advanced.config: [{rabbit,[{consumer_timeout, undefined}]}]. — shipped in deploy/rabbitmq/)"
 )
 
-_OUTBOX_BATCH = 200
+_OUTBOX_BATCH = 5_000  # reports taken per round; packed into far fewer messages
 MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
 
 
@@ -185,7 +185,7 @@ class Session:
             batch = await outbox.peek_batch(_OUTBOX_BATCH)
             publishes = [
                 self.publish(topology.STATE_QUEUE, topology.persistent(m.encode(), message_id=str(m.message_id)))
-                for m in batch
+                for m in pack(batch)
             ]
             try:
                 await asyncio.gather(*publishes)

@@ -122,6 +122,30 @@ class ObserverFailed(Message):
     reason: str
 
 
+ObserverReport = Annotated[ObserverStarted | ObserverStopped | ObserverFailed, Field(discriminator="type")]
+
+
+class ReportBatch(Message):
+    """Consecutive observer reports of one service in one message, in the order they were
+    made (a service starting thousands of observers sends tens of messages, not thousands)."""
+
+    type: Literal["ReportBatch"] = "ReportBatch"
+    service_id: uuid.UUID
+    reports: list[ObserverReport]
+
+
+class StopObservers(Message):
+    """Many stops in one broadcast (bulk stop, re-sends); same meaning as ``StopObserver``."""
+
+    type: Literal["StopObservers"] = "StopObservers"
+    observer_ids: list[uuid.UUID]
+    service_id: uuid.UUID | None = None
+    reason: str = "requested"
+
+    def each(self) -> list[StopObserver]:
+        return [StopObserver(observer_id=o, service_id=self.service_id, reason=self.reason) for o in self.observer_ids]
+
+
 StateMessage = Annotated[
     ServiceBorn
     | ServiceHeartbeat
@@ -129,10 +153,11 @@ StateMessage = Annotated[
     | ServiceInventory
     | ObserverStarted
     | ObserverStopped
-    | ObserverFailed,
+    | ObserverFailed
+    | ReportBatch,
     Field(discriminator="type"),
 ]
-ControlMessage = Annotated[StopObserver | InventoryRequest, Field(discriminator="type")]
+ControlMessage = Annotated[StopObserver | StopObservers | InventoryRequest, Field(discriminator="type")]
 
 _state_adapter: TypeAdapter[StateMessage] = TypeAdapter(StateMessage)
 _control_adapter: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

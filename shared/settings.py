@@ -67,7 +67,7 @@ class ManagerSettings(CommonSettings):
     enqueue_sweep_after_s: float = Field(default=30.0, gt=0)
     # Period of the background loops.
     sweep_interval_s: float = Field(default=1.0, gt=0)
-    state_prefetch: int = Field(default=200, ge=1, le=65535)
+    state_prefetch: int = Field(default=2000, ge=1, le=65535)
 
 
 def amqp_url_with_heartbeat(url: str, heartbeat_s: int) -> str:

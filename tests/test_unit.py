@@ -13,11 +13,12 @@ from pydantic import ValidationError
 from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
 from observer_service.lease import Lease
-from observer_service.outbox import Outbox
+from observer_service.outbox import Outbox, pack
 from observer_service.session import prefetch_chunks
 from shared.errors import DecodeError, LeaseLost
 from shared.messages import (
     ObserverStarted,
+    ReportBatch,
     ServiceHeartbeat,
     StartObserver,
     StopObserver,
@@ -124,3 +125,14 @@ def test_prefetch_is_split_into_16_bit_consumers() -> None:
     assert prefetch_chunks(65_535) == [65_535]
     assert prefetch_chunks(100_000) == [65_535, 34_465]
     assert sum(prefetch_chunks(200_000)) == 200_000
+
+
+def test_pack_batches_consecutive_observer_reports_in_order() -> None:
+    sid = uuid.uuid4()
+    started = [ObserverStarted(observer_id=uuid.uuid4(), service_id=sid) for _ in range(5)]
+    heartbeat = ServiceHeartbeat(service_id=sid, running=5)
+    packed = pack([*started[:3], heartbeat, *started[3:4], *started[4:]], per_batch=2)
+    assert [type(m).__name__ for m in packed] == ["ReportBatch", "ObserverStarted", "ServiceHeartbeat", "ReportBatch"]
+    flattened = [r for m in packed if isinstance(m, ReportBatch) for r in m.reports]
+    assert flattened == [started[0], started[1], started[3], started[4]]
+    assert decode_state(packed[0].encode()) == packed[0]

@@ -1,9 +1,15 @@
-"""Consumes the state queue: decode, apply in one transaction, publish follow-ups, ack.
+"""Consumes the state queue: decode, apply in batches, publish follow-ups, ack.
 
-Messages are applied one at a time in delivery order, so the reports of one service are
-applied in the order it sent them. A body that is not a valid report is dead-lettered to
-``orch.state.error`` with a log line; a database error leaves the message unacked and
-retried (the broker redelivers it), so nothing is lost while PostgreSQL is down.
+Deliveries are applied by one worker in delivery order, so the reports of one service are
+applied in the order it sent them. Whatever is waiting when the worker is free (up to
+``max_batch``) is applied in one transaction, its rows locked and loaded up front, and then
+acked with one ``multiple`` ack: a catching-up manager applies thousands of reports per
+second instead of paying a transaction per message.
+
+* A body that is not a valid report is dead-lettered to ``orch.state.error`` with a log line.
+* The database unreachable (or a deadlock): the batch is retried as a whole, nothing acked.
+* Any other failure: the batch is applied again one message per transaction, and the
+  message that fails is dead-lettered, so one bad report never blocks the others.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -18,65 +25,118 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.state.rules import StateRules
+from manager.state.rules import Outgoing, StateRules
 from shared.errors import BrokerUnavailable, DecodeError
-from shared.messages import decode_state
+from shared.messages import StateMessage, decode_state
 
 logger = logging.getLogger(__name__)
 
 _DB_RETRY_S = 1.0
+_RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock detected, serialization failure
+
+Delivery = tuple[AbstractIncomingMessage, StateMessage]
 
 
 class StateConsumer:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, rules: StateRules) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        broker: BrokerLink,
+        rules: StateRules,
+        max_batch: int = 1000,
+    ) -> None:
         self.sessions = sessions
         self.broker = broker
         self.rules = rules
+        self.max_batch = max_batch
         self.applied = 0
-        # One message at a time, in delivery order, even though aio-pika dispatches each
-        # delivery to its own task.
-        self._lock = asyncio.Lock()
+        self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
-        async with self._lock:
-            await self._handle(message)
+        self._inbox.put_nowait(message)
 
-    async def _handle(self, message: AbstractIncomingMessage) -> None:
+    async def run(self) -> None:
+        while True:
+            batch = [await self._inbox.get()]
+            while len(batch) < self.max_batch and not self._inbox.empty():
+                batch.append(self._inbox.get_nowait())
+            deliveries = [d for d in [await self._decode(m) for m in batch] if d is not None]
+            if deliveries:
+                await self._ack(await self._apply(deliveries))
+
+    async def _decode(self, message: AbstractIncomingMessage) -> Delivery | None:
         try:
-            report = decode_state(message.body)
+            return message, decode_state(message.body)
         except DecodeError as e:
             logger.error("dead-lettering a malformed state message %r: %s", message.body[:200], e)
+            # Settled before the batch's multiple-ack, which would otherwise ack it too.
             with contextlib.suppress(Exception):
                 await message.reject(requeue=False)
-            return
+            return None
+
+    async def _apply(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Apply in one transaction; on a deterministic failure fall back to one report
+        per transaction. Returns the deliveries to ack (applied ones)."""
+        try:
+            outgoing = await self._transaction([report for _, report in deliveries])
+        except Exception:
+            if len(deliveries) > 1:
+                return [ok for delivery in deliveries for ok in await self._apply([delivery])]
+            # A report we cannot apply is a bug or a contract mismatch: keep it for a human
+            # in the error queue rather than block every other report.
+            message, report = deliveries[0]
+            logger.exception("dead-lettering %s that could not be applied", type(report).__name__)
+            with contextlib.suppress(Exception):
+                await message.reject(requeue=False)
+            return []
+        await self._publish(outgoing)
+        self.applied += len(deliveries)
+        return deliveries
+
+    async def _transaction(self, reports: Sequence[StateMessage]) -> Outgoing:
+        """One transaction for all ``reports``, retried while the database is unreachable."""
         while True:
+            outgoing = Outgoing()
             try:
                 async with self.sessions.begin() as session:
-                    outgoing = await self.rules.apply(session, report, datetime.now(UTC))
-                break
+                    await self.rules.preload(session, list(reports))
+                    now = datetime.now(UTC)
+                    for report in reports:
+                        outgoing.messages += (await self.rules.apply(session, report, now)).messages
+                return outgoing
             except Exception as e:
                 if not _is_transient(e):
-                    # A report we cannot apply is a bug or a contract mismatch: keep it for
-                    # a human in the error queue rather than block every other report.
-                    logger.exception("dead-lettering %s that could not be applied", report.type)
-                    with contextlib.suppress(Exception):
-                        await message.reject(requeue=False)
-                    return
-                logger.warning("applying %s failed (%s); retrying in %.0fs", report.type, e, _DB_RETRY_S)
+                    raise
+                logger.warning("applying %d report(s) failed (%s); retrying", len(reports), e)
                 await asyncio.sleep(_DB_RETRY_S)
-        for follow_up in outgoing.messages:
+
+    async def _publish(self, outgoing: Outgoing) -> None:
+        for follow_up in outgoing.batched():
             try:
                 await self.broker.publish_control(follow_up)
             except BrokerUnavailable as e:
                 # Re-stops and inventories are repeated by the background loops.
                 logger.warning("could not publish %s: %s", type(follow_up).__name__, e)
+
+    async def _ack(self, deliveries: list[Delivery]) -> None:
+        if not deliveries:
+            return
+        last = deliveries[-1][0]
+        same_channel = all(m.channel is last.channel for m, _ in deliveries)
         with contextlib.suppress(Exception):
-            await message.ack()
-        self.applied += 1
+            if same_channel:
+                await last.ack(multiple=True)
+            else:  # a reconnect happened mid-batch: the old channel's tags are void anyway
+                for message, _ in deliveries:
+                    await message.ack()
 
 
 def _is_transient(error: Exception) -> bool:
-    """True when the database is unreachable (retry), False for a deterministic failure."""
+    """True when the database is unreachable or the transaction lost a race (retry), False
+    for a deterministic failure."""
     if isinstance(error, OSError | TimeoutError | InterfaceError | OperationalError):
         return True
-    return isinstance(error, DBAPIError) and bool(error.connection_invalidated)
+    if isinstance(error, DBAPIError):
+        sqlstate = getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
+        return bool(error.connection_invalidated) or sqlstate in _RETRYABLE_SQLSTATES
+    return False

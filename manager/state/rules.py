@@ -4,8 +4,9 @@ messages to publish *after* it commits.
 
 Every write is a compare-and-set (``UPDATE ... WHERE status ... AND service_id ...``) so the
 API and this consumer never overwrite each other, whatever order messages arrive in:
-* a report about an observer applies only if its sender is the observer's host, or the
-  observer has none; a late report from an old host is ignored;
+* a start or failure applies only if its sender is the observer's host, or the observer
+  has no live host; a late report from an old host is ignored (a requested stop may be
+  ended by any service that acked a copy, see ``_stopped``);
 * a start reported for an observer that is being or has been stopped is answered with a
   stop targeted at that host;
 * two hosts at once: the redelivered copy wins (the other host lost its channel), else the
@@ -31,14 +32,17 @@ from shared.messages import (
     InventoryRequest,
     Message,
     ObserverFailed,
+    ObserverReport,
     ObserverStarted,
     ObserverStopped,
+    ReportBatch,
     ServiceBorn,
     ServiceHeartbeat,
     ServiceInventory,
     ServiceStopped,
     StateMessage,
     StopObserver,
+    StopObservers,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,6 +59,31 @@ class Outgoing:
 
     def stop(self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str) -> None:
         self.messages.append(StopObserver(observer_id=observer_id, service_id=service_id, reason=reason))
+
+    def batched(self, per_message: int = 1000) -> list[Message]:
+        """Stops with the same target and reason merged into ``StopObservers``, inventory
+        requests deduplicated; the order between different targets does not matter."""
+        stops: dict[tuple[uuid.UUID | None, str], list[uuid.UUID]] = {}
+        others: list[Message] = []
+        asked: set[uuid.UUID | None] = set()
+        for message in self.messages:
+            if isinstance(message, StopObserver):
+                stops.setdefault((message.service_id, message.reason), []).append(message.observer_id)
+            elif isinstance(message, InventoryRequest):
+                if message.service_id not in asked:
+                    asked.add(message.service_id)
+                    others.append(message)
+            else:
+                others.append(message)
+        merged: list[Message] = []
+        for (service_id, reason), ids in stops.items():
+            if len(ids) == 1:
+                merged.append(StopObserver(observer_id=ids[0], service_id=service_id, reason=reason))
+                continue
+            for i in range(0, len(ids), per_message):
+                chunk = ids[i : i + per_message]
+                merged.append(StopObservers(observer_ids=chunk, service_id=service_id, reason=reason))
+        return merged + others
 
 
 @dataclass
@@ -92,7 +121,21 @@ class StateRules:
                 await self._stopped(session, message, now)
             case ObserverFailed():
                 await self._failed(session, message, now)
+            case ReportBatch():
+                for report in message.reports:
+                    await self._apply_observer_report(session, report, now, out)
         return out
+
+    async def _apply_observer_report(
+        self, session: AsyncSession, report: ObserverReport, now: datetime, out: Outgoing
+    ) -> None:
+        match report:
+            case ObserverStarted():
+                await self._started(session, report, now, out)
+            case ObserverStopped():
+                await self._stopped(session, report, now)
+            case ObserverFailed():
+                await self._failed(session, report, now)
 
     # --- services ------------------------------------------------------------------------
 
@@ -159,7 +202,7 @@ class StateRules:
     # --- observers -------------------------------------------------------------------------
 
     async def _started(self, session: AsyncSession, m: ObserverStarted, now: datetime, out: Outgoing) -> None:
-        obs = await session.get(Observer, m.observer_id, with_for_update=True)
+        obs = await session.get(Observer, m.observer_id)
         if obs is None:
             self.suspicions.unknown.setdefault(m.observer_id, (m.service_id, time.monotonic()))
             return
@@ -188,14 +231,12 @@ class StateRules:
         # acked a copy of the start (maybe one the broker redelivered to it before we
         # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
         # (its ObserverStarted or its host's inventory gets a targeted stop).
-        await session.execute(
-            update(Observer)
-            .where(Observer.id == m.observer_id, Observer.status == S.ON_DELETING)
-            .values(status=S.DELETED, service_id=m.service_id, modified_at=now)
-        )
+        obs = await session.get(Observer, m.observer_id)
+        if obs is not None and obs.status == S.ON_DELETING:
+            obs.status, obs.service_id, obs.modified_at = S.DELETED, m.service_id, now
 
     async def _failed(self, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
-        obs = await session.get(Observer, m.observer_id, with_for_update=True)
+        obs = await session.get(Observer, m.observer_id)
         if obs is None or obs.status in (S.DELETED, S.FAILED) or not await self._speaks_for(session, obs, m.service_id):
             return
         obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
@@ -256,5 +297,27 @@ class StateRules:
         them when its connection really died."""
         if service_id is None:
             return False
-        status = await session.scalar(select(Service.status).where(Service.id == service_id))
-        return status in statuses
+        service = await session.get(Service, service_id)
+        return service is not None and service.status in statuses
+
+    async def preload(self, session: AsyncSession, messages: list[StateMessage]) -> None:
+        """Lock and load, in one query each, every observer and service a batch of reports
+        mentions, so applying them finds the rows in the session's identity map. Rows are
+        locked in id order, the same order the API's bulk operations use."""
+        observer_ids: set[uuid.UUID] = set()
+        service_ids: set[uuid.UUID] = set()
+        for message in messages:
+            reports = message.reports if isinstance(message, ReportBatch) else [message]
+            for report in reports:
+                if hasattr(report, "observer_id"):
+                    observer_ids.add(report.observer_id)
+                if isinstance(report, ServiceInventory):
+                    observer_ids.update(report.observer_ids)
+                service_ids.add(report.service_id)
+        if observer_ids:
+            rows = await session.scalars(
+                select(Observer).where(Observer.id.in_(observer_ids)).order_by(Observer.id).with_for_update()
+            )
+            service_ids.update(obs.service_id for obs in rows if obs.service_id is not None)
+        if service_ids:
+            await session.scalars(select(Service).where(Service.id.in_(service_ids)))

@@ -1,0 +1,364 @@
+"""The raw broker limit: how fast can RabbitMQ itself hand out and move N "infinite job" leases?
+
+The product schedules jobs by holding start messages unacked (an unacked delivery is the lease,
+``prefetch_count`` is the capacity, and the broker redelivers a dead consumer's unacked messages to
+the survivors). This scenario does exactly that with nothing but aio-pika, so that the product's
+numbers can be compared with the physical limit of the design on the same machine.
+
+Method (``run_raw``):
+
+1. Declare a fresh durable classic queue ``bench.raw.<uuid>`` (deleted at the end, also on errors).
+2. Start ``consumers`` consumer processes first (``python -m bench.raw consumer <queue> <prefetch>``;
+   the URL is passed in the environment variable ``BENCH_AMQP_URL`` so the password stays out of the
+   process table). Each consumes with manual ack and ``prefetch_count = min(n, 65535)``, never acks,
+   keeps every delivery, and every ``REPORT_INTERVAL_S`` writes ``held <count> <t_last>`` to stdout,
+   where ``t_last`` is ``time.monotonic()`` of its latest delivery. CLOCK_MONOTONIC is system-wide on
+   Linux, so these stamps are comparable with the parent's clock: the moment the fleet reached a
+   total is the latest ``t_last`` among the counted consumers, exact to the delivery and independent
+   of the reporting interval. Publishing starts only when every consumer has said ``ready`` (after
+   its ``basic.consume-ok``).
+3. The parent publishes N persistent (``delivery_mode=2``) ~250-byte JSON start messages through the
+   default exchange on a channel with publisher confirms, keeping ``IN_FLIGHT`` unconfirmed publishes
+   in flight. The message objects are built before the clock starts. ``publish_s`` ends at the last
+   confirm.
+4. ``hold_s``: from the first publish until the consumers together hold all N. Every consumer has
+   room for every message, so the split between them is whatever RabbitMQ's round-robin makes of it
+   (reported as ``split``).
+5. ``kill -9`` the consumer that holds the most (``killed_held``) and measure ``redelivery_s``: from
+   just before the SIGKILL until the survivors hold all N again. Survivors can take everything
+   because their prefetch is N (hence ``n <= 65535 * (consumers - 1)``).
+6. SIGKILL every remaining consumer, reap them, delete the queue.
+
+CLI::
+
+    python -m bench.raw run [--n 30000] [--consumers 3]   # URL from ORCH_AMQP_URL or .run/env; JSON out
+    python -m bench.raw consumer <queue> <prefetch>       # internal: one consumer process
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+
+__all__ = ["RawResult", "arun_raw", "main", "run_raw"]
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+URL_ENV = "ORCH_AMQP_URL"
+CHILD_URL_ENV = "BENCH_AMQP_URL"
+MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
+IN_FLIGHT = 1_000  # unconfirmed publishes kept in flight
+REPORT_INTERVAL_S = 0.02
+READY_TIMEOUT_S = 30.0
+HOLD_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class RawResult:
+    n: int
+    publish_s: float  # time to publish N persistent messages with publisher confirms
+    publish_rate: float  # N / publish_s
+    hold_s: float  # from the first publish until the consumers together hold all N unacked
+    hold_rate: float  # N / hold_s
+    killed_held: int  # messages held by the consumer killed with SIGKILL
+    redelivery_s: float  # from kill -9 until the other consumers hold all of them again
+    split: tuple[int, ...] = ()  # messages held by each consumer before the kill
+
+
+# --- consumer process ------------------------------------------------------------------
+
+
+class _Holder:
+    """Keeps every delivery (never acks) and remembers when the latest one arrived."""
+
+    def __init__(self) -> None:
+        self.messages: list[AbstractIncomingMessage] = []
+        self.last = 0.0
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        self.messages.append(message)
+        self.last = time.monotonic()
+
+
+def _emit(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def _consume(url: str, queue_name: str, prefetch: int) -> None:
+    """Hold deliveries and report ``held <count> <t_last>`` until the parent or the channel is gone."""
+    holder = _Holder()
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=prefetch)
+        queue = await channel.get_queue(queue_name, ensure=True)
+        await queue.consume(holder.on_message, no_ack=False)
+        _emit("ready")
+        while not channel.is_closed:  # a write to a pipe whose reader died raises BrokenPipeError: no orphans
+            _emit(f"held {len(holder.messages)} {holder.last!r}")
+            await asyncio.sleep(REPORT_INTERVAL_S)
+    raise RuntimeError("consumer: the channel closed")
+
+
+def _consumer_main(queue_name: str, prefetch: int) -> int:
+    try:
+        asyncio.run(_consume(os.environ[CHILD_URL_ENV], queue_name, prefetch))
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # silence the flush at exit
+        return 1
+    return 0
+
+
+# --- parent: the fleet of consumer processes -------------------------------------------
+
+
+@dataclass
+class _Child:
+    proc: asyncio.subprocess.Process
+    ready: bool = False
+    held: int = 0
+    last: float = 0.0
+    alive: bool = True  # False once killed on purpose
+    eof: bool = False
+
+
+class _Fleet:
+    """Consumer processes and the latest report of each."""
+
+    def __init__(self) -> None:
+        self.children: list[_Child] = []
+        self._readers: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Event()
+
+    async def start(self, url: str, queue_name: str, prefetch: int, count: int) -> None:
+        env = {**os.environ, CHILD_URL_ENV: url}
+        argv = [sys.executable, "-m", "bench.raw", "consumer", queue_name, str(prefetch)]
+        for _ in range(count):
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, env=env, cwd=REPO
+            )
+            child = _Child(proc)
+            self.children.append(child)
+            self._readers.append(asyncio.create_task(self._read(child)))
+        await self.wait_for(lambda: all(c.ready for c in self.children), READY_TIMEOUT_S, "consumers ready")
+
+    async def _read(self, child: _Child) -> None:
+        assert child.proc.stdout is not None
+        async for raw in child.proc.stdout:
+            words = raw.decode().split()
+            if words == ["ready"]:
+                child.ready = True
+            elif len(words) == 3 and words[0] == "held":
+                child.held, child.last = int(words[1]), float(words[2])
+            self._changed.set()
+        child.eof = True
+        self._changed.set()
+
+    def live(self) -> list[_Child]:
+        return [c for c in self.children if c.alive]
+
+    async def wait_for(self, done: Callable[[], bool], timeout: float, what: str) -> None:
+        """Wait until ``done()``; a consumer that dies on its own or a timeout is an error."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if any(c.eof for c in self.live()):  # checked first: a dead consumer's last count is stale
+                raise RuntimeError(f"a consumer process exited while waiting for {what}")
+            if done():
+                return
+            self._changed.clear()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{what}: not reached in {timeout} s ({self.describe()})")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    async def wait_held(self, n: int, what: str) -> float:
+        """Wait until the live consumers hold ``n`` in total; return when the last of them arrived."""
+        await self.wait_for(lambda: sum(c.held for c in self.live()) >= n, HOLD_TIMEOUT_S, what)
+        return max(c.last for c in self.live())
+
+    def kill(self, child: _Child) -> float:
+        """SIGKILL one consumer; return the moment just before the signal."""
+        child.alive = False
+        t_kill = time.monotonic()
+        child.proc.kill()
+        return t_kill
+
+    def describe(self) -> str:
+        return ", ".join(f"pid {c.proc.pid}: held {c.held}{'' if c.alive else ' (killed)'}" for c in self.children)
+
+    async def close(self) -> None:
+        for child in self.children:
+            if child.proc.returncode is None:
+                child.proc.kill()
+        for child in self.children:
+            await child.proc.wait()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+
+
+# --- parent: publisher and the scenario ------------------------------------------------
+
+
+def _start_message(i: int) -> aio_pika.Message:
+    """A persistent message shaped like the product's StartObserver (~250 bytes of JSON)."""
+    message_id = str(uuid.uuid4())
+    body = {
+        "type": "StartObserver",
+        "message_id": message_id,
+        "sent_at": datetime.now(UTC).isoformat(),
+        "observer_id": str(uuid.uuid4()),
+        "name": f"bench-{i:06d}",
+        "kind": "ticker",
+        "args": {"interval_s": 1.0},
+        "pool": "default",
+    }
+    return aio_pika.Message(
+        json.dumps(body, separators=(",", ":")).encode(),
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        message_id=message_id,
+    )
+
+
+async def _publish_all(exchange: AbstractExchange, routing_key: str, messages: Sequence[aio_pika.Message]) -> None:
+    """Publish every message, ``IN_FLIGHT`` unconfirmed at a time; a nack or a return raises."""
+    pending = iter(messages)
+
+    async def worker() -> None:
+        for message in pending:  # the iterator is shared: each message is taken by one worker
+            await exchange.publish(message, routing_key=routing_key)
+
+    await asyncio.gather(*(worker() for _ in range(min(IN_FLIGHT, len(messages)))))
+
+
+async def _measure(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: int) -> RawResult:
+    messages = [_start_message(i) for i in range(n)]
+    t0 = time.monotonic()
+    await _publish_all(channel.default_exchange, queue_name, messages)
+    publish_s = time.monotonic() - t0
+    hold_s = await fleet.wait_held(n, "all messages held") - t0
+    split = tuple(c.held for c in fleet.children)
+    victim = max(fleet.children, key=lambda c: c.held)
+    t_kill = fleet.kill(victim)
+    redelivery_s = max(0.0, await fleet.wait_held(n, "all messages held again after kill -9") - t_kill)
+    return RawResult(
+        n=n,
+        publish_s=publish_s,
+        publish_rate=n / publish_s,
+        hold_s=hold_s,
+        hold_rate=n / hold_s,
+        killed_held=victim.held,
+        redelivery_s=redelivery_s,
+        split=split,
+    )
+
+
+async def _delete_queue(url: str, queue_name: str) -> None:
+    """Delete the queue on a fresh connection (the scenario's own may be the thing that failed)."""
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel()
+        await channel.queue_delete(queue_name)
+
+
+async def _delete_queue_quietly(url: str, queue_name: str) -> None:
+    try:
+        await _delete_queue(url, queue_name)
+    except Exception:
+        log.warning("could not delete queue %s; delete it by hand", queue_name, exc_info=True)
+
+
+def _check_size(n: int, consumers: int) -> None:
+    if consumers < 2:
+        raise ValueError("at least 2 consumers are needed (one is killed)")
+    if not 1 <= n <= MAX_PREFETCH * (consumers - 1):
+        raise ValueError(f"n must be in 1..{MAX_PREFETCH * (consumers - 1)} so the survivors can hold all of it")
+
+
+async def arun_raw(amqp_url: str, n: int, consumers: int = 3) -> RawResult:
+    """The scenario (see the module docstring), for callers already inside an event loop."""
+    _check_size(n, consumers)
+    queue_name = f"bench.raw.{uuid.uuid4()}"
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+        await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "classic"})
+        try:
+            result = await _run_fleet(channel, amqp_url, queue_name, n, consumers)
+        except BaseException:
+            await _delete_queue_quietly(amqp_url, queue_name)  # never hide the original error
+            raise
+    await _delete_queue(amqp_url, queue_name)
+    return result
+
+
+async def _run_fleet(channel: AbstractChannel, amqp_url: str, queue_name: str, n: int, consumers: int) -> RawResult:
+    fleet = _Fleet()
+    try:
+        await fleet.start(amqp_url, queue_name, min(n, MAX_PREFETCH), consumers)
+        return await _measure(channel, fleet, queue_name, n)
+    finally:
+        await fleet.close()
+
+
+def run_raw(amqp_url: str, n: int, consumers: int = 3) -> RawResult:
+    """Run the raw broker limit scenario with ``n`` messages and ``consumers`` consumer processes."""
+    return asyncio.run(arun_raw(amqp_url, n, consumers))
+
+
+# --- CLI -------------------------------------------------------------------------------
+
+
+def _amqp_url() -> str:
+    """ORCH_AMQP_URL from the environment, else from ``.run/env`` (written by ``tools.infra up``)."""
+    if url := os.environ.get(URL_ENV):
+        return url
+    env_file = REPO / ".run" / "env"
+    if env_file.exists():
+        for line in env_file.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == URL_ENV and (words := shlex.split(value)):
+                return words[0]
+    raise SystemExit(f"{URL_ENV} is not set and {env_file} does not define it (run: python3 -m tools.infra up)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.raw", description=__doc__.splitlines()[0] if __doc__ else "")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the scenario and print the result as JSON")
+    run.add_argument("--n", type=int, default=30_000, help="number of messages (default 30000)")
+    run.add_argument("--consumers", type=int, default=3, help="consumer processes (default 3)")
+    consumer = commands.add_parser("consumer", help="internal: one consumer process (URL in $BENCH_AMQP_URL)")
+    consumer.add_argument("queue")
+    consumer.add_argument("prefetch", type=int)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "consumer":
+        return _consumer_main(args.queue, args.prefetch)
+    result = run_raw(_amqp_url(), args.n, args.consumers)
+    print(json.dumps(dataclasses.asdict(result), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
