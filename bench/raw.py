@@ -191,7 +191,7 @@ class _Fleet:
 
     async def wait_held(self, n: int, what: str) -> float:
         """Wait until the live consumers hold ``n`` in total; return when the last of them arrived."""
-        await self.wait_for(lambda: sum(c.held for c in self.live()) >= n, HOLD_TIMEOUT_S, what)
+        await self.wait_for(lambda: sum(c.held for c in self.live()) == n, HOLD_TIMEOUT_S, what)
         return max(c.last for c in self.live())
 
     def kill(self, child: _Child) -> float:

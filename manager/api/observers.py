@@ -9,7 +9,16 @@ from fastapi import APIRouter, Query, status
 
 from manager import queries
 from manager.api.deps import CommandsDep, SessionDep
-from manager.api.schemas import ObserverCreate, ObserverOut, ObserverPage
+from manager.api.schemas import (
+    BulkCreate,
+    BulkStop,
+    BulkStopResult,
+    ObserverCreate,
+    ObserverList,
+    ObserverOut,
+    ObserverPage,
+)
+from manager.commands import NewObserver
 from manager.db.models import ObserverStatus
 
 router = APIRouter(prefix="/api/observers", tags=["observers"])
@@ -17,8 +26,22 @@ router = APIRouter(prefix="/api/observers", tags=["observers"])
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ObserverOut)
 async def create_observer(body: ObserverCreate, commands: CommandsDep) -> ObserverOut:
-    observer = await commands.create(name=body.name, kind=body.kind, args=body.args, pool=body.pool)
+    observer = await commands.create(NewObserver(body.name, body.kind, body.args, body.pool))
     return ObserverOut.of(observer)
+
+
+@router.post("/bulk", status_code=status.HTTP_201_CREATED, response_model=ObserverList)
+async def create_observers(body: BulkCreate, commands: CommandsDep) -> ObserverList:
+    """Create up to 1,000 observers at once: same validation as a single create, all or nothing."""
+    specs = [NewObserver(o.name, o.kind, o.args, o.pool) for o in body.observers]
+    return ObserverList(items=[ObserverOut.of(o) for o in await commands.create_many(specs)])
+
+
+@router.post("/bulk-stop", status_code=status.HTTP_202_ACCEPTED, response_model=BulkStopResult)
+async def stop_observers(body: BulkStop, commands: CommandsDep) -> BulkStopResult:
+    """Stop up to 10,000 observers at once. Unknown and already final ids are listed, not refused."""
+    result = await commands.stop_many(body.ids)
+    return BulkStopResult(stopping=result.stopping, final=result.final, unknown=result.unknown)
 
 
 @router.get("", response_model=ObserverPage)

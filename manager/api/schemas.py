@@ -55,6 +55,28 @@ class ObserverOut(BaseModel):
         )
 
 
+class BulkCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    observers: list[ObserverCreate] = Field(min_length=1, max_length=1000)
+
+
+class ObserverList(BaseModel):
+    items: list[ObserverOut]
+
+
+class BulkStop(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[uuid.UUID] = Field(min_length=1, max_length=10_000)
+
+
+class BulkStopResult(BaseModel):
+    stopping: list[uuid.UUID] = Field(description="now (or already) OnDeleting")
+    final: list[uuid.UUID] = Field(description="already Deleted or Failed: nothing to stop")
+    unknown: list[uuid.UUID]
+
+
 class ObserverPage(BaseModel):
     items: list[ObserverOut]
     next_cursor: str | None
