@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test lint compose-check ci clean
+.PHONY: venv infra-up infra-down migrate run test lint compose-check bench bench-quick ci clean
 
 venv: $(VENV)/.installed
 
@@ -35,10 +35,16 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
+bench: venv
+	$(PY) -m bench.run
+
+bench-quick: venv
+	$(PY) -m bench.run --quick
+
 compose-check: venv
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
 
-ci: lint compose-check test
+ci: lint compose-check test bench-quick
 
 clean: infra-down
 	rm -rf $(VENV)

@@ -4,7 +4,7 @@
   may have hit no service while the observer was being redistributed);
 * mark services lost after ``lost_after_heartbeats`` missed heartbeats — only once the
   state backlog is drained after a manager restart, so old news is not judged as silence;
-* publish again the starts of rows a crash left un-enqueued;
+* publish again the starts a crash left unconfirmed (``pending_starts``);
 * stop observers reported running that have no row, after ``unknown_grace_s``.
 """
 
@@ -15,11 +15,11 @@ import logging
 import time
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.models import Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
 from shared.messages import InventoryRequest, StartObserver, StopObserver, StopObservers
@@ -105,23 +105,24 @@ class BackgroundLoops:
             rows = list(
                 await session.scalars(
                     select(Observer)
-                    .where(
-                        Observer.enqueued_at.is_(None),
-                        Observer.status == ObserverStatus.CREATED,
-                        Observer.created_at < cutoff,
-                    )
+                    .join(PendingStart, PendingStart.observer_id == Observer.id)
+                    .where(PendingStart.created_at < cutoff)
                     .limit(1000)
                 )
             )
-        for obs in rows:
-            await self.broker.publish_start(
-                StartObserver(observer_id=obs.id, name=obs.name, kind=obs.kind, args=obs.args, pool=obs.pool)
-            )
-            async with self.sessions.begin() as session:
-                await session.execute(
-                    update(Observer).where(Observer.id == obs.id).values(enqueued_at=datetime.now(UTC))
+        if not rows:
+            return
+        await asyncio.gather(
+            *(
+                self.broker.publish_start(
+                    StartObserver(observer_id=obs.id, name=obs.name, kind=obs.kind, args=obs.args, pool=obs.pool)
                 )
-            logger.warning("published again the start of %s, left un-enqueued by a crash", obs.id)
+                for obs in rows
+            )
+        )
+        async with self.sessions.begin() as session:
+            await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_([o.id for o in rows])))
+        logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))
 
     async def stop_unknown(self) -> None:
         unknown = self.rules.suspicions.unknown

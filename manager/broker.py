@@ -34,6 +34,7 @@ class BrokerLink:
         self._connection: AbstractRobustConnection | None = None
         self._pub: AbstractRobustChannel | None = None
         self._declared_pools: set[str] = set()
+        self._declare_lock = asyncio.Lock()
         self._connect_task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
 
@@ -86,8 +87,11 @@ class BrokerLink:
         channel = await self._channel()
         try:
             if start.pool not in self._declared_pools:
-                await topology.declare_start_queue(channel, start.pool)
-                self._declared_pools.add(start.pool)
+                # Many creates arrive at once: declare each pool's queue once, not per publish.
+                async with self._declare_lock:
+                    if start.pool not in self._declared_pools:
+                        await topology.declare_start_queue(channel, start.pool)
+                        self._declared_pools.add(start.pool)
             await channel.default_exchange.publish(
                 topology.persistent(start.encode(), message_id=str(start.message_id)),
                 routing_key=topology.start_queue_name(start.pool),

@@ -1,8 +1,8 @@
 """Operations that change observers: create and stop, one or many at a time.
 
-Create = insert the rows (Created), publish their start messages with confirms, then mark
-them enqueued. A crash between the two steps leaves rows with ``enqueued_at`` NULL that the
-sweeper publishes again. A broker that refuses any start gives 503 and leaves no row (a
+Create = insert the rows (Created) with a ``pending_starts`` row each, publish their start
+messages with confirms, then delete the pending rows. A crash between the two steps leaves
+pending rows that the sweeper publishes again. A broker that refuses any start gives 503 and leaves no row (a
 start that was confirmed meanwhile runs as an unknown observer and is stopped after
 ``ORCH_UNKNOWN_GRACE_S``). A bulk request is all-or-nothing.
 """
@@ -24,7 +24,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import FINAL_STATUSES, LIVE_STATUSES, Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.models import (
+    FINAL_STATUSES,
+    LIVE_STATUSES,
+    Observer,
+    ObserverStatus,
+    PendingStart,
+    Service,
+    ServiceStatus,
+)
 from manager.errors import Conflict, Invalid, NotFound, Unavailable
 from shared.errors import BrokerUnavailable
 from shared.kinds import BUILTIN_KINDS
@@ -79,7 +87,7 @@ class ObserverCommands:
                 f"the message broker is unreachable, nothing was created; retry later ({failed[0]})"
             ) from failed[0]
         async with self.sessions.begin() as session:
-            await session.execute(update(Observer).where(Observer.id.in_(ids)).values(enqueued_at=datetime.now(UTC)))
+            await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_(ids)))
             by_id = {o.id: o for o in await session.scalars(select(Observer).where(Observer.id.in_(ids)))}
         return [by_id[i] for i in ids]
 
@@ -92,6 +100,7 @@ class ObserverCommands:
                     await session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(pool.encode())})
                     await self._check_capacity(session, pool, pools[pool])
                 await session.execute(insert(Observer), [r | {"status": ObserverStatus.CREATED} for r in rows])
+                await session.execute(insert(PendingStart), [{"observer_id": r["id"]} for r in rows])
         except IntegrityError as e:
             taken = await self._live_names([r["name"] for r in rows])
             raise Conflict(

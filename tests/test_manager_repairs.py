@@ -46,8 +46,9 @@ def test_a_row_left_unenqueued_by_a_crash_is_published_again(system: System) -> 
     oid = uuid.uuid4()
     sql(
         system.database_url,
-        "INSERT INTO observers (id, name, kind, args, pool, status, created_at, modified_at) "
-        "VALUES ($1, 'crashed', 'ticker', $2::jsonb, 'default', 'Created', now() - interval '1 hour', now())",
+        "WITH o AS (INSERT INTO observers (id, name, kind, args, pool, status) "
+        "VALUES ($1, 'crashed', 'ticker', $2::jsonb, 'default', 'Created') RETURNING id) "
+        "INSERT INTO pending_starts (observer_id, created_at) SELECT id, now() - interval '1 hour' FROM o",
         oid,
         json.dumps({"interval_s": 1.0}),
     )

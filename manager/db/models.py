@@ -74,9 +74,6 @@ class Observer(Base):
     service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), ForeignKey("services.id"))
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text)
-    # NULL until the start message was confirmed by the broker; the sweeper republishes
-    # rows a crash left un-enqueued.
-    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
     modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
@@ -92,3 +89,17 @@ class Observer(Base):
         Index("ix_observers_service", "service_id"),
         Index("ix_observers_status_pool", "status", "pool"),
     )
+
+
+class PendingStart(Base):
+    """A start message not yet confirmed by the broker. Inserted with the observer, deleted
+    once the broker confirmed its start; what a crash leaves here the sweeper publishes
+    again. Kept apart from ``observers`` so marking a start enqueued never waits for the
+    row locks of the state consumer."""
+
+    __tablename__ = "pending_starts"
+
+    observer_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("observers.id", ondelete="CASCADE"), primary_key=True
+    )
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())

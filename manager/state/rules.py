@@ -103,6 +103,11 @@ class Suspicions:
 class StateRules:
     def __init__(self) -> None:
         self.suspicions = Suspicions()
+        # Rows of the batch being applied, loaded by ``preload`` (valid for that session only).
+        self._session: AsyncSession | None = None
+        self._observers: dict[uuid.UUID, Observer] = {}
+        self._services: dict[uuid.UUID, Service] = {}
+        self._preloaded: set[uuid.UUID] = set()
 
     async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> Outgoing:
         out = Outgoing()
@@ -202,7 +207,7 @@ class StateRules:
     # --- observers -------------------------------------------------------------------------
 
     async def _started(self, session: AsyncSession, m: ObserverStarted, now: datetime, out: Outgoing) -> None:
-        obs = await session.get(Observer, m.observer_id)
+        obs = await self._observer(session, m.observer_id)
         if obs is None:
             self.suspicions.unknown.setdefault(m.observer_id, (m.service_id, time.monotonic()))
             return
@@ -231,12 +236,12 @@ class StateRules:
         # acked a copy of the start (maybe one the broker redelivered to it before we
         # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
         # (its ObserverStarted or its host's inventory gets a targeted stop).
-        obs = await session.get(Observer, m.observer_id)
+        obs = await self._observer(session, m.observer_id)
         if obs is not None and obs.status == S.ON_DELETING:
             obs.status, obs.service_id, obs.modified_at = S.DELETED, m.service_id, now
 
     async def _failed(self, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
-        obs = await session.get(Observer, m.observer_id)
+        obs = await self._observer(session, m.observer_id)
         if obs is None or obs.status in (S.DELETED, S.FAILED) or not await self._speaks_for(session, obs, m.service_id):
             return
         obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
@@ -297,13 +302,23 @@ class StateRules:
         them when its connection really died."""
         if service_id is None:
             return False
-        service = await session.get(Service, service_id)
+        service = self._services.get(service_id) if self._session is session else None
+        if service is None:
+            service = await session.get(Service, service_id)
         return service is not None and service.status in statuses
+
+    async def _observer(self, session: AsyncSession, observer_id: uuid.UUID) -> Observer | None:
+        """The observer's row, locked: from the batch's preload when it was there."""
+        if self._session is session and observer_id in self._preloaded:
+            return self._observers.get(observer_id)
+        return await session.get(Observer, observer_id, with_for_update=True)
 
     async def preload(self, session: AsyncSession, messages: list[StateMessage]) -> None:
         """Lock and load, in one query each, every observer and service a batch of reports
         mentions, so applying them finds the rows in the session's identity map. Rows are
         locked in id order, the same order the API's bulk operations use."""
+        self._session = session
+        self._observers, self._services, self._preloaded = {}, {}, set()
         observer_ids: set[uuid.UUID] = set()
         service_ids: set[uuid.UUID] = set()
         for message in messages:
@@ -318,6 +333,10 @@ class StateRules:
             rows = await session.scalars(
                 select(Observer).where(Observer.id.in_(observer_ids)).order_by(Observer.id).with_for_update()
             )
-            service_ids.update(obs.service_id for obs in rows if obs.service_id is not None)
+            self._observers = {obs.id: obs for obs in rows}
+            self._preloaded = observer_ids
+            service_ids.update(obs.service_id for obs in self._observers.values() if obs.service_id is not None)
         if service_ids:
-            await session.scalars(select(Service).where(Service.id.in_(service_ids)))
+            self._services = {
+                svc.id: svc for svc in await session.scalars(select(Service).where(Service.id.in_(service_ids)))
+            }

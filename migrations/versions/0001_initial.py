@@ -56,7 +56,6 @@ def upgrade() -> None:
         sa.Column("service_id", postgresql.UUID(as_uuid=True), sa.ForeignKey("services.id")),
         sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
         sa.Column("last_error", sa.Text),
-        sa.Column("enqueued_at", sa.DateTime(timezone=True)),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
         sa.Column("modified_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     )
@@ -70,9 +69,22 @@ def upgrade() -> None:
     op.create_index("ix_observers_created", "observers", ["created_at", "id"])
     op.create_index("ix_observers_service", "observers", ["service_id"])
     op.create_index("ix_observers_status_pool", "observers", ["status", "pool"])
+    # Starts not yet confirmed by the broker. A table of its own so that marking a start
+    # enqueued never contends for the observer rows the state consumer is updating.
+    op.create_table(
+        "pending_starts",
+        sa.Column(
+            "observer_id",
+            postgresql.UUID(as_uuid=True),
+            sa.ForeignKey("observers.id", ondelete="CASCADE"),
+            primary_key=True,
+        ),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("pending_starts")
     op.drop_table("observers")
     op.drop_table("services")
     observer_status.drop(op.get_bind(), checkfirst=True)

@@ -1,0 +1,109 @@
+"""The benchmark: the product against the raw broker limit, in one run.
+
+    python -m bench.run            # N = 30,000, scale = 100,000   (make bench)
+    python -m bench.run --quick    # N = 2,000,  scale = 5,000     (make bench-quick; CI)
+
+Starts the project's RabbitMQ and PostgreSQL (tools.infra), a private vhost and database,
+a manager and three observer services as real processes, runs each scenario, prints figure,
+target, ratio and verdict side by side, and writes everything to bench/results/. It never
+fails because a target was missed: it reports. Scenarios and targets: see ``SCENARIOS`` in
+bench/scenarios.py and the README's results table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.scenarios import Bench, Figure
+from tests.harness import System
+from tools import infra
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    mem_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if "MemTotal" in line)
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "rabbitmq": infra.rabbit_node().ctl("-q", "eval", "rabbit_misc:version().").strip().strip('"'),
+    }
+
+
+def table(figures: list[Figure]) -> str:
+    rows = [("scenario", "figure", "value", "target", "ratio", "verdict")]
+    for f in figures:
+        rows.append((f.scenario, f.name, f.shown(), f.target_text, f.ratio_text(), f.verdict()))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small N, for CI and smoke runs")
+    parser.add_argument("--n", type=int, help="observers for create/failover/stop (default 30,000; quick 2,000)")
+    parser.add_argument("--scale", type=int, help="observers held for the API latency scenario (100,000; quick 5,000)")
+    args = parser.parse_args(argv)
+    n = args.n or (2_000 if args.quick else 30_000)
+    scale = args.scale or (5_000 if args.quick else 100_000)
+
+    infra.up()
+    rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
+    tag = f"bench_{int(time.time())}"
+    rabbit.add_vhost(tag)
+    postgres.create_database(tag)
+    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-"))
+    system = System(amqp_url=rabbit.url_for(tag), database_url=postgres.url(tag), workdir=workdir)
+    started = datetime.now(UTC)
+    try:
+        import subprocess
+
+        subprocess.run(
+            [sys.executable, "-m", "alembic", "upgrade", "head"],
+            env={"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": system.database_url},
+            check=True,
+            capture_output=True,
+        )
+        figures = asyncio.run(Bench(system, n=n, scale=scale, quick=args.quick).run_all())
+    finally:
+        system.stop_all()
+        rabbit.delete_vhost(tag)
+        postgres.drop_database(tag)
+    print(table(figures))
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"{started.strftime('%Y%m%dT%H%M%SZ')}{'-quick' if args.quick else ''}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "started": started.isoformat(),
+                "n": n,
+                "scale": scale,
+                "quick": args.quick,
+                "machine": machine(),
+                "figures": [f.as_dict() for f in figures],
+                "logs": str(workdir),
+            },
+            indent=2,
+        )
+    )
+    print(f"\nresults written to {out.relative_to(Path.cwd()) if out.is_relative_to(Path.cwd()) else out}")
+    print(f"process logs in {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""Benchmark scenarios against real processes (see bench/run.py).
+
+Every figure is measured from outside the product: HTTP through the API, state through
+SQL counts in the manager's database, memory through /proc. "Done" always means the
+manager's database says so (e.g. every observer ``Processing``), not that a message left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.raw import arun_raw
+from shared import topology
+from tests.harness import Proc, System
+
+BULK = 1000
+POLL_S = 0.05
+BENCH_ENV = {
+    "ORCH_LOG_LEVEL": "WARNING",  # a log line per observer start would be most of the work
+    "ORCH_HEARTBEAT_S": "2",
+    "ORCH_AMQP_HEARTBEAT_S": "6",
+    "ORCH_INVENTORY_S": "30",
+    "ORCH_LOST_AFTER_HEARTBEATS": "3",
+}
+
+
+@dataclass
+class Figure:
+    scenario: str
+    name: str
+    value: float
+    unit: str
+    target: float | None = None
+    higher_is_better: bool = True
+    target_text: str = "-"
+    note: str = ""
+
+    def shown(self) -> str:
+        return f"{self.value:,.1f} {self.unit}" if self.value >= 100 else f"{self.value:,.3f} {self.unit}"
+
+    def ratio(self) -> float | None:
+        if self.target is None or self.target == 0 or self.value == 0:
+            return None
+        return self.value / self.target if self.higher_is_better else self.target / self.value
+
+    def ratio_text(self) -> str:
+        ratio = self.ratio()
+        return "-" if ratio is None else f"{ratio:.2f}"
+
+    def verdict(self) -> str:
+        ratio = self.ratio()
+        return "" if self.target is None else ("pass" if ratio is not None and ratio >= 1 else "FAIL")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ratio": self.ratio(), "verdict": self.verdict()}
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Bench:
+    def __init__(self, system: System, n: int, scale: int, quick: bool) -> None:
+        self.system = system
+        self.n = n
+        self.scale = scale
+        self.quick = quick
+        self.workers = max(n, scale // 3 + 1000)
+        self.figures: list[Figure] = []
+        self.db: asyncpg.Connection | None = None
+        self.http = httpx.AsyncClient(base_url=system.base_url, timeout=120)
+        self.services: list[Proc] = []
+        system.env |= BENCH_ENV
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def add(self, figure: Figure) -> None:
+        self.figures.append(figure)
+        print(
+            f"  {figure.scenario:<14} {figure.name:<34} {figure.shown():>16}   target {figure.target_text}", flush=True
+        )
+
+    async def count(self, sql: str, *args: Any) -> int:
+        assert self.db is not None
+        return int(await self.db.fetchval(sql, *args))
+
+    async def until(self, check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> float:
+        began = time.monotonic()
+        while not await check():
+            if time.monotonic() - began > timeout:
+                raise TimeoutError(f"benchmark: {what} not reached in {timeout}s")
+            await asyncio.sleep(POLL_S)
+        return time.monotonic() - began
+
+    async def processing(self) -> int:
+        return await self.count("SELECT count(*) FROM observers WHERE status = 'Processing'")
+
+    async def bulk_create(self, prefix: str, count: int, args: dict[str, Any], concurrency: int = 4) -> None:
+        chunks = [range(i, min(i + BULK, count)) for i in range(0, count, BULK)]
+        gate = asyncio.Semaphore(concurrency)
+
+        async def send(chunk: range) -> None:
+            body = {"observers": [{"name": f"{prefix}-{i}", "kind": "ticker", "args": args} for i in chunk]}
+            async with gate:
+                response = await self.http.post("/api/observers/bulk", json=body)
+            response.raise_for_status()
+
+        await asyncio.gather(*(send(c) for c in chunks))
+
+    async def bulk_stop(self, ids: list[str]) -> None:
+        for i in range(0, len(ids), 10_000):
+            response = await self.http.post("/api/observers/bulk-stop", json={"ids": ids[i : i + 10_000]})
+            response.raise_for_status()
+
+    async def ids(self, status: str) -> list[str]:
+        assert self.db is not None
+        return [str(r[0]) for r in await self.db.fetch("SELECT id FROM observers WHERE status = $1", status)]
+
+    def start_services(self) -> None:
+        for i in range(3):
+            self.services.append(self.system.start_service(f"bench-{i}", workers=self.workers))
+
+    # --- scenarios -------------------------------------------------------------------------
+
+    async def run_all(self) -> list[Figure]:
+        print(f"benchmark: N={self.n:,} scale={self.scale:,} workers/service={self.workers:,}", flush=True)
+        await self.raw()
+        await asyncio.to_thread(self.system.start_manager)
+        await asyncio.to_thread(self.start_services)
+        self.db = await asyncpg.connect(self.system.database_url.replace("+asyncpg", ""))
+        try:
+            await self.create()
+            await self.create_single()
+            await self.failover()
+            await self.catch_up()
+            await self.stop()
+            await self.scale_api()
+        finally:
+            await self.db.close()
+            await self.http.aclose()
+        return self.figures
+
+    async def raw(self) -> None:
+        result = await arun_raw(self.system.amqp_url, self.n, 3)
+        self.raw_hold_rate = result.hold_rate
+        self.raw_redelivery_s = result.redelivery_s
+        self.add(Figure("raw", "publish with confirms", result.publish_rate, "msg/s"))
+        self.add(
+            Figure("raw", f"{self.n:,} held by 3 consumers", result.hold_rate, "msg/s", note=f"{result.hold_s:.2f}s")
+        )
+        self.add(
+            Figure(
+                "raw",
+                f"redelivery of {result.killed_held:,} after kill -9",
+                result.redelivery_s,
+                "s",
+                higher_is_better=False,
+            )
+        )
+
+    async def create(self) -> None:
+        idle = sum(rss_kib(p.popen.pid) for p in self.services)
+        began = time.monotonic()
+        await self.bulk_create("obs", self.n, {"interval_s": 3600, "emit": False})
+        await self.until(lambda: self._processing_is(self.n), 600, f"{self.n} Processing")
+        elapsed = time.monotonic() - began
+        self.add(
+            Figure(
+                "create",
+                f"{self.n:,} bulk-created -> Processing",
+                self.n / elapsed,
+                "obs/s",
+                target=0.5 * self.raw_hold_rate,
+                target_text=f">= 50% of raw ({0.5 * self.raw_hold_rate:,.0f})",
+                note=f"{elapsed:.2f}s",
+            )
+        )
+        await asyncio.sleep(2)
+        held = sum(rss_kib(p.popen.pid) for p in self.services)
+        self.add(
+            Figure(
+                "density",
+                "service RSS per idle observer",
+                (held - idle) / self.n,
+                "KiB",
+                target=10.0,
+                higher_is_better=False,
+                target_text="<= 10 KiB",
+            )
+        )
+
+    async def _none_live(self) -> bool:
+        return await self.count("SELECT count(*) FROM observers WHERE status <> 'Deleted'") == 0
+
+    async def _processing_is(self, expected: int) -> bool:
+        return await self.processing() == expected
+
+    async def create_single(self) -> None:
+        count = 500 if self.quick else 3000
+        latencies: list[float] = []
+        names = iter(range(count))
+
+        async def client() -> None:
+            for i in names:
+                t0 = time.monotonic()
+                response = await self.http.post(
+                    "/api/observers", json={"name": f"single-{i}", "kind": "ticker", "args": {"interval_s": 3600}}
+                )
+                latencies.append(time.monotonic() - t0)
+                response.raise_for_status()
+
+        began = time.monotonic()
+        await asyncio.gather(*(client() for _ in range(64)))
+        elapsed = time.monotonic() - began
+        self.add(Figure("create-single", "64 clients: throughput", count / elapsed, "req/s"))
+        self.add(
+            Figure("create-single", "p50 latency", statistics.median(latencies) * 1000, "ms", higher_is_better=False)
+        )
+        self.add(
+            Figure("create-single", "p99 latency", percentile(latencies, 0.99) * 1000, "ms", higher_is_better=False)
+        )
+        singles = [str(r[0]) for r in await self.db.fetch("SELECT id FROM observers WHERE name LIKE 'single-%'")]  # type: ignore[union-attr]
+        await self.bulk_stop(singles)
+        await self.until(lambda: self._deleted_at_least(len(singles)), 120, "singles Deleted")
+
+    async def _deleted_at_least(self, count: int) -> bool:
+        return await self.count("SELECT count(*) FROM observers WHERE status = 'Deleted'") >= count
+
+    async def failover(self) -> None:
+        assert self.db is not None
+        row = await self.db.fetchrow(
+            "SELECT o.service_id, s.pid, count(*) AS n FROM observers o JOIN services s ON s.id = o.service_id "
+            "WHERE o.status = 'Processing' GROUP BY o.service_id, s.pid ORDER BY n DESC LIMIT 1"
+        )
+        assert row is not None
+        victim = next(p for p in self.services if p.popen.pid == row["pid"])
+        moved = int(row["n"])
+        began = time.monotonic()
+        victim.kill9()
+
+        async def moved_all() -> bool:
+            left = await self.count(
+                "SELECT count(*) FROM observers WHERE status = 'Processing' AND service_id = $1", row["service_id"]
+            )
+            return left == 0 and await self.processing() == self.n
+
+        await self.until(moved_all, 120, "failover")
+        elapsed = time.monotonic() - began
+        target = min(2.0, 4 * self.raw_redelivery_s)
+        self.add(
+            Figure(
+                "failover",
+                f"kill -9 of host of {moved:,} -> Processing",
+                elapsed,
+                "s",
+                target=target,
+                higher_is_better=False,
+                target_text=f"<= 2 s and <= 4x raw ({target:.2f}s)",
+            )
+        )
+        self.services.remove(victim)
+        self.services.append(self.system.start_service(victim.name, workers=self.workers))
+
+    async def catch_up(self) -> None:
+        manager = self.system.manager
+        assert manager is not None
+        manager.kill9()
+        # A fleet restart while the manager is down: every observer starts again elsewhere.
+        for proc in self.services:
+            proc.signal(signal.SIGTERM)
+        for proc in self.services:
+            proc.popen.wait(60)
+        names = [p.name for p in self.services]
+        self.services = [self.system.start_service(name, workers=self.workers, wait=False) for name in names]
+
+        async def backlog() -> int:
+            return (await asyncio.to_thread(self.system.queue_counts, topology.STATE_QUEUE))[0]
+
+        # Wait until the services have taken every start and reported it.
+        async def settled() -> bool:
+            starts = (await asyncio.to_thread(self.system.queue_counts, topology.start_queue_name("default")))[0]
+            first = await backlog()
+            await asyncio.sleep(1.0)
+            return starts == 0 and first == await backlog()
+
+        await self.until(settled, 300, "services to take every start")
+        messages = await backlog()
+        began = time.monotonic()
+        await asyncio.to_thread(self.system.start_manager)
+
+        async def consistent() -> bool:
+            stale = await self.count(
+                "SELECT count(*) FROM observers o LEFT JOIN services s ON s.id = o.service_id "
+                "WHERE o.status IN ('Processing', 'Created') AND (s.status IS DISTINCT FROM 'alive' "
+                "OR s.created_at < now() - interval '10 minutes' OR o.status = 'Created')"
+            )
+            return stale == 0 and await self.processing() == self.n and await backlog() == 0
+
+        await self.until(consistent, 300, "consistency after catch-up")
+        elapsed = time.monotonic() - began
+        self.add(
+            Figure(
+                "catch-up",
+                f"{self.n:,} observer reports applied",
+                self.n / elapsed,
+                "reports/s",
+                target=5000,
+                target_text=">= 5,000/s",
+                note=f"{elapsed:.2f}s incl. manager start; {messages} AMQP messages in the backlog (batched reports)",
+            )
+        )
+
+    async def stop(self) -> None:
+        ids = await self.ids("Processing")
+        began = time.monotonic()
+        await self.bulk_stop(ids)
+        await self.until(self._none_live, 120, "all Deleted")
+        elapsed = time.monotonic() - began
+        target = 5.0 * len(ids) / 10_000
+        self.add(
+            Figure(
+                "stop",
+                f"bulk stop of {len(ids):,} -> Deleted",
+                elapsed,
+                "s",
+                target=target,
+                higher_is_better=False,
+                target_text=f"<= 5 s per 10,000 ({target:.2f}s)",
+            )
+        )
+
+    async def scale_api(self) -> None:
+        began = time.monotonic()
+        await self.bulk_create("scale", self.scale, {"interval_s": 60})
+        await self.until(lambda: self._processing_is(self.scale), 900, f"{self.scale} Processing")
+        self.add(Figure("scale", f"{self.scale:,} tickers (60 s) -> Processing", time.monotonic() - began, "s"))
+        ids = await self.ids("Processing")
+        calls: dict[str, Callable[[], Awaitable[httpx.Response]]] = {
+            "list (limit 100, status filter)": lambda: self.http.get("/api/observers?status=Processing&limit=100"),
+            "get one": lambda: self.http.get(f"/api/observers/{random.choice(ids)}"),
+            "stats": lambda: self.http.get("/api/stats"),
+        }
+        for name, call in calls.items():
+            latencies = []
+            for _ in range(100 if self.quick else 300):
+                t0 = time.monotonic()
+                (await call()).raise_for_status()
+                latencies.append((time.monotonic() - t0) * 1000)
+            self.add(
+                Figure(
+                    "scale",
+                    f"{name} p99",
+                    percentile(latencies, 0.99),
+                    "ms",
+                    target=100,
+                    higher_is_better=False,
+                    target_text="< 100 ms",
+                )
+            )
