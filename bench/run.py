@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -70,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     system = System(amqp_url=rabbit.url_for(tag), database_url=postgres.url(tag), workdir=workdir)
     started = datetime.now(UTC)
     try:
-        import subprocess
-
         subprocess.run(
             [sys.executable, "-m", "alembic", "upgrade", "head"],
             env={"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": system.database_url},
@@ -79,10 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             capture_output=True,
         )
         figures = asyncio.run(Bench(system, n=n, scale=scale, quick=args.quick).run_all())
-    finally:
+    except BaseException:
+        print(f"benchmark failed; database {tag!r} and vhost kept for inspection, logs in {workdir}", file=sys.stderr)
         system.stop_all()
-        rabbit.delete_vhost(tag)
-        postgres.drop_database(tag)
+        raise
+    system.stop_all()
+    rabbit.delete_vhost(tag)
+    postgres.drop_database(tag)
     print(table(figures))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{started.strftime('%Y%m%dT%H%M%SZ')}{'-quick' if args.quick else ''}.json"

@@ -107,7 +107,9 @@ class Bench:
         began = time.monotonic()
         while not await check():
             if time.monotonic() - began > timeout:
-                raise TimeoutError(f"benchmark: {what} not reached in {timeout}s")
+                assert self.db is not None
+                counts = dict(await self.db.fetch("SELECT status::text, count(*) FROM observers GROUP BY 1"))
+                raise TimeoutError(f"benchmark: {what} not reached in {timeout}s; observers by status: {counts}")
             await asyncio.sleep(POLL_S)
         return time.monotonic() - began
 

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db.models import Observer, ObserverStatus, PendingStart, Service, ServiceStatus
+from manager.db.sql import id_in
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
 from shared.messages import InventoryRequest, StartObserver, StopObserver, StopObservers
@@ -134,7 +135,7 @@ class BackgroundLoops:
         if not due:
             return
         async with self.sessions() as session:
-            known = set(await session.scalars(select(Observer.id).where(Observer.id.in_([oid for oid, _ in due]))))
+            known = set(await session.scalars(select(Observer.id).where(id_in(Observer.id, [oid for oid, _ in due]))))
         for oid, sid in due:
             del unknown[oid]
             if oid in known:

@@ -33,6 +33,7 @@ from manager.db.models import (
     Service,
     ServiceStatus,
 )
+from manager.db.sql import id_in
 from manager.errors import Conflict, Invalid, NotFound, Unavailable
 from shared.errors import BrokerUnavailable
 from shared.kinds import BUILTIN_KINDS
@@ -182,7 +183,7 @@ class ObserverCommands:
                 (
                     await session.execute(
                         select(Observer.id, Observer.status)
-                        .where(Observer.id.in_(wanted))
+                        .where(id_in(Observer.id, wanted))
                         .order_by(Observer.id)
                         .with_for_update()
                     )
@@ -192,7 +193,7 @@ class ObserverCommands:
             if to_stop:
                 await session.execute(
                     update(Observer)
-                    .where(Observer.id.in_(to_stop))
+                    .where(id_in(Observer.id, to_stop))
                     .values(status=ObserverStatus.ON_DELETING, modified_at=datetime.now(UTC))
                 )
         for i in range(0, len(to_stop), STOPS_PER_MESSAGE):

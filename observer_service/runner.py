@@ -155,7 +155,7 @@ class Runner:
             # A targeted stop is about one delivery this host no longer holds; remembering
             # it could later throw away a legitimate start of the observer.
             if stop.service_id is None:
-                self._stopped_ids[stop.observer_id] = time.monotonic() + self.settings.stopped_ids_ttl_s
+                self._remember_stop(stop.observer_id)
             return
         running.ended_by = "stop"
         await self._end(running)
@@ -232,10 +232,18 @@ class Runner:
         )
         self._spawn(settle(running.message.reject(requeue=False)))
 
+    def _remember_stop(self, observer_id: uuid.UUID) -> None:
+        # Re-insert so the dict stays ordered by expiry (the TTL is the same for all).
+        self._stopped_ids.pop(observer_id, None)
+        self._stopped_ids[observer_id] = time.monotonic() + self.settings.stopped_ids_ttl_s
+
     def _was_stopped(self, observer_id: uuid.UUID) -> bool:
         now = time.monotonic()
-        for oid in [k for k, expiry in self._stopped_ids.items() if expiry < now]:
-            del self._stopped_ids[oid]
+        while self._stopped_ids:
+            oldest, expiry = next(iter(self._stopped_ids.items()))
+            if expiry >= now:
+                break
+            del self._stopped_ids[oldest]
         return self._stopped_ids.pop(observer_id, None) is not None
 
     def _spawn(self, coro: Any) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import asyncpg
 
 from shared import topology
-from shared.messages import StartObserver
+from shared.messages import ServiceInventory, StartObserver
 from tests.harness import REPO, System, wait_for
 from tools import infra
 
@@ -99,3 +99,22 @@ def test_list_filters_and_keyset_pages(system: System) -> None:
     bad_cursor = system.get("/api/observers", cursor="nonsense")
     assert bad_cursor.status_code == 422 and "cursor" in bad_cursor.json()["detail"]
     assert system.get("/api/observers", status="Sleeping").status_code == 422
+
+
+def test_an_inventory_larger_than_the_sql_parameter_limit_is_applied(system: System) -> None:
+    # asyncpg refuses more than 32,767 parameters per statement: ids travel as one array
+    system.start_manager()
+    system.start_service("svc-a", workers=2)
+    service = system.service_by_name("svc-a")
+    assert service is not None
+    created = system.create("known", args={"interval_s": 5})
+    system.wait_status(created["id"], "Processing")
+
+    ids = [uuid.UUID(created["id"])] + [uuid.uuid4() for _ in range(40_000)]
+    big = ServiceInventory(service_id=uuid.UUID(service["id"]), observer_ids=ids)
+    system.publish_raw(topology.STATE_QUEUE, big.encode())
+
+    assert system.manager is not None
+    wait_for(lambda: "stopping it" in system.manager.text(), 30, "the unknown ids to be stopped")  # type: ignore[union-attr]
+    assert "could not be applied" not in system.manager.text()
+    assert system.observer(created["id"])["status"] == "Processing"

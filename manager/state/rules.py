@@ -28,6 +28,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.sql import id_in
 from shared.messages import (
     InventoryRequest,
     Message,
@@ -254,7 +255,7 @@ class StateRules:
             return
         listed = set(m.observer_ids)
         rows = await session.scalars(
-            select(Observer).where(Observer.id.in_(listed) | (Observer.service_id == m.service_id)).with_for_update()
+            select(Observer).where(id_in(Observer.id, listed) | (Observer.service_id == m.service_id)).with_for_update()
         )
         seen: set[uuid.UUID] = set()
         for obs in rows:
@@ -331,12 +332,12 @@ class StateRules:
                 service_ids.add(report.service_id)
         if observer_ids:
             rows = await session.scalars(
-                select(Observer).where(Observer.id.in_(observer_ids)).order_by(Observer.id).with_for_update()
+                select(Observer).where(id_in(Observer.id, observer_ids)).order_by(Observer.id).with_for_update()
             )
             self._observers = {obs.id: obs for obs in rows}
             self._preloaded = observer_ids
             service_ids.update(obs.service_id for obs in self._observers.values() if obs.service_id is not None)
         if service_ids:
             self._services = {
-                svc.id: svc for svc in await session.scalars(select(Service).where(Service.id.in_(service_ids)))
+                svc.id: svc for svc in await session.scalars(select(Service).where(id_in(Service.id, service_ids)))
             }
