@@ -309,13 +309,16 @@ class Bench:
         began = time.monotonic()
         await asyncio.to_thread(self.system.start_manager)
 
+        new_pids = [p.popen.pid for p in self.services]
+
         async def consistent() -> bool:
-            stale = await self.count(
-                "SELECT count(*) FROM observers o LEFT JOIN services s ON s.id = o.service_id "
-                "WHERE o.status IN ('Processing', 'Created') AND (s.status IS DISTINCT FROM 'alive' "
-                "OR s.created_at < now() - interval '10 minutes' OR o.status = 'Created')"
+            # Every observer Processing on one of the new instances (the old ones are dead).
+            on_new = await self.count(
+                "SELECT count(*) FROM observers o JOIN services s ON s.id = o.service_id "
+                "WHERE o.status = 'Processing' AND s.status = 'alive' AND s.pid = ANY($1::int[])",
+                new_pids,
             )
-            return stale == 0 and await self.processing() == self.n and await backlog() == 0
+            return on_new == self.n
 
         await self.until(consistent, 300, "consistency after catch-up")
         elapsed = time.monotonic() - began

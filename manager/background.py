@@ -60,17 +60,22 @@ class BackgroundLoops:
     async def restop(self) -> None:
         now = datetime.now(UTC)
         async with self.sessions.begin() as session:
+            # Rows the state consumer holds are skipped (next pass), never waited for: waiting
+            # in another lock order than the consumer's deadlocked the two over and over.
             ids = list(
                 await session.scalars(
-                    update(Observer)
+                    select(Observer.id)
                     .where(
                         Observer.status == ObserverStatus.ON_DELETING,
                         Observer.modified_at < now - timedelta(seconds=self.settings.restop_after_s),
                     )
-                    .values(modified_at=now)
-                    .returning(Observer.id)
+                    .order_by(Observer.id)
+                    .limit(10_000)
+                    .with_for_update(skip_locked=True)
                 )
             )
+            if ids:
+                await session.execute(update(Observer).where(id_in(Observer.id, ids)).values(modified_at=now))
         for i in range(0, len(ids), 1000):
             chunk = ids[i : i + 1000]
             await self.broker.publish_control(StopObservers(observer_ids=chunk, reason="stop requested (again)"))

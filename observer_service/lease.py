@@ -25,6 +25,10 @@ class Lease:
         if self._renewed_at is None or sent_at > self._renewed_at:
             self._renewed_at = sent_at
 
+    @property
+    def renewed_at(self) -> float | None:
+        return self._renewed_at
+
     def revoke(self) -> None:
         self._renewed_at = None
 

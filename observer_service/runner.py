@@ -40,6 +40,10 @@ from shared.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
+# Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
+# lease round trip): yield after every this many.
+_YIELD_EVERY = 100
+
 
 class Context:
     """The ``ObserverContext`` handed to an observer body."""
@@ -147,21 +151,34 @@ class Runner:
     # --- stop --------------------------------------------------------------------------
 
     async def on_stop(self, stop: StopObserver) -> None:
-        if stop.service_id is not None and stop.service_id != self.service_id:
+        await self.stop_many([stop.observer_id], stop.service_id, stop.reason)
+
+    async def stop_many(self, observer_ids: list[uuid.UUID], target: uuid.UUID | None, reason: str) -> None:
+        """Stop the observers named here: cancel them all, wait one bounded grace, ack each
+        start, report. A stop targeted at another service is not ours to act on."""
+        if target is not None and target != self.service_id:
             return
-        running = self.running.get(stop.observer_id)
-        if running is None:
-            # Remember a broadcast stop: the start may be on its way here (redistribution).
-            # A targeted stop is about one delivery this host no longer holds; remembering
-            # it could later throw away a legitimate start of the observer.
-            if stop.service_id is None:
-                self._remember_stop(stop.observer_id)
-            return
-        running.ended_by = "stop"
-        await self._end(running)
-        await settle(running.message.ack())
-        self.outbox.put(ObserverStopped(observer_id=stop.observer_id, service_id=self.service_id, reason=stop.reason))
-        logger.info("observer %s stopped (%s)", stop.observer_id, stop.reason)
+        ending: list[Running] = []
+        for observer_id in observer_ids:
+            running = self.running.get(observer_id)
+            if running is not None:
+                running.ended_by = "stop"
+                ending.append(running)
+            elif target is None:
+                # Remember a broadcast stop: the start may be on its way here (redistribution).
+                # A targeted stop is about one delivery this host no longer holds; remembering
+                # it could later throw away a legitimate start of the observer.
+                self._remember_stop(observer_id)
+        await self._end(ending)
+        for i, running in enumerate(ending):
+            await settle(running.message.ack())
+            self.outbox.put(
+                ObserverStopped(observer_id=running.start.observer_id, service_id=self.service_id, reason=reason)
+            )
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let heartbeats and the lease through during a big stop
+        if ending:
+            logger.info("%d observer(s) stopped (%s)", len(ending), reason)
 
     def fence(self, session: Session) -> list[uuid.UUID]:
         """Cancel at once every observer started from a session that died. Their deliveries
@@ -182,9 +199,11 @@ class Runner:
         handed = list(self.running.values())
         for running in handed:
             running.ended_by = "handoff"
-        await asyncio.gather(*(self._end(r) for r in handed))
-        for running in handed:
+        await self._end(handed)
+        for i, running in enumerate(handed):
             await settle(running.message.nack(requeue=True))
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
         return [r.start.observer_id for r in handed]
 
     def inventory(self) -> list[uuid.UUID]:
@@ -192,20 +211,24 @@ class Runner:
 
     # --- internals ---------------------------------------------------------------------
 
-    async def _end(self, running: Running) -> None:
-        """Cancel the task and wait a bounded grace for it to finish."""
-        self.running.pop(running.start.observer_id, None)
-        running.ctx.stopping.set()
-        task = running.task
-        if task is None or task.done():
+    async def _end(self, ending: list[Running]) -> None:
+        """Cancel the tasks and wait one bounded grace for all of them to finish."""
+        tasks = set()
+        for running in ending:
+            self.running.pop(running.start.observer_id, None)
+            running.ctx.stopping.set()
+            if running.task is not None and not running.task.done():
+                running.task.cancel()
+                tasks.add(running.task)
+        if not tasks:
             return
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=self.settings.stop_grace_s)
-        if not done:
+        _, stuck = await asyncio.wait(tasks, timeout=self.settings.stop_grace_s)
+        if stuck:
             logger.error(
-                "observer %s ignored cancellation for %.1fs; releasing its delivery anyway",
-                running.start.observer_id,
+                "%d observer(s) ignored cancellation for %.1fs (e.g. %s); releasing their deliveries anyway",
+                len(stuck),
                 self.settings.stop_grace_s,
+                next(iter(stuck)).get_name(),
             )
 
     def _on_task_done(self, running: Running, _task: asyncio.Task[None]) -> None:

@@ -134,7 +134,7 @@ class ObserverService:
         if isinstance(command, StopObserver):
             await self.runner.on_stop(command)
         elif isinstance(command, StopObservers):
-            await asyncio.gather(*(self.runner.on_stop(stop) for stop in command.each()))
+            await self.runner.stop_many(command.observer_ids, command.service_id, command.reason)
         elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
             self._send_inventory()
 

@@ -142,18 +142,22 @@ class Session:
         self.lease.renew(sent_at)
 
     async def _lease_loop(self) -> None:
+        """Renew every H/4. A slow round trip is waited for, never cancelled (aiormq closes
+        the channel of a cancelled RPC); the lease simply lapses if no round trip sent
+        within the last H/2 has come back, and then the session is given up."""
         period = self.settings.amqp_heartbeat_s / 4
+        renewal: asyncio.Task[None] | None = None
         while not self.closed.is_set():
-            try:
-                await asyncio.wait_for(self._renew_lease(), timeout=self.lease.validity_s)
-            except (TimeoutError, Exception) as e:  # noqa: BLE001 - any failure ends the session
-                if not self.lease.is_valid():
-                    self.fail(f"lease could not be renewed: {e!r}")
+            if renewal is None or renewal.done():
+                if renewal is not None and renewal.exception() is not None:
+                    self.fail(f"lease round trip failed: {renewal.exception()!r}")
                     return
+                renewal = asyncio.create_task(self._renew_lease())
+            await asyncio.wait({renewal}, timeout=period)
             if not self.lease.is_valid():
-                self.fail("lease lapsed (the process was frozen or the broker is unreachable)")
+                self.fail("lease lapsed (the process was frozen or starved, or the broker is unreachable)")
                 return
-            await asyncio.sleep(period)
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - (self.lease.renewed_at or 0))))
 
     # --- publishing --------------------------------------------------------------------
 

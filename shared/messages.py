@@ -142,9 +142,6 @@ class StopObservers(Message):
     service_id: uuid.UUID | None = None
     reason: str = "requested"
 
-    def each(self) -> list[StopObserver]:
-        return [StopObserver(observer_id=o, service_id=self.service_id, reason=self.reason) for o in self.observer_ids]
-
 
 StateMessage = Annotated[
     ServiceBorn

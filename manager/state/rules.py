@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import case, select, update
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -195,15 +195,16 @@ class StateRules:
 
     async def _release_observers(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
         """The host is gone: its observers wait, hostless, for a new ObserverStarted."""
-        await session.execute(
-            update(Observer)
+        rows = await session.scalars(
+            select(Observer)
             .where(Observer.service_id == service_id, Observer.status.in_((S.PROCESSING, S.ON_DELETING)))
-            .values(
-                service_id=None,
-                status=case((Observer.status == S.PROCESSING, S.CREATED), else_=Observer.status),
-                modified_at=now,
-            )
+            .order_by(Observer.id)
+            .with_for_update()
         )
+        for obs in rows:
+            obs.service_id, obs.modified_at = None, now
+            if obs.status == S.PROCESSING:
+                obs.status = S.CREATED
 
     # --- observers -------------------------------------------------------------------------
 
@@ -255,7 +256,10 @@ class StateRules:
             return
         listed = set(m.observer_ids)
         rows = await session.scalars(
-            select(Observer).where(id_in(Observer.id, listed) | (Observer.service_id == m.service_id)).with_for_update()
+            select(Observer)
+            .where(id_in(Observer.id, listed) | (Observer.service_id == m.service_id))
+            .order_by(Observer.id)
+            .with_for_update()
         )
         seen: set[uuid.UUID] = set()
         for obs in rows:
