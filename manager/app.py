@@ -41,10 +41,11 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
         broker = BrokerLink(settings)
         rules = StateRules()
         consumer = StateConsumer(sessions, broker, rules)
-        loops = BackgroundLoops(settings, sessions, broker, rules)
+        commands = ObserverCommands(sessions, broker)
+        loops = BackgroundLoops(settings, sessions, broker, rules, commands.in_flight, consumer.idle)
         app.state.sessions = sessions
         app.state.broker = broker
-        app.state.commands = ObserverCommands(sessions, broker)
+        app.state.commands = commands
         app.state.consumer = consumer
         broker.start(consumer.on_message)
         tasks = [

@@ -2,8 +2,9 @@
 
 * re-broadcast stops still OnDeleting after ``restop_after_s`` (seed scenario 5: the stop
   may have hit no service while the observer was being redistributed);
-* mark services lost after ``lost_after_heartbeats`` missed heartbeats — only once the
-  state backlog is drained after a manager restart, so old news is not judged as silence;
+* mark services lost after ``lost_after_heartbeats`` missed heartbeats — only while the
+  state backlog is drained (after a manager restart, or a burst of reports), so a heartbeat
+  still waiting in the queue is not judged as silence;
 * publish again the starts a crash left unconfirmed (``pending_starts``);
 * stop observers reported running that have no row, after ``unknown_grace_s``.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, select, update
@@ -36,8 +39,12 @@ class BackgroundLoops:
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
         rules: StateRules,
+        in_flight: set[uuid.UUID],
+        consumer_idle: Callable[[], bool],
     ) -> None:
         self.settings = settings
+        self.in_flight = in_flight
+        self.consumer_idle = consumer_idle
         self.sessions = sessions
         self.broker = broker
         self.rules = rules
@@ -83,11 +90,14 @@ class BackgroundLoops:
             logger.info("re-broadcast %d stop(s) still OnDeleting", len(ids))
 
     async def judge_heartbeats(self) -> None:
-        if not self.backlog_drained:
-            backlog = await self.broker.state_backlog()
-            if backlog is None or backlog > 0:
+        # Silence is judged only while the manager is caught up: a heartbeat waiting in the
+        # state queue (after a manager restart, or behind a burst of reports) is no silence.
+        backlog = await self.broker.state_backlog()
+        if backlog is None or backlog > 0 or not self.consumer_idle():
+            if not self.backlog_drained:
                 logger.info("state backlog: %s message(s) to apply before judging heartbeats", backlog)
-                return
+            return
+        if not self.backlog_drained:
             self.backlog_drained = True
             logger.info("state backlog drained: judging heartbeats from now on")
         silence = timedelta(seconds=self.settings.heartbeat_s * self.settings.lost_after_heartbeats)
@@ -108,14 +118,16 @@ class BackgroundLoops:
     async def republish_unenqueued(self) -> None:
         cutoff = datetime.now(UTC) - timedelta(seconds=self.settings.enqueue_sweep_after_s)
         async with self.sessions() as session:
-            rows = list(
-                await session.scalars(
+            rows = [
+                obs
+                for obs in await session.scalars(
                     select(Observer)
                     .join(PendingStart, PendingStart.observer_id == Observer.id)
                     .where(PendingStart.created_at < cutoff)
                     .limit(1000)
                 )
-            )
+                if obs.id not in self.in_flight
+            ]
         if not rows:
             return
         await asyncio.gather(

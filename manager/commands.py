@@ -63,6 +63,9 @@ class ObserverCommands:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink) -> None:
         self.sessions = sessions
         self.broker = broker
+        # Starts this process is publishing right now: the sweeper leaves them alone, however
+        # slow the broker's confirms are.
+        self.in_flight: set[uuid.UUID] = set()
 
     # --- create ----------------------------------------------------------------------------
 
@@ -79,7 +82,11 @@ class ObserverCommands:
         await self._insert(
             [{"id": s.observer_id, "name": s.name, "kind": s.kind, "args": s.args, "pool": s.pool} for s in starts]
         )
-        results = await asyncio.gather(*(self.broker.publish_start(s) for s in starts), return_exceptions=True)
+        self.in_flight.update(ids)
+        try:
+            results = await asyncio.gather(*(self.broker.publish_start(s) for s in starts), return_exceptions=True)
+        finally:
+            self.in_flight.difference_update(ids)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             async with self.sessions.begin() as session:

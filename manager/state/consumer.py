@@ -51,6 +51,11 @@ class StateConsumer:
         self.max_batch = max_batch
         self.applied = 0
         self._inbox: asyncio.Queue[AbstractIncomingMessage] = asyncio.Queue()
+        self._busy = False
+
+    def idle(self) -> bool:
+        """Nothing received and not yet applied."""
+        return self._inbox.empty() and not self._busy
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         self._inbox.put_nowait(message)
@@ -60,9 +65,13 @@ class StateConsumer:
             batch = [await self._inbox.get()]
             while len(batch) < self.max_batch and not self._inbox.empty():
                 batch.append(self._inbox.get_nowait())
-            deliveries = [d for d in [await self._decode(m) for m in batch] if d is not None]
-            if deliveries:
-                await self._ack(await self._apply(deliveries))
+            self._busy = True
+            try:
+                deliveries = [d for d in [await self._decode(m) for m in batch] if d is not None]
+                if deliveries:
+                    await self._ack(await self._apply(deliveries))
+            finally:
+                self._busy = False
 
     async def _decode(self, message: AbstractIncomingMessage) -> Delivery | None:
         try:
