@@ -23,7 +23,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -252,21 +252,32 @@ class StateRules:
         obs.modified_at = now
 
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
+        """Reconcile what a service really runs. Only rows that disagree are loaded: in the
+        steady state an inventory of 30,000 ids costs two index scans, no Python per id."""
         if not await self._touch_service(session, m.service_id, now, running=len(m.observer_ids)):
             return
+        sid = m.service_id
         listed = set(m.observer_ids)
+        known = await session.scalar(select(func.count()).where(id_in(Observer.id, listed)))
+        if known != len(listed):
+            found = set(await session.scalars(select(Observer.id).where(id_in(Observer.id, listed))))
+            for oid in listed - found:
+                self.suspicions.unknown.setdefault(oid, (sid, time.monotonic()))
+        running_here = (Observer.status == S.PROCESSING) & (Observer.service_id == sid)
+        held_here = (Observer.service_id == sid) & Observer.status.in_((S.PROCESSING, S.ON_DELETING))
         rows = await session.scalars(
             select(Observer)
-            .where(id_in(Observer.id, listed) | (Observer.service_id == m.service_id))
+            .where(
+                (id_in(Observer.id, listed) & ~running_here)
+                | (held_here & ~id_in(Observer.id, listed))
+                | id_in(Observer.id, self.suspicions.conflicts)
+            )
             .order_by(Observer.id)
             .with_for_update()
         )
-        seen: set[uuid.UUID] = set()
         for obs in rows:
-            seen.add(obs.id)
-            await self._reconcile(session, obs, m.service_id, obs.id in listed, now, out)
-        for oid in listed - seen:
-            self.suspicions.unknown.setdefault(oid, (m.service_id, time.monotonic()))
+            if obs.id in listed or obs.service_id == sid:  # conflicts of other hosts wait for theirs
+                await self._reconcile(session, obs, sid, obs.id in listed, now, out)
 
     async def _reconcile(
         self, session: AsyncSession, obs: Observer, sid: uuid.UUID, listed: bool, now: datetime, out: Outgoing
@@ -331,8 +342,6 @@ class StateRules:
             for report in reports:
                 if hasattr(report, "observer_id"):
                     observer_ids.add(report.observer_id)
-                if isinstance(report, ServiceInventory):
-                    observer_ids.update(report.observer_ids)
                 service_ids.add(report.service_id)
         if observer_ids:
             rows = await session.scalars(
