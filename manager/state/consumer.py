@@ -112,6 +112,7 @@ class StateConsumer:
                     now = datetime.now(UTC)
                     for report in reports:
                         outgoing.messages += (await self.rules.apply(session, report, now)).messages
+                    await self.rules.flush(session)
                 return outgoing
             except Exception as e:
                 if not _is_transient(e):

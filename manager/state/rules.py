@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
 from manager.db.sql import id_in
+from manager.state.rows import ObserverRows, Row
 from shared.messages import (
     InventoryRequest,
     Message,
@@ -104,11 +105,10 @@ class Suspicions:
 class StateRules:
     def __init__(self) -> None:
         self.suspicions = Suspicions()
-        # Rows of the batch being applied, loaded by ``preload`` (valid for that session only).
+        # The rows of the transaction being applied (set by ``preload``).
         self._session: AsyncSession | None = None
-        self._observers: dict[uuid.UUID, Observer] = {}
+        self._rows: ObserverRows | None = None
         self._services: dict[uuid.UUID, Service] = {}
-        self._preloaded: set[uuid.UUID] = set()
 
     async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> Outgoing:
         out = Outgoing()
@@ -195,11 +195,8 @@ class StateRules:
 
     async def _release_observers(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
         """The host is gone: its observers wait, hostless, for a new ObserverStarted."""
-        rows = await session.scalars(
-            select(Observer)
-            .where(Observer.service_id == service_id, Observer.status.in_((S.PROCESSING, S.ON_DELETING)))
-            .order_by(Observer.id)
-            .with_for_update()
+        rows = await self._rows_of(session).load(
+            (Observer.service_id == service_id) & Observer.status.in_((S.PROCESSING, S.ON_DELETING))
         )
         for obs in rows:
             obs.service_id, obs.modified_at = None, now
@@ -265,22 +262,17 @@ class StateRules:
                 self.suspicions.unknown.setdefault(oid, (sid, time.monotonic()))
         running_here = (Observer.status == S.PROCESSING) & (Observer.service_id == sid)
         held_here = (Observer.service_id == sid) & Observer.status.in_((S.PROCESSING, S.ON_DELETING))
-        rows = await session.scalars(
-            select(Observer)
-            .where(
-                (id_in(Observer.id, listed) & ~running_here)
-                | (held_here & ~id_in(Observer.id, listed))
-                | id_in(Observer.id, self.suspicions.conflicts)
-            )
-            .order_by(Observer.id)
-            .with_for_update()
+        rows = await self._rows_of(session).load(
+            (id_in(Observer.id, listed) & ~running_here)
+            | (held_here & ~id_in(Observer.id, listed))
+            | id_in(Observer.id, self.suspicions.conflicts)
         )
         for obs in rows:
             if obs.id in listed or obs.service_id == sid:  # conflicts of other hosts wait for theirs
                 await self._reconcile(session, obs, sid, obs.id in listed, now, out)
 
     async def _reconcile(
-        self, session: AsyncSession, obs: Observer, sid: uuid.UUID, listed: bool, now: datetime, out: Outgoing
+        self, session: AsyncSession, obs: Row, sid: uuid.UUID, listed: bool, now: datetime, out: Outgoing
     ) -> None:
         conflicting = self.suspicions.conflicts.pop(obs.id, None) if obs.service_id == sid else None
         if not listed:
@@ -303,7 +295,7 @@ class StateRules:
         self.suspicions.conflicts[obs.id] = sid
         out.messages.append(InventoryRequest(service_id=obs.service_id))
 
-    async def _speaks_for(self, session: AsyncSession, obs: Observer, service_id: uuid.UUID) -> bool:
+    async def _speaks_for(self, session: AsyncSession, obs: Row, service_id: uuid.UUID) -> bool:
         """A report about an observer counts if it comes from its host, or if it has no
         live host (the broker gave its start to the sender when the old host died)."""
         if obs.service_id in (None, service_id):
@@ -323,34 +315,35 @@ class StateRules:
             service = await session.get(Service, service_id)
         return service is not None and service.status in statuses
 
-    async def _observer(self, session: AsyncSession, observer_id: uuid.UUID) -> Observer | None:
-        """The observer's row, locked: from the batch's preload when it was there."""
-        if self._session is session and observer_id in self._preloaded:
-            return self._observers.get(observer_id)
-        return await session.get(Observer, observer_id, with_for_update=True)
+    def _rows_of(self, session: AsyncSession) -> ObserverRows:
+        if self._rows is None or self._session is not session:
+            self._session, self._rows, self._services = session, ObserverRows(session), {}
+        return self._rows
+
+    async def _observer(self, session: AsyncSession, observer_id: uuid.UUID) -> Row | None:
+        """The observer's row, locked for the rest of the transaction."""
+        return await self._rows_of(session).get(observer_id)
 
     async def preload(self, session: AsyncSession, messages: list[StateMessage]) -> None:
         """Lock and load, in one query each, every observer and service a batch of reports
-        mentions, so applying them finds the rows in the session's identity map. Rows are
-        locked in id order, the same order the API's bulk operations use."""
-        self._session = session
-        self._observers, self._services, self._preloaded = {}, {}, set()
+        mentions, so applying them finds the rows in memory."""
+        self._session, self._rows = None, None
+        rows = self._rows_of(session)
         observer_ids: set[uuid.UUID] = set()
         service_ids: set[uuid.UUID] = set()
         for message in messages:
             reports = message.reports if isinstance(message, ReportBatch) else [message]
             for report in reports:
-                if hasattr(report, "observer_id"):
+                if isinstance(report, ObserverStarted | ObserverStopped | ObserverFailed):
                     observer_ids.add(report.observer_id)
                 service_ids.add(report.service_id)
-        if observer_ids:
-            rows = await session.scalars(
-                select(Observer).where(id_in(Observer.id, observer_ids)).order_by(Observer.id).with_for_update()
-            )
-            self._observers = {obs.id: obs for obs in rows}
-            self._preloaded = observer_ids
-            service_ids.update(obs.service_id for obs in self._observers.values() if obs.service_id is not None)
+        await rows.preload(observer_ids)
+        service_ids |= rows.hosts()
         if service_ids:
             self._services = {
                 svc.id: svc for svc in await session.scalars(select(Service).where(id_in(Service.id, service_ids)))
             }
+
+    async def flush(self, session: AsyncSession) -> None:
+        """Write the changed rows; call before the transaction commits."""
+        await self._rows_of(session).flush()

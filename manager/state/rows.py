@@ -1,0 +1,119 @@
+"""The observer rows one transaction of the state consumer works on.
+
+Rules read and change plain ``Row`` objects; ``flush`` writes every changed row back with a
+single ``UPDATE ... FROM unnest(...)``. The ORM's unit of work cost about 0.3 ms per changed
+observer, which capped a catching-up manager at ~900 reports/s; one statement per batch
+costs a few microseconds per row.
+
+Rows are loaded ``FOR UPDATE`` in id order (the order every writer of ``observers`` uses,
+so the consumer and the API never deadlock) and stay locked until the transaction ends.
+Pending changes are flushed before any query that filters on a column rules may change.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, select, text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.models import Observer, ObserverStatus
+from manager.db.sql import id_in
+
+_COLUMNS = (
+    Observer.id,
+    Observer.status,
+    Observer.service_id,
+    Observer.attempts,
+    Observer.last_error,
+    Observer.modified_at,
+)
+
+_WRITE = text(
+    """
+    UPDATE observers AS o
+    SET status = v.status::observer_status, service_id = v.service_id, attempts = v.attempts,
+        last_error = v.last_error, modified_at = v.modified_at
+    FROM unnest(
+        CAST(:ids AS uuid[]), CAST(:statuses AS text[]), CAST(:service_ids AS uuid[]),
+        CAST(:attempts AS integer[]), CAST(:errors AS text[]), CAST(:modified AS timestamptz[])
+    ) AS v(id, status, service_id, attempts, last_error, modified_at)
+    WHERE o.id = v.id
+    """
+)
+
+
+@dataclass(eq=False, slots=True)
+class Row:
+    id: uuid.UUID
+    status: ObserverStatus
+    service_id: uuid.UUID | None
+    attempts: int
+    last_error: str | None
+    modified_at: datetime
+    _saved: tuple[Any, ...] = field(default=(), repr=False)
+
+    def state(self) -> tuple[Any, ...]:
+        return (self.status, self.service_id, self.attempts, self.last_error, self.modified_at)
+
+    def changed(self) -> bool:
+        return self.state() != self._saved
+
+
+class ObserverRows:
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+        self._rows: dict[uuid.UUID, Row] = {}
+        self._absent: set[uuid.UUID] = set()
+
+    async def load(self, where: ColumnElement[bool]) -> list[Row]:
+        """Lock and return the rows matching ``where`` (cached ones keep their state)."""
+        await self.flush()
+        result = await self.session.execute(select(*_COLUMNS).where(where).order_by(Observer.id).with_for_update())
+        rows = []
+        for values in result.all():
+            row = self._rows.get(values[0])
+            if row is None:
+                row = Row(*values)
+                row._saved = row.state()
+                self._rows[row.id] = row
+            rows.append(row)
+        return rows
+
+    async def preload(self, ids: set[uuid.UUID]) -> None:
+        if ids:
+            found = {row.id for row in await self.load(id_in(Observer.id, ids))}
+            self._absent |= ids - found
+
+    async def get(self, observer_id: uuid.UUID) -> Row | None:
+        row = self._rows.get(observer_id)
+        if row is not None or observer_id in self._absent:
+            return row
+        rows = await self.load(Observer.id == observer_id)
+        if not rows:
+            self._absent.add(observer_id)
+        return rows[0] if rows else None
+
+    def hosts(self) -> set[uuid.UUID]:
+        return {row.service_id for row in self._rows.values() if row.service_id is not None}
+
+    async def flush(self) -> None:
+        changed = [row for row in self._rows.values() if row.changed()]
+        if not changed:
+            return
+        await self.session.execute(
+            _WRITE,
+            {
+                "ids": [r.id for r in changed],
+                "statuses": [r.status.value for r in changed],
+                "service_ids": [r.service_id for r in changed],
+                "attempts": [r.attempts for r in changed],
+                "errors": [r.last_error for r in changed],
+                "modified": [r.modified_at for r in changed],
+            },
+        )
+        for row in changed:
+            row._saved = row.state()
