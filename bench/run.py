@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     rabbit.delete_vhost(tag)
     postgres.drop_database(tag)
     print(table(figures))
+    for figure in figures:
+        if figure.note:
+            print(f"  {figure.scenario} / {figure.name}: {figure.note}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"{started.strftime('%Y%m%dT%H%M%SZ')}{'-quick' if args.quick else ''}.json"
     out.write_text(
