@@ -102,7 +102,7 @@ class Session:
     def _on_closed(self, _sender: Any, exc: BaseException | None) -> None:
         self.fail(f"closed by broker or network: {exc!r}", exc)
 
-    def fail(self, reason: str, exc: BaseException | None = None) -> None:
+    def fail(self, reason: str, exc: BaseException | None = None, *, expected: bool = False) -> None:
         """Mark the session dead. Safe to call many times and from callbacks."""
         if self.closed.is_set():
             return
@@ -110,12 +110,14 @@ class Session:
         self.close_reason = reason
         if exc is not None and "acknowledgement" in str(exc) and "timed out" in str(exc):
             logger.error("%s (%s)", ACK_TIMEOUT_HINT, exc)
+        elif expected:
+            logger.info("broker session closed: %s", reason)
         else:
             logger.warning("broker session lost: %s", reason)
         self.closed.set()
 
     async def close(self, reason: str = "closing") -> None:
-        self.fail(reason)
+        self.fail(reason, expected=True)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
