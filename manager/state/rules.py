@@ -108,7 +108,7 @@ class StateRules:
         # The rows of the transaction being applied (set by ``preload``).
         self._session: AsyncSession | None = None
         self._rows: ObserverRows | None = None
-        self._services: dict[uuid.UUID, Service] = {}
+        self._services: dict[uuid.UUID, Service | None] = {}
 
     async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> Outgoing:
         out = Outgoing()
@@ -168,6 +168,7 @@ class StateRules:
         }
         stmt = insert(Service).values(id=m.service_id, status=ServiceStatus.ALIVE, **values)
         await session.execute(stmt.on_conflict_do_update(index_elements=[Service.id], set_=values))
+        self._services.pop(m.service_id, None)  # looked up afresh: it may be cached as absent
 
     async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime) -> None:
         await self._touch_service(session, m.service_id, now, running=m.running, loop_lag_ms=m.loop_lag_ms)
@@ -310,9 +311,12 @@ class StateRules:
         them when its connection really died."""
         if service_id is None:
             return False
-        service = self._services.get(service_id) if self._session is session else None
-        if service is None:
-            service = await session.get(Service, service_id)
+        if self._session is not session or service_id not in self._services:
+            self._rows_of(session)
+            # Cached even when absent: a batch of reports from a service the manager does not
+            # know yet would otherwise query for it once per report.
+            self._services[service_id] = await session.get(Service, service_id)
+        service = self._services[service_id]
         return service is not None and service.status in statuses
 
     def _rows_of(self, session: AsyncSession) -> ObserverRows:
@@ -339,10 +343,10 @@ class StateRules:
                 service_ids.add(report.service_id)
         await rows.preload(observer_ids)
         service_ids |= rows.hosts()
+        self._services = dict.fromkeys(service_ids)
         if service_ids:
-            self._services = {
-                svc.id: svc for svc in await session.scalars(select(Service).where(id_in(Service.id, service_ids)))
-            }
+            loaded = await session.scalars(select(Service).where(id_in(Service.id, service_ids)))
+            self._services.update({svc.id: svc for svc in loaded})
 
     async def flush(self, session: AsyncSession) -> None:
         """Write the changed rows; call before the transaction commits."""
