@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -105,10 +106,38 @@ class Runner:
         # Stops for observers we did not host: id -> expiry (monotonic).
         self._stopped_ids: dict[uuid.UUID, float] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._inbox: collections.deque[tuple[AbstractIncomingMessage, Session]] = collections.deque()
+        self._draining = False
+        # False once shutting down: queued starts are left unsettled (requeued on close).
+        self.accepting = True
 
     # --- start -------------------------------------------------------------------------
 
-    async def on_start(self, message: AbstractIncomingMessage, session: Session) -> None:
+    def on_start(self, message: AbstractIncomingMessage, session: Session) -> None:
+        """Queue a delivered start. A reconnect or a failover hands a service thousands of
+        starts at once; starting them in chunks that yield to the event loop keeps the AMQP
+        heartbeats and the lease round trip flowing (one burst of 30,000 starved the loop
+        past the lease, and the service fenced itself over and over)."""
+        self._inbox.append((message, session))
+        if not self._draining:
+            self._draining = True
+            self._spawn(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            count = 0
+            while self._inbox and self.accepting:
+                message, session = self._inbox.popleft()
+                if session.closed.is_set():
+                    continue  # the broker has requeued it with the session
+                await self._start(message, session)
+                count += 1
+                if count % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        finally:
+            self._draining = False
+
+    async def _start(self, message: AbstractIncomingMessage, session: Session) -> None:
         try:
             start = decode_start(message.body)
         except DecodeError as e:
@@ -180,22 +209,26 @@ class Runner:
         if ending:
             logger.info("%d observer(s) stopped (%s)", len(ending), reason)
 
-    def fence(self, session: Session) -> list[uuid.UUID]:
-        """Cancel at once every observer started from a session that died. Their deliveries
-        cannot be settled any more; the broker has already put them back in the queue."""
+    async def fence(self, session: Session) -> list[uuid.UUID]:
+        """Cancel every observer started from a session that died. Their deliveries cannot
+        be settled any more; the broker has already put them back in the queue. Observers
+        not cancelled yet cannot act meanwhile: ``ensure_lease`` refuses on a closed session."""
         fenced = [r for r in self.running.values() if r.session is session]
-        for running in fenced:
+        for i, running in enumerate(fenced):
             running.ended_by = "fenced"
             if running.task is not None:
                 running.task.cancel()
             running.ctx.stopping.set()
             del self.running[running.start.observer_id]
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # unwinding thousands of tasks at once starves the loop
         if fenced:
             logger.warning("fenced %d observer(s): their session is gone", len(fenced))
         return [r.start.observer_id for r in fenced]
 
     async def handoff(self) -> list[uuid.UUID]:
         """Graceful shutdown: end every observer, then requeue its start for another host."""
+        self.accepting = False
         handed = list(self.running.values())
         for running in handed:
             running.ended_by = "handoff"

@@ -100,7 +100,7 @@ class ObserverService:
             if self.shutdown.is_set() and not session.closed.is_set():
                 return  # graceful stop uses this live session
             self.session = None
-            self.runner.fence(session)
+            await self.runner.fence(session)
             await session.close(session.close_reason)
 
     async def _graceful_stop(self) -> None:
@@ -121,7 +121,7 @@ class ObserverService:
     async def _on_start(self, message: AbstractIncomingMessage, *, session: Session) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        await self.runner.on_start(message, session)
+        self.runner.on_start(message, session)
 
     async def _on_control(self, message: AbstractIncomingMessage) -> None:
         try:
