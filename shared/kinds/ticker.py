@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from pathlib import Path
 
@@ -32,8 +33,10 @@ def _append(path: str, line: str) -> None:
 
 async def run(args: TickerArgs, ctx: ObserverContext) -> None:
     tick = 0
+    # A random phase: thousands of tickers started in one burst would otherwise all fire in
+    # the same instant, every interval, and starve their service's event loop.
+    await asyncio.sleep(random.uniform(0, args.interval_s))
     while True:
-        await asyncio.sleep(args.interval_s)
         tick += 1
         ctx.ensure_lease()
         if args.log_file:
@@ -43,6 +46,7 @@ async def run(args: TickerArgs, ctx: ObserverContext) -> None:
             await ctx.emit({"tick": tick})
         else:
             ctx.logger.debug("tick %d", tick)
+        await asyncio.sleep(args.interval_s)
 
 
 KIND: ObserverKind[TickerArgs] = ObserverKind(
