@@ -121,12 +121,8 @@ class StateRules:
                 await self._service_gone(session, message.service_id, now)
             case ServiceInventory():
                 await self._inventory(session, message, now, out)
-            case ObserverStarted():
-                await self._started(session, message, now, out)
-            case ObserverStopped():
-                await self._stopped(session, message, now)
-            case ObserverFailed():
-                await self._failed(session, message, now)
+            case ObserverStarted() | ObserverStopped() | ObserverFailed():
+                await self._apply_observer_report(session, message, now, out)
             case ReportBatch():
                 for report in message.reports:
                     await self._apply_observer_report(session, report, now, out)
