@@ -26,7 +26,7 @@ from manager.db.models import Observer, ObserverStatus, PendingStart, Service, S
 from manager.db.sql import id_in
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
-from shared.messages import InventoryRequest, StartObserver, StopObserver, StopObservers
+from shared.messages import InventoryRequest, StartObserver, StopObserver, stop_messages
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
@@ -83,9 +83,8 @@ class BackgroundLoops:
             )
             if ids:
                 await session.execute(update(Observer).where(id_in(Observer.id, ids)).values(modified_at=now))
-        for i in range(0, len(ids), 1000):
-            chunk = ids[i : i + 1000]
-            await self.broker.publish_control(StopObservers(observer_ids=chunk, reason="stop requested (again)"))
+        for message in stop_messages(ids, "stop requested (again)"):
+            await self.broker.publish_control(message)
         if ids:
             logger.info("re-broadcast %d stop(s) still OnDeleting", len(ids))
 

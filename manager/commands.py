@@ -37,11 +37,9 @@ from manager.db.sql import id_in
 from manager.errors import Conflict, Invalid, NotFound, Unavailable
 from shared.errors import BrokerUnavailable
 from shared.kinds import BUILTIN_KINDS
-from shared.messages import StartObserver, StopObservers
+from shared.messages import StartObserver, stop_messages
 
 logger = logging.getLogger(__name__)
-
-STOPS_PER_MESSAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -203,13 +201,12 @@ class ObserverCommands:
                     .where(id_in(Observer.id, to_stop))
                     .values(status=ObserverStatus.ON_DELETING, modified_at=datetime.now(UTC))
                 )
-        for i in range(0, len(to_stop), STOPS_PER_MESSAGE):
-            chunk = to_stop[i : i + STOPS_PER_MESSAGE]
+        for message in stop_messages(to_stop, "stop requested"):
             try:
-                await self.broker.publish_control(StopObservers(observer_ids=chunk, reason="stop requested"))
+                await self.broker.publish_control(message)
             except BrokerUnavailable as e:
                 # The rows say OnDeleting: the re-stop loop broadcasts again when the broker is back.
-                logger.warning("%d stop(s) not broadcast yet: %s", len(chunk), e)
+                logger.warning("%d stop(s) not broadcast yet: %s", len(message.observer_ids), e)
         return StopResult(
             stopping=[i for i, s in found.items() if s not in FINAL_STATUSES],
             final=[i for i, s in found.items() if s in FINAL_STATUSES],

@@ -143,6 +143,19 @@ class StopObservers(Message):
     reason: str = "requested"
 
 
+STOPS_PER_MESSAGE = 1000
+
+
+def stop_messages(
+    observer_ids: list[uuid.UUID], reason: str, service_id: uuid.UUID | None = None
+) -> list[StopObservers]:
+    """Stops for many observers, in messages of at most ``STOPS_PER_MESSAGE`` ids."""
+    return [
+        StopObservers(observer_ids=observer_ids[i : i + STOPS_PER_MESSAGE], service_id=service_id, reason=reason)
+        for i in range(0, len(observer_ids), STOPS_PER_MESSAGE)
+    ]
+
+
 StateMessage = Annotated[
     ServiceBorn
     | ServiceHeartbeat

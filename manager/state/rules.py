@@ -44,7 +44,7 @@ from shared.messages import (
     ServiceStopped,
     StateMessage,
     StopObserver,
-    StopObservers,
+    stop_messages,
 )
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Outgoing:
     def stop(self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str) -> None:
         self.messages.append(StopObserver(observer_id=observer_id, service_id=service_id, reason=reason))
 
-    def batched(self, per_message: int = 1000) -> list[Message]:
+    def batched(self) -> list[Message]:
         """Stops with the same target and reason merged into ``StopObservers``, inventory
         requests deduplicated; the order between different targets does not matter."""
         stops: dict[tuple[uuid.UUID | None, str], list[uuid.UUID]] = {}
@@ -82,9 +82,7 @@ class Outgoing:
             if len(ids) == 1:
                 merged.append(StopObserver(observer_id=ids[0], service_id=service_id, reason=reason))
                 continue
-            for i in range(0, len(ids), per_message):
-                chunk = ids[i : i + per_message]
-                merged.append(StopObservers(observer_ids=chunk, service_id=service_id, reason=reason))
+            merged += stop_messages(ids, reason, service_id)
         return merged + others
 
 
