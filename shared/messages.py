@@ -37,6 +37,37 @@ class Message(BaseModel):
 # --- start queue -----------------------------------------------------------------------
 
 
+class RetryPolicy(BaseModel):
+    """How a service restarts, in place, an observer whose body returned or raised.
+
+    Attempt n (n >= 2) starts after ``min(max_delay_s, initial_delay_s * factor**(n-2))``
+    seconds, scaled by a random factor in ``[1 - jitter, 1 + jitter]``. After
+    ``max_attempts`` runs in a row that ended (``None``: never give up) the observer is
+    Failed. A run that lasted ``reset_after_s`` or more counts as stable: the count
+    starts over."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int | None = Field(default=5, ge=1, le=1_000_000, description="null = retry forever")
+    initial_delay_s: float = Field(default=1.0, ge=0, le=3600)
+    factor: float = Field(default=2.0, ge=1, le=100)
+    max_delay_s: float = Field(default=60.0, ge=0, le=86_400)
+    jitter: float = Field(default=0.1, ge=0, le=1, description="fraction of the delay, e.g. 0.1 = ±10 %")
+    reset_after_s: float = Field(default=60.0, ge=0, le=86_400 * 30)
+
+    def delay_s(self, failures: int, spread: float) -> float:
+        """Delay before the next run after ``failures`` (>= 1) ended runs in a row;
+        ``spread`` is a random number in [-1, 1]."""
+        base = min(self.max_delay_s, self.initial_delay_s * self.factor ** min(failures - 1, 64))
+        return max(0.0, base * (1 + self.jitter * spread))
+
+    def gives_up(self, failures: int) -> bool:
+        return self.max_attempts is not None and failures >= self.max_attempts
+
+
+Isolation = Literal["async", "process"]
+
+
 class StartObserver(Message):
     type: Literal["StartObserver"] = "StartObserver"
     observer_id: uuid.UUID
@@ -44,6 +75,11 @@ class StartObserver(Message):
     kind: str
     args: dict[str, Any] = Field(default_factory=dict)
     pool: str = "default"
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    # None: the kind's own isolation.
+    isolation: Isolation | None = None
+    # Process isolation only: the child is killed (and restarted under ``retry``) above this RSS.
+    memory_limit_mb: float | None = None
 
 
 # --- control fanout --------------------------------------------------------------------
@@ -69,6 +105,18 @@ class InventoryRequest(Message):
 # --- state queue -----------------------------------------------------------------------
 
 
+class KindInfo(BaseModel):
+    """An observer kind as a service announces it: the manager validates ``args`` of new
+    observers against ``args_schema`` (JSON Schema of the kind's pydantic model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    description: str = ""
+    isolation: Isolation = "async"
+    args_schema: dict[str, Any] = Field(default_factory=dict)
+
+
 class ServiceBorn(Message):
     type: Literal["ServiceBorn"] = "ServiceBorn"
     service_id: uuid.UUID
@@ -79,6 +127,9 @@ class ServiceBorn(Message):
     host: str
     pid: int
     version: str
+    kind_infos: list[KindInfo] = Field(default_factory=list)
+    # How many of the workers may run in child processes (isolation "process").
+    process_slots: int = 0
 
 
 class ServiceHeartbeat(Message):
@@ -115,6 +166,17 @@ class ObserverStopped(Message):
     reason: str = "stopped"
 
 
+class ObserverRetrying(Message):
+    """The observer's body ended (``error``); it runs again, as ``attempt``, in ``delay_s``."""
+
+    type: Literal["ObserverRetrying"] = "ObserverRetrying"
+    observer_id: uuid.UUID
+    service_id: uuid.UUID
+    attempt: int
+    error: str
+    delay_s: float
+
+
 class ObserverFailed(Message):
     type: Literal["ObserverFailed"] = "ObserverFailed"
     observer_id: uuid.UUID
@@ -122,7 +184,9 @@ class ObserverFailed(Message):
     reason: str
 
 
-ObserverReport = Annotated[ObserverStarted | ObserverStopped | ObserverFailed, Field(discriminator="type")]
+ObserverReport = Annotated[
+    ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed, Field(discriminator="type")
+]
 
 
 class ReportBatch(Message):
@@ -163,6 +227,7 @@ StateMessage = Annotated[
     | ServiceInventory
     | ObserverStarted
     | ObserverStopped
+    | ObserverRetrying
     | ObserverFailed
     | ReportBatch,
     Field(discriminator="type"),

@@ -14,6 +14,9 @@ ctx)`` that runs until cancelled::
 
     KIND = ObserverKind(name="echo", args_model=EchoArgs, run=run)
 
+A plug-in package publishes its kinds in the entry-point group ``orchestrator.observers``
+(``echo = "my_package.echo:KIND"``); every service discovers them at start (``shared.kinds``).
+
 Rules for authors: never swallow ``asyncio.CancelledError`` (stop = cancel, with a bounded
 grace); call ``ctx.ensure_lease()`` before anything with an effect outside the process and
 let ``LeaseLost`` propagate; never block the event loop (it misses AMQP heartbeats and every
@@ -30,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
+
+from shared.messages import Isolation, KindInfo
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -59,6 +64,19 @@ class ObserverKind(Generic[ArgsT]):
     args_model: type[ArgsT]
     run: Callable[[ArgsT, ObserverContext], Awaitable[None]]
     description: str = ""
+    # ``async``: a task on the service's event loop (a few KiB each; must never block the
+    # loop). ``process``: a child process supervised by the service (tens of MiB each; may
+    # block, hog the CPU or crash without hurting its neighbours). Observers may override it.
+    isolation: Isolation = "async"
+
+    def info(self) -> KindInfo:
+        """What a service announces about this kind (ServiceBorn, ``GET /api/kinds``)."""
+        return KindInfo(
+            name=self.name,
+            description=self.description,
+            isolation=self.isolation,
+            args_schema=self.args_model.model_json_schema(),
+        )
 
     def parse_args(self, raw: dict[str, Any]) -> ArgsT:
         """Validate raw JSON args; raises ``pydantic.ValidationError``."""

@@ -1,0 +1,132 @@
+"""``websocket``: keeps a WebSocket connection open and emits every message it receives.
+
+After connecting it sends ``subscribe`` (if given: a string as is, a JSON object or array
+serialised), then emits ``{"message": <the message parsed as JSON, else its text>}`` for each
+message: an exchange price feed, say. A dropped connection, or one that could not be opened,
+is a *failure*: it is retried after an exponential, jittered backoff (``initial_backoff_s``
+doubling up to ``max_backoff_s``). After ``max_consecutive_failures`` failures in a row the
+observer raises ``WebSocketError`` (the retry policy then restarts or fails it). A connection
+that stayed open for ``stable_after_s`` resets the count and the backoff. Pings (websockets'
+defaults, every 20 s) detect a silently dead peer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import random
+import ssl
+from typing import Any, Self
+
+from pydantic import AnyWebsocketUrl, BaseModel, ConfigDict, Field, model_validator
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import WebSocketException
+
+from shared.observer_api import ObserverContext, ObserverKind
+
+
+class WebSocketError(Exception):
+    """Too many consecutive failed connections."""
+
+
+class WebSocketArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    url: AnyWebsocketUrl = Field(description="ws:// or wss:// URL to connect to")
+    subscribe: dict[str, Any] | list[Any] | str | None = Field(
+        default=None, description="message sent after each (re)connection: a string as is, JSON otherwise"
+    )
+    headers: dict[str, str] = Field(default_factory=dict, description="extra handshake headers")
+    open_timeout_s: float = Field(default=10.0, gt=0, le=600, description="limit of connect + handshake")
+    initial_backoff_s: float = Field(default=1.0, gt=0, le=3600, description="delay before the first reconnect")
+    max_backoff_s: float = Field(default=60.0, gt=0, le=86_400, description="the backoff doubles up to this delay")
+    max_consecutive_failures: int | None = Field(
+        default=10,
+        ge=1,
+        le=1_000_000,
+        description="failed or dropped connections in a row before the observer raises; null = retry forever",
+    )
+    stable_after_s: float = Field(
+        default=10.0, ge=0, le=86_400, description="a connection open this long resets the failure count"
+    )
+    max_message_bytes: int = Field(
+        default=1_048_576, ge=1024, le=64 * 1_048_576, description="a bigger message closes the connection"
+    )
+
+    @model_validator(mode="after")
+    def _backoff_bounds(self) -> Self:
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ValueError("max_backoff_s must be >= initial_backoff_s")
+        return self
+
+
+def backoff_delay(failures: int, initial: float, maximum: float, spread: float) -> float:
+    """Delay after ``failures`` (>= 1) failures in a row: ``initial * 2**(failures-1)`` capped
+    at ``maximum``, scaled by ``0.5 + spread / 2`` (``spread`` in [0, 1]): equal jitter, so a
+    fleet of watchers cut off together does not reconnect in lockstep."""
+    base = min(maximum, initial * 2.0 ** min(failures - 1, 64))
+    return base * (0.5 + spread / 2)
+
+
+def parse(raw: str | bytes) -> Any:
+    """A message as JSON if it is JSON, else as text (bytes decoded as UTF-8)."""
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # One context per process instead of one per connection (CPU and memory, times thousands).
+    return ssl.create_default_context()
+
+
+async def _session(ws: ClientConnection, args: WebSocketArgs, ctx: ObserverContext) -> str:
+    """Subscribe, then emit every message until the server closes; the close as text."""
+    if args.subscribe is not None:
+        ctx.ensure_lease()
+        await ws.send(args.subscribe if isinstance(args.subscribe, str) else json.dumps(args.subscribe))
+    async for raw in ws:
+        await ctx.emit({"message": parse(raw)})
+    return f"closed by the server (code {ws.close_code}, reason {ws.close_reason!r})"
+
+
+async def run(args: WebSocketArgs, ctx: ObserverContext) -> None:
+    loop = asyncio.get_running_loop()
+    url = str(args.url)
+    failures = 0
+    while True:
+        opened_at: float | None = None
+        ctx.ensure_lease()
+        try:
+            async with connect(
+                url,
+                additional_headers=args.headers,
+                open_timeout=args.open_timeout_s,
+                max_size=args.max_message_bytes,
+                ssl=_ssl_context() if url.startswith("wss:") else None,
+            ) as ws:
+                opened_at = loop.time()
+                ctx.logger.info("connected to %s", url)
+                reason = await _session(ws, args, ctx)
+        except (OSError, TimeoutError, WebSocketException) as e:
+            reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        if opened_at is not None and loop.time() - opened_at >= args.stable_after_s:
+            failures = 0
+        failures += 1
+        if args.max_consecutive_failures is not None and failures >= args.max_consecutive_failures:
+            raise WebSocketError(f"{failures} consecutive failed connections to {url}, last: {reason}")
+        delay = backoff_delay(failures, args.initial_backoff_s, args.max_backoff_s, random.random())
+        ctx.logger.warning("%s: %s (%d in a row); reconnecting in %.1fs", url, reason, failures, delay)
+        await asyncio.sleep(delay)
+
+
+KIND: ObserverKind[WebSocketArgs] = ObserverKind(
+    name="websocket",
+    args_model=WebSocketArgs,
+    run=run,
+    description="keeps a WebSocket open (subscribe, reconnect with backoff) and emits every message",
+)
