@@ -32,6 +32,11 @@ class Lease:
     def revoke(self) -> None:
         self._renewed_at = None
 
+    def valid_until(self) -> float:
+        """The monotonic instant the lease lapses (0 without one). ``time.monotonic`` is
+        one clock for every process of the host, so child processes can use it too."""
+        return 0.0 if self._renewed_at is None else self._renewed_at + self.validity_s
+
     def remaining_s(self) -> float:
         if self._renewed_at is None:
             return 0.0

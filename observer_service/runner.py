@@ -14,80 +14,36 @@ import asyncio
 import collections
 import contextlib
 import functools
-import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from aio_pika.abc import AbstractIncomingMessage
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
+from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox
 from observer_service.session import Session
 from shared.errors import DecodeError, LeaseLost
+from shared.kinds import LoadedKind
 from shared.messages import (
     ObserverFailed,
     ObserverStarted,
     ObserverStopped,
-    StartObserver,
     StopObserver,
     decode_start,
-    utcnow,
 )
-from shared.observer_api import ObserverKind
 from shared.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
+_REQUEUE_AFTER_S = 5.0
+
 # Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
 # lease round trip): yield after every this many.
 _YIELD_EVERY = 100
-
-
-class Context:
-    """The ``ObserverContext`` handed to an observer body."""
-
-    def __init__(self, start: StartObserver, service_id: uuid.UUID, session: Session) -> None:
-        self.observer_id = start.observer_id
-        self.name = start.name
-        self.kind = start.kind
-        self.service_id = service_id
-        self.stopping = asyncio.Event()
-        self.logger = logging.LoggerAdapter(
-            logging.getLogger(f"observer.{start.kind}"), {"observer_id": str(start.observer_id)}
-        )
-        self._session = session
-
-    def ensure_lease(self) -> None:
-        if self._session.closed.is_set():
-            raise LeaseLost("the broker session of this observer is gone")
-        self._session.lease.ensure()
-
-    async def emit(self, payload: dict[str, Any]) -> None:
-        self.ensure_lease()
-        body = {
-            "observer_id": str(self.observer_id),
-            "name": self.name,
-            "kind": self.kind,
-            "service_id": str(self.service_id),
-            "time": utcnow().isoformat(),
-            "payload": payload,
-        }
-        await self._session.emit_event(f"{self.kind}.{self.name}", json.dumps(body).encode())
-
-
-@dataclass(eq=False)
-class Running:
-    start: StartObserver
-    message: AbstractIncomingMessage
-    session: Session
-    ctx: Context
-    task: asyncio.Task[None] | None = None
-    # Set when the service ends the task on purpose; a task that ends without it failed.
-    ended_by: str | None = None
-    started_at: float = field(default_factory=time.monotonic)
 
 
 class Runner:
@@ -96,15 +52,15 @@ class Runner:
         settings: ServiceSettings,
         service_id: uuid.UUID,
         outbox: Outbox,
-        kinds: dict[str, ObserverKind[Any]],
+        kinds: dict[str, LoadedKind],
     ) -> None:
         self.settings = settings
         self.service_id = service_id
         self.outbox = outbox
         self.kinds = kinds
         self.running: dict[uuid.UUID, Running] = {}
-        # Stops for observers we did not host: id -> expiry (monotonic).
-        self._stopped_ids: dict[uuid.UUID, float] = {}
+        # Stops for observers we did not host: id -> (expiry (monotonic), when the stop was sent).
+        self._stopped_ids: dict[uuid.UUID, tuple[float, datetime]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._inbox: collections.deque[tuple[AbstractIncomingMessage, Session]] = collections.deque()
         self._draining = False
@@ -145,7 +101,7 @@ class Runner:
             await settle(message.reject(requeue=False))
             return
         oid = start.observer_id
-        if self._was_stopped(oid):
+        if self._was_stopped(oid, start.sent_at):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
             await settle(message.ack())
             self.outbox.put(ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start"))
@@ -155,21 +111,42 @@ class Runner:
             logger.warning("duplicate start message for observer %s, already running here: acking it", oid)
             await settle(message.ack())
             return
-        kind = self.kinds.get(start.kind)
-        args: BaseModel | None = None
-        error = f"unknown observer kind {start.kind!r}" if kind is None else None
-        if kind is not None:
-            try:
-                args = kind.parse_args(start.args)
-            except ValidationError as e:
-                error = f"invalid args for kind {start.kind!r}: {e.errors()[:3]}"
-        if kind is None or args is None:
+        loaded = self.kinds.get(start.kind)
+        if loaded is None:
+            # Another service of the pool may have the plug-in: hand the start back, after a
+            # pause so that a pool where nobody has it does not spin.
+            logger.error(
+                "observer %s needs kind %r, which this service does not have (it has %s); "
+                "requeueing its start in %.0fs",
+                oid,
+                start.kind,
+                ", ".join(sorted(self.kinds)),
+                _REQUEUE_AFTER_S,
+            )
+            self._spawn(_requeue_later(message, _REQUEUE_AFTER_S))
+            return
+        if (start.isolation or loaded.kind.isolation) == "process" and self._children() >= self.settings.process_slots:
+            logger.warning(
+                "observer %s needs a child process and all %d process slot(s) are taken: requeueing its start in %.0fs",
+                oid,
+                self.settings.process_slots,
+                _REQUEUE_AFTER_S,
+            )
+            self._spawn(_requeue_later(message, _REQUEUE_AFTER_S))
+            return
+        try:
+            args = loaded.kind.parse_args(start.args)
+        except ValidationError as e:
+            error = f"invalid args for kind {start.kind!r}: {e.errors()[:3]}"
             logger.error("observer %s cannot start: %s; dead-lettering its start", oid, error)
-            self.outbox.put(ObserverFailed(observer_id=oid, service_id=self.service_id, reason=str(error)))
+            self.outbox.put(ObserverFailed(observer_id=oid, service_id=self.service_id, reason=error))
             await settle(message.reject(requeue=False))
             return
         running = Running(start=start, message=message, session=session, ctx=Context(start, self.service_id, session))
-        running.task = asyncio.create_task(_body(kind, args, running.ctx), name=f"observer {oid}")
+        running.isolation = start.isolation or loaded.kind.isolation
+        running.task = asyncio.create_task(
+            supervise(running, loaded, args, self.settings, self.outbox), name=f"observer {oid}"
+        )
         running.task.add_done_callback(functools.partial(self._on_task_done, running))
         self.running[oid] = running
         self.outbox.put(
@@ -180,9 +157,11 @@ class Runner:
     # --- stop --------------------------------------------------------------------------
 
     async def on_stop(self, stop: StopObserver) -> None:
-        await self.stop_many([stop.observer_id], stop.service_id, stop.reason)
+        await self.stop_many([stop.observer_id], stop.service_id, stop.reason, stop.sent_at)
 
-    async def stop_many(self, observer_ids: list[uuid.UUID], target: uuid.UUID | None, reason: str) -> None:
+    async def stop_many(
+        self, observer_ids: list[uuid.UUID], target: uuid.UUID | None, reason: str, sent_at: datetime
+    ) -> None:
         """Stop the observers named here: cancel them all, wait one bounded grace, ack each
         start, report. A stop targeted at another service is not ours to act on."""
         if target is not None and target != self.service_id:
@@ -197,7 +176,7 @@ class Runner:
                 # Remember a broadcast stop: the start may be on its way here (redistribution).
                 # A targeted stop is about one delivery this host no longer holds; remembering
                 # it could later throw away a legitimate start of the observer.
-                self._remember_stop(observer_id)
+                self._remember_stop(observer_id, sent_at)
         await self._end(ending)
         for i, running in enumerate(ending):
             await settle(running.message.ack())
@@ -239,6 +218,9 @@ class Runner:
                 await asyncio.sleep(0)
         return [r.start.observer_id for r in handed]
 
+    def _children(self) -> int:
+        return sum(1 for r in self.running.values() if r.isolation == "process")
+
     def inventory(self) -> list[uuid.UUID]:
         return list(self.running)
 
@@ -278,29 +260,39 @@ class Runner:
             logger.error("observer %s hit a lapsed lease: fencing the session", running.start.observer_id)
             running.session.fail(f"observer {running.start.observer_id}: {error}")
             return
-        reason = "observer returned" if error is None else f"{type(error).__name__}: {error}"
         if task.cancelled():
             reason = "observer task was cancelled from inside"
-        logger.error("observer %s failed: %s", running.start.observer_id, reason, exc_info=error)
+        elif isinstance(error, ObserverGaveUp):
+            reason = str(error)
+        else:
+            reason = f"{type(error).__name__}: {error}"
+        logger.error("observer %s failed: %s", running.start.observer_id, reason)
         self.running.pop(running.start.observer_id, None)
         self.outbox.put(
-            ObserverFailed(observer_id=running.start.observer_id, service_id=self.service_id, reason=reason)
+            ObserverFailed(
+                observer_id=running.start.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS]
+            )
         )
+        # Dead-lettered to the pool's error queue: kept for inspection, never run again.
         self._spawn(settle(running.message.reject(requeue=False)))
 
-    def _remember_stop(self, observer_id: uuid.UUID) -> None:
+    def _remember_stop(self, observer_id: uuid.UUID, sent_at: datetime) -> None:
         # Re-insert so the dict stays ordered by expiry (the TTL is the same for all).
         self._stopped_ids.pop(observer_id, None)
-        self._stopped_ids[observer_id] = time.monotonic() + self.settings.stopped_ids_ttl_s
+        self._stopped_ids[observer_id] = (time.monotonic() + self.settings.stopped_ids_ttl_s, sent_at)
 
-    def _was_stopped(self, observer_id: uuid.UUID) -> bool:
+    def _was_stopped(self, observer_id: uuid.UUID, start_sent_at: datetime) -> bool:
+        """Whether a remembered stop is newer than this start. A start published after the
+        stop (``POST /restart`` of a Failed observer) is a new life of the observer and runs;
+        both timestamps come from the manager's clock."""
         now = time.monotonic()
         while self._stopped_ids:
-            oldest, expiry = next(iter(self._stopped_ids.items()))
+            oldest, (expiry, _) = next(iter(self._stopped_ids.items()))
             if expiry >= now:
                 break
             del self._stopped_ids[oldest]
-        return self._stopped_ids.pop(observer_id, None) is not None
+        remembered = self._stopped_ids.pop(observer_id, None)
+        return remembered is not None and remembered[1] >= start_sent_at
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -308,8 +300,9 @@ class Runner:
         task.add_done_callback(self._background.discard)
 
 
-async def _body(kind: ObserverKind[Any], args: BaseModel, ctx: Context) -> None:
-    await kind.run(args, ctx)
+async def _requeue_later(message: AbstractIncomingMessage, delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await settle(message.nack(requeue=True))
 
 
 async def settle(operation: Any) -> None:

@@ -16,18 +16,19 @@ import functools
 import logging
 import os
 import signal
-import time
 import uuid
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from observer_service.capacity import sized
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner, settle
 from observer_service.session import Session
+from observer_service.watchdog import LoopWatchdog
 from shared import __version__
 from shared.errors import BrokerUnavailable, DecodeError
-from shared.kinds import available_kinds
+from shared.kinds import discover_kinds
 from shared.messages import (
     InventoryRequest,
     ServiceBorn,
@@ -48,14 +49,23 @@ _RECONNECT_MAX_S = 5.0
 
 class ObserverService:
     def __init__(self, settings: ServiceSettings) -> None:
+        settings, capacity = sized(settings)
+        if capacity is not None:
+            logger.info(
+                "capacity from the machine (%d CPU(s), %.0f MiB available): %d workers, %d process slot(s)",
+                capacity.cpus,
+                capacity.memory_mb,
+                settings.workers_count,
+                settings.process_slots,
+            )
         self.settings = settings
         self.service_id = uuid.uuid4()
         self.outbox = Outbox()
         self.lease = Lease(settings.amqp_heartbeat_s)
-        self.runner = Runner(settings, self.service_id, self.outbox, available_kinds())
+        self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
         self.session: Session | None = None
         self.shutdown = asyncio.Event()
-        self.loop_lag_ms = 0.0
+        self.watchdog = LoopWatchdog()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -66,19 +76,23 @@ class ObserverService:
                 service_id=self.service_id,
                 name=self.settings.service_name,
                 workers_count=self.settings.workers_count,
+                process_slots=self.settings.process_slots,
                 pools=self.settings.pools,
                 kinds=sorted(self.runner.kinds),
+                kind_infos=[k.kind.info() for k in self.runner.kinds.values()],
                 host=hostname(),
                 pid=os.getpid(),
                 version=__version__,
             )
         )
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
-        loops = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._inventory_loop(), self._lag_loop())]
+        self.watchdog.start()
+        loops = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._inventory_loop())]
         try:
             await self._session_loop()
             await self._graceful_stop()
         finally:
+            self.watchdog.stop()
             for task in loops:
                 task.cancel()
 
@@ -134,7 +148,7 @@ class ObserverService:
         if isinstance(command, StopObserver):
             await self.runner.on_stop(command)
         elif isinstance(command, StopObservers):
-            await self.runner.stop_many(command.observer_ids, command.service_id, command.reason)
+            await self.runner.stop_many(command.observer_ids, command.service_id, command.reason, command.sent_at)
         elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
             self._send_inventory()
 
@@ -151,7 +165,7 @@ class ObserverService:
                     ServiceHeartbeat(
                         service_id=self.service_id,
                         running=len(self.runner.running),
-                        loop_lag_ms=round(self.loop_lag_ms, 3),
+                        loop_lag_ms=round(self.watchdog.take_lag(), 3),
                     )
                 )
 
@@ -160,15 +174,6 @@ class ObserverService:
             await asyncio.sleep(self.settings.inventory_s)
             if self.session is not None and not self.session.closed.is_set():
                 self._send_inventory()
-
-    async def _lag_loop(self, period: float = 0.5) -> None:
-        """Event-loop lag: how late a short sleep wakes up (blocked loops miss heartbeats)."""
-        while True:
-            before = time.monotonic()
-            await asyncio.sleep(period)
-            self.loop_lag_ms = max(0.0, (time.monotonic() - before - period) * 1000)
-            if self.loop_lag_ms > 1000:
-                logger.warning("event loop blocked for %.0f ms", self.loop_lag_ms)
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:

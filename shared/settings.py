@@ -15,6 +15,11 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.messages import RetryPolicy
+
+AUTO = 0
+AUTO_SLOTS = -1
+
 _POOL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -32,13 +37,36 @@ class CommonSettings(BaseSettings):
 
 class ServiceSettings(CommonSettings):
     service_name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
-    workers_count: int = Field(default=100, ge=1, le=1_000_000)
+    # A number, or "auto" (AUTO = 0 here): sized from CPUs and memory at start
+    # (observer_service.capacity, formula in the README).
+    workers_count: int = Field(default=100, ge=AUTO, le=1_000_000)
+    # How many observers may run in child processes (isolation "process"); "auto" (-1 here).
+    process_slots: int = Field(default=AUTO_SLOTS, ge=AUTO_SLOTS, le=100_000)
+    # Budgets of the "auto" formula.
+    async_per_cpu: int = Field(default=5000, ge=1)
+    async_budget_kb: float = Field(default=64.0, gt=0)
+    processes_per_cpu: int = Field(default=8, ge=0)
+    process_budget_mb: float = Field(default=64.0, gt=0)
+    memory_fraction: float = Field(default=0.7, gt=0, le=1)
     pools: Annotated[list[str], NoDecode] = ["default"]
     inventory_s: float = Field(default=30.0, gt=0)
     stop_grace_s: float = Field(default=5.0, ge=0)
     # How long a stop for an observer this service does not host is remembered, so that a
     # start message arriving later (redistribution race) is acked at once instead of run.
     stopped_ids_ttl_s: float = Field(default=300.0, gt=0)
+    # A process-isolated observer whose child shows no sign of life this long is killed and
+    # restarted under its retry policy (a hung or CPU-bound-forever child). None: no check.
+    process_liveness_timeout_s: float | None = Field(default=None, gt=0)
+
+    @field_validator("workers_count", mode="before")
+    @classmethod
+    def _auto_workers(cls, value: object) -> object:
+        return AUTO if value == "auto" else value
+
+    @field_validator("process_slots", mode="before")
+    @classmethod
+    def _auto_slots(cls, value: object) -> object:
+        return AUTO_SLOTS if value == "auto" else value
 
     @field_validator("pools", mode="before")
     @classmethod
@@ -68,6 +96,27 @@ class ManagerSettings(CommonSettings):
     # Period of the background loops.
     sweep_interval_s: float = Field(default=1.0, gt=0)
     state_prefetch: int = Field(default=2000, ge=1, le=65535)
+    # Default retry policy of new observers (a create request may override any field).
+    # 0 attempts = retry forever.
+    retry_max_attempts: int = Field(default=5, ge=0)
+    retry_initial_delay_s: float = Field(default=1.0, ge=0)
+    retry_factor: float = Field(default=2.0, ge=1)
+    retry_max_delay_s: float = Field(default=60.0, ge=0)
+    retry_jitter: float = Field(default=0.1, ge=0, le=1)
+    retry_reset_after_s: float = Field(default=60.0, ge=0)
+    # Poison quarantine: Failed after its hosts died this many times within the window (0: off).
+    quarantine_after_crashes: int = Field(default=3, ge=0)
+    quarantine_window_s: float = Field(default=600.0, gt=0)
+
+    def default_retry(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts or None,
+            initial_delay_s=self.retry_initial_delay_s,
+            factor=self.retry_factor,
+            max_delay_s=self.retry_max_delay_s,
+            jitter=self.retry_jitter,
+            reset_after_s=self.retry_reset_after_s,
+        )
 
 
 def amqp_url_with_heartbeat(url: str, heartbeat_s: int) -> str:

@@ -1,0 +1,70 @@
+"""Event-loop lag, and who causes it.
+
+An ``async`` observer that blocks (CPU work, a synchronous call) stalls every observer of its
+service, the lease round trip and the AMQP heartbeats. The loop side measures how late a
+periodic callback runs (``lag_ms``, reported in heartbeats). A watchdog *thread* looks at the
+loop while it is stalled: the task the loop is running at that moment is the culprit, and
+observer tasks are named ``observer <id>``, so the warning names the observer and the line
+it is stuck on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+
+logger = logging.getLogger(__name__)
+
+
+class LoopWatchdog:
+    def __init__(self, period_s: float = 0.25, stall_s: float = 1.0) -> None:
+        self.period_s = period_s
+        self.stall_s = stall_s
+        self.lag_ms = 0.0  # the worst lag since the last ``take_lag``
+        self._last_tick = time.monotonic()
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id = 0
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._last_tick = time.monotonic()
+        self._loop.call_later(self.period_s, self._tick, self._last_tick + self.period_s)
+        threading.Thread(target=self._watch, name="loop-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def take_lag(self) -> float:
+        lag, self.lag_ms = self.lag_ms, 0.0
+        return lag
+
+    def _tick(self, due: float) -> None:
+        now = time.monotonic()
+        self.lag_ms = max(self.lag_ms, (now - due) * 1000)
+        self._last_tick = now
+        if not self._stop.is_set() and self._loop is not None:
+            self._loop.call_later(self.period_s, self._tick, now + self.period_s)
+
+    def _watch(self) -> None:
+        reported = 0.0
+        while not self._stop.wait(self.period_s):
+            stalled = time.monotonic() - self._last_tick
+            if stalled < self.stall_s or reported == self._last_tick:
+                continue
+            reported = self._last_tick
+            logger.warning("event loop blocked for %.1fs %s", stalled, self._culprit())
+
+    def _culprit(self) -> str:
+        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        frame = sys._current_frames().get(self._loop_thread_id)
+        where = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
+        if task is None:
+            return f"outside any task{where}"
+        name = task.get_name()
+        blame = f"by {name}" if name.startswith("observer ") else f"in task {name!r}"
+        return f"{blame}{where} (an async observer must not block: use isolation 'process')"
