@@ -16,13 +16,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 
-from manager.api import health, observers, services
+from manager.api import health, kinds, observers, services
 from manager.background import BackgroundLoops
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
 from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.errors import ManagerError
 from manager.state.consumer import StateConsumer
+from manager.state.quarantine import QuarantinePolicy
 from manager.state.rules import StateRules
 from shared import __version__
 from shared.settings import ManagerSettings, get_manager_settings
@@ -39,9 +40,9 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
         await check_schema(engine)
         sessions = make_sessionmaker(engine)
         broker = BrokerLink(settings)
-        rules = StateRules()
+        rules = StateRules(QuarantinePolicy(settings.quarantine_after_crashes, settings.quarantine_window_s))
         consumer = StateConsumer(sessions, broker, rules)
-        commands = ObserverCommands(sessions, broker)
+        commands = ObserverCommands(sessions, broker, settings.default_retry())
         loops = BackgroundLoops(settings, sessions, broker, rules, commands.in_flight, consumer.idle)
         app.state.sessions = sessions
         app.state.broker = broker
@@ -67,6 +68,7 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(observers.router)
     app.include_router(services.router)
+    app.include_router(kinds.router)
 
     @app.exception_handler(ManagerError)
     async def _domain_error(_: Request, exc: ManagerError) -> JSONResponse:

@@ -22,11 +22,14 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
+from manager.commands import start_message
 from manager.db.models import Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.db.sql import id_in
+from manager.state.quarantine import host_died
+from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
-from shared.messages import InventoryRequest, StartObserver, StopObserver, stop_messages
+from shared.messages import InventoryRequest, StopObserver, stop_messages
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
@@ -101,18 +104,28 @@ class BackgroundLoops:
             logger.info("state backlog drained: judging heartbeats from now on")
         silence = timedelta(seconds=self.settings.heartbeat_s * self.settings.lost_after_heartbeats)
         async with self.sessions.begin() as session:
-            lost = list(
-                await session.scalars(
+            lost = (
+                await session.execute(
                     update(Service)
                     .where(
                         Service.status == ServiceStatus.ALIVE, Service.last_heartbeat_at < datetime.now(UTC) - silence
                     )
                     .values(status=ServiceStatus.LOST, modified_at=datetime.now(UTC))
-                    .returning(Service.name)
+                    .returning(Service.id, Service.name, Service.last_heartbeat_at)
                 )
-            )
-        for name in lost:
+            ).all()
+        for service_id, name, last_heard in lost:
             logger.warning("service %s missed %d heartbeats: lost", name, self.settings.lost_after_heartbeats)
+            # A transaction of its own: it locks observer rows, which the state consumer
+            # locks before service rows; holding the service rows meanwhile could deadlock.
+            async with self.sessions.begin() as session:
+                rows = ObserverRows(session)
+                quarantined = await host_died(rows, service_id, last_heard, datetime.now(UTC), self.rules.quarantine)
+                await rows.flush()
+            for message in stop_messages(quarantined, "quarantined"):
+                await self.broker.publish_control(message)
+            if quarantined:
+                logger.warning("quarantined %d observer(s) that crashed their hosts", len(quarantined))
 
     async def republish_unenqueued(self) -> None:
         cutoff = datetime.now(UTC) - timedelta(seconds=self.settings.enqueue_sweep_after_s)
@@ -129,14 +142,7 @@ class BackgroundLoops:
             ]
         if not rows:
             return
-        await asyncio.gather(
-            *(
-                self.broker.publish_start(
-                    StartObserver(observer_id=obs.id, name=obs.name, kind=obs.kind, args=obs.args, pool=obs.pool)
-                )
-                for obs in rows
-            )
-        )
+        await asyncio.gather(*(self.broker.publish_start(start_message(obs)) for obs in rows))
         async with self.sessions.begin() as session:
             await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_([o.id for o in rows])))
         logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -27,6 +26,7 @@ from manager.broker import BrokerLink
 from manager.db.models import (
     FINAL_STATUSES,
     LIVE_STATUSES,
+    EventType,
     Observer,
     ObserverStatus,
     PendingStart,
@@ -35,19 +35,12 @@ from manager.db.models import (
 )
 from manager.db.sql import id_in
 from manager.errors import Conflict, Invalid, NotFound, Unavailable
+from manager.history import NewEvent, insert_events
+from manager.kinds import KindCatalog, NewObserver, validate
 from shared.errors import BrokerUnavailable
-from shared.kinds import BUILTIN_KINDS
-from shared.messages import StartObserver, stop_messages
+from shared.messages import RetryPolicy, StartObserver, stop_messages
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class NewObserver:
-    name: str
-    kind: str
-    args: dict[str, Any]
-    pool: str = "default"
 
 
 @dataclass(frozen=True)
@@ -57,10 +50,27 @@ class StopResult:
     unknown: list[uuid.UUID]
 
 
+def start_message(obs: Observer) -> StartObserver:
+    """The start message of an observer row (create, restart, and the sweeper's re-publish)."""
+    return StartObserver(
+        observer_id=obs.id,
+        name=obs.name,
+        kind=obs.kind,
+        args=obs.args,
+        pool=obs.pool,
+        retry=RetryPolicy.model_validate(obs.retry) if obs.retry is not None else RetryPolicy(),
+        isolation=obs.isolation,
+        memory_limit_mb=obs.memory_limit_mb,
+    )
+
+
 class ObserverCommands:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, default_retry: RetryPolicy
+    ) -> None:
         self.sessions = sessions
         self.broker = broker
+        self.default_retry = default_retry
         # Starts this process is publishing right now: the sweeper leaves them alone, however
         # slow the broker's confirms are.
         self.in_flight: set[uuid.UUID] = set()
@@ -71,14 +81,42 @@ class ObserverCommands:
         return (await self.create_many([spec]))[0]
 
     async def create_many(self, specs: list[NewObserver]) -> list[Observer]:
-        specs = await self._validated(specs)
         _refuse_duplicate_names(specs)
+        async with self.sessions() as session:
+            catalog = await KindCatalog.load(session)
+        many = len(specs) > 1
+        specs = [
+            validate(spec, catalog, self.default_retry, f"observers[{i}]." if many else "")
+            for i, spec in enumerate(specs)
+        ]
         starts = [
-            StartObserver(observer_id=uuid.uuid4(), name=s.name, kind=s.kind, args=s.args, pool=s.pool) for s in specs
+            StartObserver(
+                observer_id=uuid.uuid4(),
+                name=s.name,
+                kind=s.kind,
+                args=s.args,
+                pool=s.pool,
+                retry=RetryPolicy.model_validate(s.retry),
+                isolation=s.isolation,
+                memory_limit_mb=s.memory_limit_mb,
+            )
+            for s in specs
         ]
         ids = [s.observer_id for s in starts]
         await self._insert(
-            [{"id": s.observer_id, "name": s.name, "kind": s.kind, "args": s.args, "pool": s.pool} for s in starts]
+            [
+                {
+                    "id": s.observer_id,
+                    "name": s.name,
+                    "kind": s.kind,
+                    "args": s.args,
+                    "pool": s.pool,
+                    "retry": s.retry.model_dump(mode="json"),
+                    "isolation": s.isolation,
+                    "memory_limit_mb": s.memory_limit_mb,
+                }
+                for s in starts
+            ]
         )
         self.in_flight.update(ids)
         try:
@@ -107,6 +145,8 @@ class ObserverCommands:
                     await self._check_capacity(session, pool, pools[pool])
                 await session.execute(insert(Observer), [r | {"status": ObserverStatus.CREATED} for r in rows])
                 await session.execute(insert(PendingStart), [{"observer_id": r["id"]} for r in rows])
+                now = datetime.now(UTC)
+                await insert_events(session, [NewEvent(r["id"], EventType.CREATED, now) for r in rows])
         except IntegrityError as e:
             taken = await self._live_names([r["name"] for r in rows])
             raise Conflict(
@@ -121,35 +161,6 @@ class ObserverCommands:
                 select(Observer.name).where(Observer.name.in_(names), Observer.status.not_in(FINAL_STATUSES))
             )
             return sorted(repr(n) for n in rows)
-
-    async def _validated(self, specs: list[NewObserver]) -> list[NewObserver]:
-        known: set[str] | None = None
-        validated = []
-        for index, spec in enumerate(specs):
-            where = f"observers[{index}]." if len(specs) > 1 else ""
-            builtin = BUILTIN_KINDS.get(spec.kind)
-            if builtin is not None:
-                try:
-                    args = builtin.parse_args(spec.args).model_dump(mode="json")
-                except ValidationError as e:
-                    problems = "; ".join(
-                        f"{'.'.join(map(str, err['loc'])) or 'args'}: {err['msg']}" for err in e.errors()
-                    )
-                    raise Invalid(f"{where}args invalid for kind {spec.kind!r}: {problems}") from e
-                validated.append(NewObserver(spec.name, spec.kind, args, spec.pool))
-                continue
-            known = known if known is not None else await self._announced_kinds()
-            if spec.kind not in known:
-                raise Invalid(
-                    f"{where}kind: unknown observer kind {spec.kind!r}; known kinds: {', '.join(sorted(known))}"
-                )
-            validated.append(spec)
-        return validated
-
-    async def _announced_kinds(self) -> set[str]:
-        async with self.sessions() as session:
-            announced = await session.scalars(select(Service.kinds).where(Service.status == ServiceStatus.ALIVE))
-            return set(BUILTIN_KINDS).union(*[set(k) for k in announced])
 
     async def _check_capacity(self, session: AsyncSession, pool: str, wanted: int) -> None:
         total = await session.scalar(
@@ -167,6 +178,51 @@ class ObserverCommands:
                 f"pool {pool!r} is full: {used}/{total} workers busy, {wanted} more requested; "
                 "stop observers or add services"
             )
+
+    # --- restart ---------------------------------------------------------------------------
+
+    async def restart(self, observer_id: uuid.UUID) -> Observer:
+        """A Failed observer gets a fresh start message (a new life: attempts start over)."""
+        async with self.sessions() as session:
+            found = await session.get(Observer, observer_id)
+            if found is None:
+                raise NotFound(f"no observer with id {observer_id}")
+            name = found.name
+        try:
+            async with self.sessions.begin() as session:
+                obs = await session.get_one(Observer, observer_id, with_for_update=True)
+                if obs.status != ObserverStatus.FAILED:
+                    raise Conflict(
+                        f"observer {observer_id} is {obs.status.value}; only a Failed observer can be restarted"
+                    )
+                await session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(obs.pool.encode())})
+                await self._check_capacity(session, obs.pool, 1)
+                now = datetime.now(UTC)
+                obs.status, obs.service_id, obs.attempts, obs.modified_at = ObserverStatus.CREATED, None, 0, now
+                session.add(PendingStart(observer_id=observer_id))
+                await session.flush()
+                await insert_events(session, [NewEvent(observer_id, EventType.RESTARTED, now, detail=obs.last_error)])
+                start = start_message(obs)
+        except IntegrityError as e:
+            raise Conflict(
+                f"observer {observer_id} cannot be restarted: its name {name!r} is now used by another "
+                "observer that is not Deleted/Failed"
+            ) from e
+        self.in_flight.add(observer_id)
+        try:
+            await self.broker.publish_start(start)
+        except BrokerUnavailable as e:
+            async with self.sessions.begin() as session:
+                await session.execute(
+                    update(Observer).where(Observer.id == observer_id).values(status=ObserverStatus.FAILED)
+                )
+                await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
+            raise Unavailable(f"the message broker is unreachable, the observer stays Failed; retry later ({e})") from e
+        finally:
+            self.in_flight.discard(observer_id)
+        async with self.sessions.begin() as session:
+            await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
+            return await session.get_one(Observer, observer_id)
 
     # --- stop ------------------------------------------------------------------------------
 
@@ -196,11 +252,13 @@ class ObserverCommands:
             )
             to_stop = [i for i, s in found.items() if s in (ObserverStatus.CREATED, ObserverStatus.PROCESSING)]
             if to_stop:
+                now = datetime.now(UTC)
                 await session.execute(
                     update(Observer)
                     .where(id_in(Observer.id, to_stop))
-                    .values(status=ObserverStatus.ON_DELETING, modified_at=datetime.now(UTC))
+                    .values(status=ObserverStatus.ON_DELETING, modified_at=now)
                 )
+                await insert_events(session, [NewEvent(i, EventType.STOP_REQUESTED, now) for i in to_stop])
         for message in stop_messages(to_stop, "stop requested"):
             try:
                 await self.broker.publish_control(message)

@@ -13,27 +13,35 @@ from manager.api.schemas import (
     BulkCreate,
     BulkStop,
     BulkStopResult,
+    EventOut,
     ObserverCreate,
     ObserverList,
     ObserverOut,
     ObserverPage,
 )
-from manager.commands import NewObserver
 from manager.db.models import ObserverStatus
+from manager.history import list_events
+from manager.kinds import NewObserver
 
 router = APIRouter(prefix="/api/observers", tags=["observers"])
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ObserverOut)
 async def create_observer(body: ObserverCreate, commands: CommandsDep) -> ObserverOut:
-    observer = await commands.create(NewObserver(body.name, body.kind, body.args, body.pool))
+    observer = await commands.create(_spec(body))
     return ObserverOut.of(observer)
+
+
+def _spec(body: ObserverCreate) -> NewObserver:
+    return NewObserver(
+        body.name, body.kind, body.args, body.pool, body.retry_fields(), body.isolation, body.memory_limit_mb
+    )
 
 
 @router.post("/bulk", status_code=status.HTTP_201_CREATED, response_model=ObserverList)
 async def create_observers(body: BulkCreate, commands: CommandsDep) -> ObserverList:
     """Create up to 1,000 observers at once: same validation as a single create, all or nothing."""
-    specs = [NewObserver(o.name, o.kind, o.args, o.pool) for o in body.observers]
+    specs = [_spec(o) for o in body.observers]
     return ObserverList(items=[ObserverOut.of(o) for o in await commands.create_many(specs)])
 
 
@@ -64,6 +72,24 @@ async def list_observers(
 async def get_observer(observer_id: uuid.UUID, session: SessionDep) -> ObserverOut:
     observer, service_name = await queries.get_observer(session, observer_id)
     return ObserverOut.of(observer, service_name)
+
+
+@router.get("/{observer_id}/events", response_model=list[EventOut])
+async def observer_events(
+    observer_id: uuid.UUID,
+    session: SessionDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    after: Annotated[int | None, Query(description="id of the last event already seen")] = None,
+) -> list[EventOut]:
+    """The observer's history, oldest first (created, started on X, moved from X to Y, ...)."""
+    await queries.get_observer(session, observer_id)  # 404 for an unknown id
+    return [EventOut.of(e) for e in await list_events(session, observer_id, limit, after)]
+
+
+@router.post("/{observer_id}/restart", status_code=status.HTTP_202_ACCEPTED, response_model=ObserverOut)
+async def restart_observer(observer_id: uuid.UUID, commands: CommandsDep) -> ObserverOut:
+    """Publish a fresh start for a Failed observer (409 for any other status)."""
+    return ObserverOut.of(await commands.restart(observer_id))
 
 
 @router.delete("/{observer_id}", status_code=status.HTTP_202_ACCEPTED, response_model=ObserverOut)

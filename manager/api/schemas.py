@@ -8,10 +8,24 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.models import Observer, ObserverEvent, ObserverStatus, Service, ServiceStatus
+from shared.messages import Isolation, RetryPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,199}$"
 POOL_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class RetryOverride(BaseModel):
+    """Any subset of the retry policy; what is left out comes from the settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_attempts: int | None = Field(default=None, ge=1, le=1_000_000, description="null = retry forever")
+    initial_delay_s: float | None = Field(default=None, ge=0, le=3600)
+    factor: float | None = Field(default=None, ge=1, le=100)
+    max_delay_s: float | None = Field(default=None, ge=0, le=86_400)
+    jitter: float | None = Field(default=None, ge=0, le=1)
+    reset_after_s: float | None = Field(default=None, ge=0, le=86_400 * 30)
 
 
 class ObserverCreate(BaseModel):
@@ -21,6 +35,16 @@ class ObserverCreate(BaseModel):
     kind: str = Field(min_length=1, max_length=100)
     args: dict[str, Any] = Field(default_factory=dict)
     pool: str = Field(default="default", pattern=POOL_PATTERN)
+    retry: RetryOverride | None = Field(
+        default=None, description="fields to change in the default retry policy (ORCH_RETRY_* settings)"
+    )
+    isolation: Isolation | None = Field(default=None, description="default: the kind's own isolation")
+    memory_limit_mb: float | None = Field(
+        default=None, gt=0, le=1_048_576, description="isolation 'process' only: kill and restart above this RSS"
+    )
+
+    def retry_fields(self) -> dict[str, Any] | None:
+        return None if self.retry is None else self.retry.model_dump(exclude_unset=True)
 
 
 class ObserverOut(BaseModel):
@@ -34,6 +58,9 @@ class ObserverOut(BaseModel):
     service_name: str | None
     attempts: int
     last_error: str | None
+    retry: RetryPolicy | None
+    isolation: Isolation | None
+    memory_limit_mb: float | None
     created_at: datetime
     modified_at: datetime
 
@@ -50,6 +77,9 @@ class ObserverOut(BaseModel):
             service_name=service_name,
             attempts=obs.attempts,
             last_error=obs.last_error,
+            retry=RetryPolicy.model_validate(obs.retry) if obs.retry is not None else None,
+            isolation=obs.isolation,
+            memory_limit_mb=obs.memory_limit_mb,
             created_at=obs.created_at,
             modified_at=obs.modified_at,
         )
@@ -92,6 +122,7 @@ class ServiceOut(BaseModel):
     pools: list[str]
     kinds: list[str]
     workers_count: int
+    process_slots: int
     running: int
     loop_lag_ms: float
     heartbeat_age_s: float
@@ -111,6 +142,7 @@ class ServiceOut(BaseModel):
             pools=svc.pools,
             kinds=svc.kinds,
             workers_count=svc.workers_count,
+            process_slots=svc.process_slots,
             running=running,
             loop_lag_ms=svc.loop_lag_ms,
             heartbeat_age_s=round((datetime.now(UTC) - svc.last_heartbeat_at).total_seconds(), 3),
@@ -130,3 +162,33 @@ class Stats(BaseModel):
     observers: dict[str, int]
     services: dict[str, int]
     capacity: dict[str, Capacity]
+
+
+class EventOut(BaseModel):
+    id: int
+    at: datetime
+    event: str
+    service_id: uuid.UUID | None
+    from_service_id: uuid.UUID | None
+    detail: str | None
+
+    @classmethod
+    def of(cls, e: ObserverEvent) -> EventOut:
+        return cls(
+            id=e.id,
+            at=e.at,
+            event=e.event,
+            service_id=e.service_id,
+            from_service_id=e.from_service_id,
+            detail=e.detail,
+        )
+
+
+class KindOut(BaseModel):
+    name: str
+    description: str
+    isolation: Isolation
+    args_schema: dict[str, Any]
+    builtin: bool
+    pools: list[str] = Field(description="pools with a live service offering this kind")
+    services: int = Field(description="live services offering this kind")

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Enum, ForeignKey, Index, Integer, String, Text, func, text
+from sqlalchemy import BigInteger, DateTime, Enum, Float, ForeignKey, Identity, Index, Integer, String, Text, func, text
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -44,8 +44,11 @@ class Service(Base):
     id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), nullable=False)
     workers_count: Mapped[int] = mapped_column(Integer, nullable=False)
+    process_slots: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     pools: Mapped[list[str]] = mapped_column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
     kinds: Mapped[list[str]] = mapped_column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
+    # [KindInfo as JSON]: name, description, isolation, args_schema.
+    kind_infos: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, nullable=False, server_default=text("'[]'::jsonb"))
     host: Mapped[str] = mapped_column(String(255), nullable=False, server_default="")
     pid: Mapped[int | None] = mapped_column(Integer)
     version: Mapped[str] = mapped_column(String(50), nullable=False, server_default="")
@@ -74,6 +77,9 @@ class Observer(Base):
     service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), ForeignKey("services.id"))
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text)
+    retry: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    isolation: Mapped[str | None] = mapped_column(String(16))
+    memory_limit_mb: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
     modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
@@ -103,3 +109,43 @@ class PendingStart(Base):
         UUID(as_uuid=True), ForeignKey("observers.id", ondelete="CASCADE"), primary_key=True
     )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+class EventType(enum.StrEnum):
+    CREATED = "created"
+    STARTED = "started"
+    MOVED = "moved"  # taken over by service_id from from_service_id (its start was redelivered)
+    RETRYING = "retrying"
+    STOP_REQUESTED = "stop_requested"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    RELEASED = "released"  # its host went away; waits for a new host
+    HOST_LOST = "host_lost"  # its host (service_id) died while running it
+    QUARANTINED = "quarantined"
+    RESTARTED = "restarted"
+
+
+class ObserverEvent(Base):
+    """Append-only history of an observer (``GET /api/observers/{id}/events``)."""
+
+    __tablename__ = "observer_events"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    observer_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("observers.id", ondelete="CASCADE"), nullable=False
+    )
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+    event: Mapped[str] = mapped_column(String(32), nullable=False)
+    service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    from_service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    detail: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (
+        Index("ix_observer_events_observer", "observer_id", "id"),
+        Index(
+            "ix_observer_events_moved_from",
+            "from_service_id",
+            "at",
+            postgresql_where=text("event = 'moved'"),
+        ),
+    )

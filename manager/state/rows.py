@@ -20,8 +20,9 @@ from typing import Any
 from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import Observer, ObserverStatus
+from manager.db.models import EventType, Observer, ObserverStatus
 from manager.db.sql import id_in
+from manager.history import NewEvent, insert_events
 
 _COLUMNS = (
     Observer.id,
@@ -68,6 +69,19 @@ class ObserverRows:
         self.session = session
         self._rows: dict[uuid.UUID, Row] = {}
         self._absent: set[uuid.UUID] = set()
+        self._events: list[NewEvent] = []
+
+    def event(
+        self,
+        observer_id: uuid.UUID,
+        event: EventType,
+        at: datetime,
+        service_id: uuid.UUID | None = None,
+        from_service_id: uuid.UUID | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """Record a history event; written by ``flush`` with the rows."""
+        self._events.append(NewEvent(observer_id, event, at, service_id, from_service_id, detail))
 
     async def load(self, where: ColumnElement[bool]) -> list[Row]:
         """Lock and return the rows matching ``where`` (cached ones keep their state)."""
@@ -101,6 +115,8 @@ class ObserverRows:
         return {row.service_id for row in self._rows.values() if row.service_id is not None}
 
     async def flush(self) -> None:
+        events, self._events = self._events, []
+        await insert_events(self.session, events)
         changed = [row for row in self._rows.values() if row.changed()]
         if not changed:
             return

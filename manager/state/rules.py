@@ -27,14 +27,16 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
 from manager.db.sql import id_in
+from manager.state.quarantine import QuarantinePolicy, host_died
 from manager.state.rows import ObserverRows, Row
 from shared.messages import (
     InventoryRequest,
     Message,
     ObserverFailed,
     ObserverReport,
+    ObserverRetrying,
     ObserverStarted,
     ObserverStopped,
     ReportBatch,
@@ -101,7 +103,8 @@ class Suspicions:
 
 
 class StateRules:
-    def __init__(self) -> None:
+    def __init__(self, quarantine: QuarantinePolicy) -> None:
+        self.quarantine = quarantine
         self.suspicions = Suspicions()
         # The rows of the transaction being applied (set by ``preload``).
         self._session: AsyncSession | None = None
@@ -112,14 +115,14 @@ class StateRules:
         out = Outgoing()
         match message:
             case ServiceBorn():
-                await self._born(session, message, now)
+                await self._born(session, message, now, out)
             case ServiceHeartbeat():
                 await self._heartbeat(session, message, now)
             case ServiceStopped():
                 await self._service_gone(session, message.service_id, now)
             case ServiceInventory():
                 await self._inventory(session, message, now, out)
-            case ObserverStarted() | ObserverStopped() | ObserverFailed():
+            case ObserverStarted() | ObserverStopped() | ObserverRetrying() | ObserverFailed():
                 await self._apply_observer_report(session, message, now, out)
             case ReportBatch():
                 for report in message.reports:
@@ -134,29 +137,46 @@ class StateRules:
                 await self._started(session, report, now, out)
             case ObserverStopped():
                 await self._stopped(session, report, now)
+            case ObserverRetrying():
+                await self._retrying(session, report, now)
             case ObserverFailed():
                 await self._failed(session, report, now)
 
     # --- services ------------------------------------------------------------------------
 
-    async def _born(self, session: AsyncSession, m: ServiceBorn, now: datetime) -> None:
-        replaced = await session.scalars(
-            update(Service)
-            .where(Service.name == m.name, Service.id != m.service_id, Service.status != ServiceStatus.DELETED)
-            .values(status=ServiceStatus.DELETED, is_deleted=True, modified_at=now)
-            .returning(Service.id)
-        )
-        for old_id in list(replaced):
+    async def _born(self, session: AsyncSession, m: ServiceBorn, now: datetime, out: Outgoing) -> None:
+        old = (
+            await session.execute(
+                select(Service.id, Service.status, Service.last_heartbeat_at)
+                .where(Service.name == m.name, Service.id != m.service_id, Service.status != ServiceStatus.DELETED)
+                .order_by(Service.id)
+                .with_for_update()
+            )
+        ).all()
+        for old_id, old_status, last_heard in old:
+            await session.execute(
+                update(Service)
+                .where(Service.id == old_id)
+                .values(status=ServiceStatus.DELETED, is_deleted=True, modified_at=now)
+            )
+            self._services.pop(old_id, None)
             logger.info("service %s (%s) restarted as %s: old instance deleted", m.name, old_id, m.service_id)
+            if old_status == ServiceStatus.ALIVE:
+                # It died without a word (a lost one was counted when judged lost).
+                quarantined = await host_died(self._rows_of(session), old_id, last_heard, now, self.quarantine)
+                for observer_id in quarantined:
+                    out.stop(observer_id, None, "quarantined")
             await self._release_observers(session, old_id, now)
         values = {
             "name": m.name,
             "workers_count": m.workers_count,
+            "process_slots": m.process_slots,
             "pools": m.pools,
             "kinds": m.kinds,
             "host": m.host,
             "pid": m.pid,
             "version": m.version,
+            "kind_infos": [k.model_dump(mode="json") for k in m.kind_infos],
             "modified_at": now,
             "last_heartbeat_at": now,
         }
@@ -193,10 +213,12 @@ class StateRules:
         rows = await self._rows_of(session).load(
             (Observer.service_id == service_id) & Observer.status.in_((S.PROCESSING, S.ON_DELETING))
         )
+        rows_of = self._rows_of(session)
         for obs in rows:
             obs.service_id, obs.modified_at = None, now
             if obs.status == S.PROCESSING:
                 obs.status = S.CREATED
+            rows_of.event(obs.id, EventType.RELEASED, now, from_service_id=service_id)
 
     # --- observers -------------------------------------------------------------------------
 
@@ -220,6 +242,10 @@ class StateRules:
             else:
                 out.stop(obs.id, m.service_id, "duplicate start message")
                 return
+        if host is not None and host != m.service_id:
+            self._rows_of(session).event(obs.id, EventType.MOVED, now, service_id=m.service_id, from_service_id=host)
+        else:
+            self._rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
         obs.status = S.PROCESSING
         obs.service_id = m.service_id
         obs.attempts += 1
@@ -233,6 +259,16 @@ class StateRules:
         obs = await self._observer(session, m.observer_id)
         if obs is not None and obs.status == S.ON_DELETING:
             obs.status, obs.service_id, obs.modified_at = S.DELETED, m.service_id, now
+            self._rows_of(session).event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=m.reason)
+
+    async def _retrying(self, session: AsyncSession, m: ObserverRetrying, now: datetime) -> None:
+        obs = await self._observer(session, m.observer_id)
+        if obs is None or obs.status != S.PROCESSING or not await self._speaks_for(session, obs, m.service_id):
+            return
+        obs.attempts += 1
+        obs.last_error, obs.modified_at = m.error, now
+        detail = f"attempt {m.attempt} in {m.delay_s:g}s after: {m.error}"
+        self._rows_of(session).event(obs.id, EventType.RETRYING, now, service_id=m.service_id, detail=detail)
 
     async def _failed(self, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
         obs = await self._observer(session, m.observer_id)
@@ -242,6 +278,8 @@ class StateRules:
         obs.last_error = m.reason
         obs.service_id = m.service_id
         obs.modified_at = now
+        event = EventType.FAILED if obs.status == S.FAILED else EventType.STOPPED
+        self._rows_of(session).event(obs.id, event, now, service_id=m.service_id, detail=m.reason)
 
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the
@@ -332,7 +370,7 @@ class StateRules:
         for message in messages:
             reports = message.reports if isinstance(message, ReportBatch) else [message]
             for report in reports:
-                if isinstance(report, ObserverStarted | ObserverStopped | ObserverFailed):
+                if isinstance(report, ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed):
                     observer_ids.add(report.observer_id)
                 service_ids.add(report.service_id)
         await rows.preload(observer_ids)

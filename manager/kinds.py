@@ -1,0 +1,119 @@
+"""The observer kinds the live services offer (announced in ServiceBorn), and the validation
+of a new observer against them: 422 with every field error before anything is queued.
+
+Built-in kinds are validated with their own pydantic models (the manager ships them);
+plug-in kinds with the JSON Schema their services announced (``jsonschema``), since the
+manager need not have the plug-in installed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.models import Service, ServiceStatus
+from manager.errors import Invalid, Unavailable
+from shared.kinds import BUILTIN_KINDS
+from shared.messages import KindInfo, RetryPolicy
+
+
+@dataclass(frozen=True)
+class NewObserver:
+    name: str
+    kind: str
+    args: dict[str, Any]
+    pool: str = "default"
+    # Fields of the retry policy the request sets; the rest come from the settings.
+    retry: dict[str, Any] | None = None
+    isolation: str | None = None
+    memory_limit_mb: float | None = None
+
+
+@dataclass
+class OfferedKind:
+    info: KindInfo
+    pools: set[str] = field(default_factory=set)
+    services: int = 0
+
+
+@dataclass
+class KindCatalog:
+    kinds: dict[str, OfferedKind]
+    pools: set[str]  # pools served by at least one live service
+
+    @classmethod
+    async def load(cls, session: AsyncSession) -> KindCatalog:
+        kinds: dict[str, OfferedKind] = {}
+        pools: set[str] = set()
+        alive = await session.execute(
+            select(Service.pools, Service.kind_infos).where(Service.status == ServiceStatus.ALIVE)
+        )
+        for service_pools, infos in alive.all():
+            pools.update(service_pools)
+            for raw in infos:
+                info = KindInfo.model_validate(raw)
+                offered = kinds.setdefault(info.name, OfferedKind(info))
+                offered.pools.update(service_pools)
+                offered.services += 1
+        for name, kind in BUILTIN_KINDS.items():
+            kinds.setdefault(name, OfferedKind(kind.info()))
+        return cls(kinds, pools)
+
+
+def validate(spec: NewObserver, catalog: KindCatalog, default_retry: RetryPolicy, where: str = "") -> NewObserver:
+    """The spec with its args normalised and its full retry policy; raises ``Invalid``
+    (422) with every problem, or ``Unavailable`` (503) when no live service serves the pool."""
+    if spec.pool not in catalog.pools:
+        raise Unavailable(f"no live observer service serves pool {spec.pool!r}; start one or use another pool")
+    offered = catalog.kinds.get(spec.kind)
+    if offered is None:
+        raise Invalid(
+            f"{where}kind: unknown observer kind {spec.kind!r}; known kinds: {', '.join(sorted(catalog.kinds))}"
+        )
+    if spec.kind not in BUILTIN_KINDS and spec.pool not in offered.pools:
+        raise Invalid(
+            f"{where}kind: no live service of pool {spec.pool!r} offers kind {spec.kind!r} "
+            f"(offered in: {', '.join(sorted(offered.pools))})"
+        )
+    args = _valid_args(spec, offered.info, where)
+    retry = _valid_retry(spec.retry, default_retry, where)
+    isolation = spec.isolation or offered.info.isolation
+    if spec.memory_limit_mb is not None and isolation != "process":
+        raise Invalid(f"{where}memory_limit_mb: applies to isolation 'process' only; set isolation to 'process'")
+    return replace(spec, args=args, retry=retry.model_dump(mode="json"))
+
+
+def _valid_args(spec: NewObserver, info: KindInfo, where: str) -> dict[str, Any]:
+    builtin = BUILTIN_KINDS.get(spec.kind)
+    if builtin is not None:
+        try:
+            args: dict[str, Any] = builtin.parse_args(spec.args).model_dump(mode="json")
+            return args
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'args'}: {err['msg']}" for err in e.errors())
+            raise Invalid(f"{where}args invalid for kind {spec.kind!r}: {problems}") from e
+    errors = sorted(_validator(json.dumps(info.args_schema, sort_keys=True)).iter_errors(spec.args), key=str)
+    if errors:
+        problems = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or 'args'}: {e.message}" for e in errors)
+        raise Invalid(f"{where}args invalid for kind {spec.kind!r}: {problems}")
+    return spec.args
+
+
+def _valid_retry(override: dict[str, Any] | None, default: RetryPolicy, where: str) -> RetryPolicy:
+    try:
+        return RetryPolicy.model_validate(default.model_dump() | (override or {}))
+    except ValidationError as e:
+        problems = "; ".join(f"retry.{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise Invalid(f"{where}{problems}") from e
+
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads(schema_json))
