@@ -4,6 +4,7 @@ private database and a ``System`` that starts real manager and service processes
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,6 +32,20 @@ def postgres(rabbit: infra.RabbitNode) -> infra.PostgresNode:
     env = {"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": pg.url(TEMPLATE_DB)}
     subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO, env=env, check=True)
     return pg
+
+
+@pytest.fixture(scope="session")
+def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The test plug-in package (tests/plugin_pkg) installed by pip into a directory of its
+    own; services that get it on PYTHONPATH discover its kinds through entry points."""
+    work = tmp_path_factory.mktemp("plugin")
+    source = shutil.copytree(REPO / "tests" / "plugin_pkg", work / "src")  # keep build files out of the repo
+    target = work / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", target, source],
+        check=True,
+    )
+    return target
 
 
 @pytest.fixture

@@ -1,0 +1,1 @@
+"""Observer kinds for the orchestrator's tests."""

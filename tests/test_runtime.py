@@ -1,0 +1,154 @@
+"""The observer runtime (issue #3): plug-in kinds, the kinds catalog and validation,
+retries in place, Failed + dead-letter + restart, history, poison quarantine."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import aio_pika
+import pytest
+
+from shared import topology
+from tests.harness import System, read_ticks, unique, wait_for
+
+FAST_RETRY = {"initial_delay_s": 0.1, "factor": 1.0, "jitter": 0.0}
+
+
+@pytest.fixture
+def plugged(system: System, plugin_path: Path) -> System:
+    """A system whose services have the test plug-in installed."""
+    system.env["PYTHONPATH"] = str(plugin_path)
+    return system
+
+
+def events(system: System, observer_id: str) -> list[dict[str, object]]:
+    response = system.get(f"/api/observers/{observer_id}/events", limit=1000)
+    assert response.status_code == 200, response.text
+    body: list[dict[str, object]] = response.json()
+    return body
+
+
+def event_names(system: System, observer_id: str) -> list[object]:
+    return [e["event"] for e in events(system, observer_id)]
+
+
+def test_plugin_kind_is_discovered_listed_validated_and_run(plugged: System) -> None:
+    plugged.start_manager()
+    service = plugged.start_service("svc-a", workers=5)
+
+    # The kinds catalog lists the plug-in's kinds with their args schemas; the broken entry
+    # point is skipped with a log line and does not stop the service.
+    kinds = {k["name"]: k for k in plugged.get("/api/kinds").json()}
+    assert {"ticker", "echo", "flaky", "cpu_hog"} <= set(kinds)
+    assert "broken" not in kinds
+    echo = kinds["echo"]
+    assert echo["builtin"] is False and echo["pools"] == ["default"] and echo["services"] == 1
+    assert "message" in echo["args_schema"]["properties"] and echo["isolation"] == "async"
+    assert kinds["cpu_hog"]["isolation"] == "process" and kinds["ticker"]["builtin"] is True
+    assert "no_such_module" in service.text() and service.alive()
+
+    # Args are validated against the announced schema before anything is queued.
+    missing = plugged.post("/api/observers", {"name": "e0", "kind": "echo", "args": {}})
+    assert missing.status_code == 422 and "message" in missing.json()["detail"]
+    wrong = plugged.post("/api/observers", {"name": "e0", "kind": "echo", "args": {"message": "x", "interval_s": -1}})
+    assert wrong.status_code == 422 and "interval_s" in wrong.json()["detail"]
+    limit = plugged.post(
+        "/api/observers", {"name": "e0", "kind": "echo", "args": {"message": "x"}, "memory_limit_mb": 50}
+    )
+    assert limit.status_code == 422 and "isolation" in limit.json()["detail"]
+    assert plugged.get("/api/observers").json()["items"] == []
+
+    async def bind(channel: aio_pika.abc.AbstractChannel) -> None:
+        queue = await channel.declare_queue("test.echo", durable=False)
+        await queue.bind(topology.EVENTS_EXCHANGE, routing_key="echo.#")
+
+    plugged.amqp(bind)
+    created = plugged.create("echo-1", kind="echo", args={"message": "hello"})
+    plugged.wait_status(created["id"], "Processing")
+
+    async def one_event(channel: aio_pika.abc.AbstractChannel) -> dict[str, object]:
+        queue = await channel.declare_queue("test.echo", passive=True)
+        message = await queue.get(fail=True)
+        body: dict[str, object] = json.loads(message.body)
+        return body | {"routing_key": message.routing_key}
+
+    event = wait_for(lambda: plugged.amqp(one_event), 20, "an echo event", every=0.5)
+    assert event["routing_key"] == "echo.echo-1" and event["payload"] == {"echo": "hello"}
+
+
+def test_an_observer_that_fails_is_restarted_in_place_with_backoff(plugged: System, tmp_path: Path) -> None:
+    plugged.start_manager()
+    plugged.start_service("svc-a", workers=5)
+    log = tmp_path / "runs.log"
+    created = plugged.create(
+        "flaky-1", kind="flaky", args={"fail_runs": 2, "log_file": str(log)}, retry=FAST_RETRY | {"max_attempts": 5}
+    )
+    assert created["retry"]["max_attempts"] == 5 and created["retry"]["reset_after_s"] == 60.0
+
+    # Two failed runs, then a third that keeps running, all on the same host and delivery.
+    wait_for(lambda: len(read_ticks(log)) == 3, 30, "three runs")
+    obs = wait_for(lambda: (o := plugged.observer(created["id"]))["attempts"] == 3 and o, 30, "attempts == 3")
+    assert obs["status"] == "Processing" and "flaky failure 2" in obs["last_error"]
+    assert len({service for _, service, _, _ in read_ticks(log)}) == 1
+    assert event_names(plugged, created["id"]) == ["created", "started", "retrying", "retrying"]
+
+
+def test_exhausted_retries_fail_dead_letter_and_restart_gives_a_new_life(plugged: System, tmp_path: Path) -> None:
+    plugged.start_manager()
+    plugged.start_service("svc-a", workers=5)
+    created = plugged.create("flaky-2", kind="flaky", args={"fail_runs": 3}, retry=FAST_RETRY | {"max_attempts": 3})
+    oid = created["id"]
+
+    failed = plugged.wait_status(oid, "Failed")
+    assert "gave up after 3 attempt(s)" in failed["last_error"] and "flaky failure 3" in failed["last_error"]
+    # Its start message is kept in the pool's error queue, not lost and not run again.
+    error_queue = topology.error_queue_name(topology.start_queue_name("default"))
+    wait_for(lambda: plugged.queue_counts(error_queue)[0] == 1, 20, "the start in the error queue")
+
+    # Only a Failed observer can be restarted; a restart is a new life (the 4th run succeeds).
+    assert plugged.post(f"/api/observers/{unique('x')}/restart", {}).status_code == 422  # not a uuid
+    other = plugged.create("ticker-1")
+    refused = plugged.post(f"/api/observers/{other['id']}/restart", {})
+    assert refused.status_code == 409 and "only a Failed observer" in refused.json()["detail"]
+    restarted = plugged.post(f"/api/observers/{oid}/restart", {})
+    assert restarted.status_code == 202, restarted.text
+    assert restarted.json()["status"] in ("Created", "Processing")
+    obs = plugged.wait_status(oid, "Processing")
+    assert obs["attempts"] == 1
+    history = event_names(plugged, oid)
+    assert history[:5] == ["created", "started", "retrying", "retrying", "failed"]
+    assert history[5:] == ["restarted", "started"]
+
+
+def test_an_observer_that_keeps_killing_its_hosts_is_quarantined(plugged: System, tmp_path: Path) -> None:
+    plugged.start_manager(ORCH_QUARANTINE_AFTER_CRASHES="2", ORCH_QUARANTINE_WINDOW_S="300")
+    services = [plugged.start_service(f"svc-{n}", workers=5) for n in "abc"]
+    log = tmp_path / "runs.log"
+    # Kills its host 6 s after each start: slow enough that the manager judges each death
+    # (3 missed 1 s heartbeats) before the next host would die.
+    created = plugged.create("poison", kind="host_killer", args={"delay_s": 6, "log_file": str(log)})
+
+    failed = plugged.wait_status(created["id"], "Failed", timeout=90)
+    assert "quarantined: crashed its host 2 times" in failed["last_error"]
+    history = event_names(plugged, created["id"])
+    assert history.count("host_lost") == 2 and "quarantined" in history
+
+    # The third service got the observer after the second death and stopped it in time.
+    wait_for(lambda: sum(p.alive() for p in services) == 1, 10, "two dead services")
+    survivor = next(p for p in services if p.alive())
+    time.sleep(8)  # longer than delay_s: a survivor still running it would be dead by now
+    assert survivor.alive()
+    assert plugged.observer(created["id"])["status"] == "Failed"
+    assert len(read_ticks(log)) == 3  # ran on each of the three hosts once, never again
+
+
+def test_a_service_without_the_kind_hands_the_start_to_one_that_has_it(system: System, plugin_path: Path) -> None:
+    system.start_manager()
+    system.start_service("bare", workers=5)  # no plug-in
+    with_plugin = system.start_service("plugged", workers=5, PYTHONPATH=str(plugin_path))
+    assert with_plugin.alive()
+    created = system.create("echo-2", kind="echo", args={"message": "hi"})
+    obs = system.wait_status(created["id"], "Processing", timeout=60)
+    assert obs["service_name"] == "plugged"

@@ -1,0 +1,108 @@
+"""Pure logic of the observer runtime: retry policy, capacity formula, kind discovery,
+validation of new observers against announced kinds."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from manager.errors import Invalid, Unavailable
+from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
+from observer_service.capacity import Budgets, auto_capacity, sized
+from observer_service.watchdog import LoopWatchdog
+from shared.kinds import BUILTIN_KINDS, discover_kinds, load_ref
+from shared.messages import KindInfo, RetryPolicy
+from shared.settings import ServiceSettings
+
+
+def test_retry_delays_grow_by_the_factor_up_to_the_cap_with_bounded_jitter() -> None:
+    policy = RetryPolicy(initial_delay_s=1, factor=2, max_delay_s=10, jitter=0.1, max_attempts=4)
+    assert [policy.delay_s(n, 0) for n in (1, 2, 3, 4, 5)] == [1, 2, 4, 8, 10]
+    assert policy.delay_s(1, 1) == pytest.approx(1.1) and policy.delay_s(1, -1) == pytest.approx(0.9)
+    assert policy.delay_s(10_000, 0) == 10  # no overflow
+    assert [policy.gives_up(n) for n in (3, 4)] == [False, True]
+    assert not RetryPolicy(max_attempts=None).gives_up(10**9)
+
+
+def test_auto_capacity_takes_the_scarcer_of_cpu_and_memory() -> None:
+    budgets = Budgets(
+        async_per_cpu=5000, async_budget_kb=64, processes_per_cpu=8, process_budget_mb=64, memory_fraction=0.5
+    )
+    roomy = auto_capacity(budgets, cpus=2, memory_mb=24_000)
+    assert roomy.workers == 10_000 and roomy.process_slots == 16  # CPU-bound
+    tight = auto_capacity(budgets, cpus=16, memory_mb=1000)
+    assert tight.workers == 8000 and tight.process_slots == 7  # memory-bound: 500 MiB usable
+
+
+def test_workers_auto_is_resolved_to_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_WORKERS_COUNT", "auto")
+    settings, capacity = sized(ServiceSettings())
+    assert capacity is not None and settings.workers_count == capacity.workers >= 1
+    assert 0 <= settings.process_slots <= settings.workers_count
+    monkeypatch.setenv("ORCH_WORKERS_COUNT", "12")
+    monkeypatch.setenv("ORCH_PROCESS_SLOTS", "3")
+    assert sized(ServiceSettings()) == (ServiceSettings(), None)
+    with pytest.raises(ValueError):
+        ServiceSettings(workers_count=-5)
+
+
+def test_kind_references_and_builtin_discovery() -> None:
+    assert load_ref("shared.kinds.ticker:KIND") is BUILTIN_KINDS["ticker"]
+    with pytest.raises(ValueError):
+        load_ref("no-colon")
+    with pytest.raises(TypeError):
+        load_ref("shared.kinds:BUILTIN_REFS")
+    assert set(BUILTIN_KINDS) <= set(discover_kinds())
+
+
+def _catalog() -> KindCatalog:
+    echo = KindInfo(
+        name="echo",
+        args_schema={
+            "type": "object",
+            "properties": {"message": {"type": "string", "minLength": 1}},
+            "required": ["message"],
+            "additionalProperties": False,
+        },
+    )
+    kinds = {"echo": OfferedKind(echo, {"default"}, 1), "ticker": OfferedKind(BUILTIN_KINDS["ticker"].info())}
+    return KindCatalog(kinds, {"default", "gpu"})
+
+
+def test_new_observers_are_validated_against_the_announced_kinds() -> None:
+    catalog, default = _catalog(), RetryPolicy()
+    ok = validate(NewObserver("a", "echo", {"message": "hi"}, retry={"max_attempts": None}), catalog, default)
+    assert ok.retry is not None and ok.retry["max_attempts"] is None and ok.retry["factor"] == default.factor
+    with pytest.raises(Invalid, match="message"):
+        validate(NewObserver("a", "echo", {}), catalog, default)
+    with pytest.raises(Invalid, match="unknown observer kind 'nope'"):
+        validate(NewObserver("a", "nope", {}), catalog, default)
+    with pytest.raises(Invalid, match="no live service of pool 'gpu' offers kind 'echo'"):
+        validate(NewObserver("a", "echo", {"message": "x"}, pool="gpu"), catalog, default)
+    with pytest.raises(Unavailable, match="no live observer service serves pool 'other'"):
+        validate(NewObserver("a", "ticker", {}, pool="other"), catalog, default)
+    with pytest.raises(Invalid, match=r"retry\.factor"):
+        validate(NewObserver("a", "ticker", {}, retry={"factor": 0.5}), catalog, default)
+    with pytest.raises(Invalid, match="interval_s"):
+        validate(NewObserver("a", "ticker", {"interval_s": 0}), catalog, default)
+
+
+async def test_the_watchdog_names_the_observer_that_blocks_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    watchdog = LoopWatchdog(period_s=0.05, stall_s=0.3)
+    watchdog.start()
+
+    async def blocking_observer() -> None:
+        time.sleep(0.8)  # noqa: ASYNC251 - what an async observer must never do
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="observer_service.watchdog"):
+            await asyncio.create_task(blocking_observer(), name="observer 1234")
+            await asyncio.sleep(0.2)
+    finally:
+        watchdog.stop()
+    assert watchdog.take_lag() >= 500
+    assert any("blocked" in r.message and "by observer 1234" in r.message for r in caplog.records), caplog.text
+    assert "test_runtime_unit.py" in caplog.text  # the line it is stuck on
