@@ -152,3 +152,30 @@ def test_a_service_without_the_kind_hands_the_start_to_one_that_has_it(system: S
     created = system.create("echo-2", kind="echo", args={"message": "hi"})
     obs = system.wait_status(created["id"], "Processing", timeout=60)
     assert obs["service_name"] == "plugged"
+
+
+def test_pools_route_observers_and_capacity_comes_from_the_machine(system: System, plugin_path: Path) -> None:
+    system.start_manager()
+    system.start_service("svc-default", workers=5)
+    system.start_service("svc-gpu", workers=2, ORCH_POOLS="gpu")
+    system.start_service("svc-auto", ORCH_POOLS="io", ORCH_WORKERS_COUNT="auto", PYTHONPATH=str(plugin_path))
+
+    auto = system.service_by_name("svc-auto")
+    assert auto is not None and auto["workers_count"] >= 1 and 0 <= auto["process_slots"] <= auto["workers_count"]
+    gpu = [system.create(f"g{i}", pool="gpu", args={"emit": False}) for i in range(2)]
+    for created in gpu:
+        assert system.wait_status(created["id"], "Processing")["service_name"] == "svc-gpu"
+    full = system.post("/api/observers", {"name": "g3", "kind": "ticker", "pool": "gpu"})
+    assert full.status_code == 503 and "pool 'gpu' is full" in full.json()["detail"]
+    nobody = system.post("/api/observers", {"name": "n1", "kind": "ticker", "pool": "nope"})
+    assert nobody.status_code == 503 and "no live observer service serves pool 'nope'" in nobody.json()["detail"]
+    # The plug-in kind is offered only where its service runs.
+    elsewhere = system.post("/api/observers", {"name": "e1", "kind": "echo", "args": {"message": "x"}})
+    assert elsewhere.status_code == 422 and "offered in: io" in elsewhere.json()["detail"]
+    echo = system.create("e1", kind="echo", args={"message": "x"}, pool="io")
+    assert system.wait_status(echo["id"], "Processing")["service_name"] == "svc-auto"
+
+    capacity = system.get("/api/stats").json()["capacity"]
+    assert capacity["gpu"] == {"total": 2, "used": 2, "free": 0}
+    assert capacity["default"] == {"total": 5, "used": 0, "free": 5}
+    assert capacity["io"]["used"] == 1 and capacity["io"]["total"] == auto["workers_count"]
