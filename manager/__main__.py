@@ -11,7 +11,7 @@ from shared.settings import get_manager_settings
 
 def main() -> None:
     settings = get_manager_settings()
-    configure_logging(settings.log_level, "manager")
+    configure_logging(settings.log_level, "manager", settings.log_format)
     uvicorn.run(
         create_app(settings),
         host=settings.manager_host,

@@ -11,12 +11,14 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 
-from manager.api import health, kinds, observers, services
+from manager.api import health, kinds, metrics, observers, services
+from manager.api.auth import require_token, warn_if_open
+from manager.api.limits import BodySizeLimit
 from manager.background import BackgroundLoops
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
@@ -36,6 +38,7 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warn_if_open(settings)
         engine = make_engine(settings.database_url)
         await check_schema(engine)
         sessions = make_sessionmaker(engine)
@@ -65,14 +68,20 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
             await engine.dispose()
 
     app = FastAPI(title="Observer orchestrator manager", version=__version__, lifespan=lifespan)
+    app.state.settings = settings
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
-    app.include_router(observers.router)
-    app.include_router(services.router)
-    app.include_router(kinds.router)
+    app.include_router(metrics.router)
+    app.middleware("http")(metrics.measure_latency)
+    protected = [Depends(require_token)]
+    app.include_router(observers.router, dependencies=protected)
+    app.include_router(services.router, dependencies=protected)
+    app.include_router(kinds.router, dependencies=protected)
 
     @app.exception_handler(ManagerError)
     async def _domain_error(_: Request, exc: ManagerError) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -25,6 +25,7 @@ from manager.broker import BrokerLink
 from manager.commands import start_message
 from manager.db.models import Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.db.sql import id_in
+from manager.metrics import STOP_RESENDS
 from manager.state.quarantine import host_died
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
@@ -89,6 +90,7 @@ class BackgroundLoops:
         for message in stop_messages(ids, "stop requested (again)"):
             await self.broker.publish_control(message)
         if ids:
+            STOP_RESENDS.inc(len(ids))
             logger.info("re-broadcast %d stop(s) still OnDeleting", len(ids))
 
     async def judge_heartbeats(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,22 +24,35 @@ class ObserverFilter:
     pool: str | None = None
     service_id: uuid.UUID | None = None
     name: str | None = None
+    q: str | None = None  # a substring of the name, any case
 
 
-def encode_cursor(created_at: datetime, observer_id: uuid.UUID) -> str:
-    return base64.urlsafe_b64encode(f"{created_at.isoformat()}|{observer_id}".encode()).decode()
+class Sort(enum.StrEnum):
+    CREATED = "created"  # oldest first
+    ATTEMPTS = "attempts"  # most attempts first (seed 001: "the jobs with the most attempts")
 
 
-def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def encode_cursor(key: datetime | int, observer_id: uuid.UUID) -> str:
+    text = f"{key.isoformat() if isinstance(key, datetime) else key}|{observer_id}"
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def decode_cursor(cursor: str, sort: Sort = Sort.CREATED) -> tuple[datetime | int, uuid.UUID]:
     try:
-        created, oid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return datetime.fromisoformat(created), uuid.UUID(oid)
+        key, oid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return (datetime.fromisoformat(key) if sort == Sort.CREATED else int(key)), uuid.UUID(oid)
     except (ValueError, binascii.Error, UnicodeDecodeError) as e:
-        raise Invalid("cursor is not valid: pass the next_cursor of a previous page unchanged") from e
+        raise Invalid(
+            "cursor is not valid: pass the next_cursor of a previous page unchanged, with the same sort"
+        ) from e
+
+
+def _like_pattern(text: str) -> str:
+    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 async def list_observers(
-    session: AsyncSession, flt: ObserverFilter, limit: int, cursor: str | None
+    session: AsyncSession, flt: ObserverFilter, limit: int, cursor: str | None, sort: Sort = Sort.CREATED
 ) -> tuple[list[tuple[Observer, str | None]], str | None]:
     query = select(Observer, Service.name).outerjoin(Service, Service.id == Observer.service_id)
     if flt.status is not None:
@@ -51,15 +65,21 @@ async def list_observers(
         query = query.where(Observer.service_id == flt.service_id)
     if flt.name is not None:
         query = query.where(Observer.name == flt.name)
+    if flt.q:
+        query = query.where(Observer.name.ilike(_like_pattern(flt.q)))
+    # Keyset pages: (created_at, id) ascending, or (attempts descending, id ascending).
+    key = Observer.created_at if sort == Sort.CREATED else -Observer.attempts
     if cursor is not None:
-        query = query.where(tuple_(Observer.created_at, Observer.id) > tuple_(*decode_cursor(cursor)))
-    query = query.order_by(Observer.created_at, Observer.id).limit(limit + 1)
+        after, after_id = decode_cursor(cursor, sort)
+        bound = -after if isinstance(after, int) else after
+        query = query.where(tuple_(key, Observer.id) > tuple_(bound, after_id))
+    query = query.order_by(key, Observer.id).limit(limit + 1)
     rows: list[tuple[Observer, str | None]] = [(obs, svc) for obs, svc in (await session.execute(query)).all()]
     next_cursor = None
     if len(rows) > limit:
         rows = rows[:limit]
         last = rows[-1][0]
-        next_cursor = encode_cursor(last.created_at, last.id)
+        next_cursor = encode_cursor(last.created_at if sort == Sort.CREATED else last.attempts, last.id)
     return rows, next_cursor
 
 
@@ -111,8 +131,13 @@ async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Ser
 
 async def stats(session: AsyncSession) -> dict[str, Any]:
     by_status = {s.value: 0 for s in ObserverStatus}
-    for status, count in (await session.execute(select(Observer.status, func.count()).group_by(Observer.status))).all():
-        by_status[status.value] = count
+    by_kind: dict[str, dict[str, int]] = {}
+    counts = await session.execute(
+        select(Observer.kind, Observer.status, func.count()).group_by(Observer.kind, Observer.status)
+    )
+    for kind, status, count in counts.all():
+        by_status[status.value] += count
+        by_kind.setdefault(kind, {})[status.value] = count
     used: dict[str, int] = {
         pool: count
         for pool, count in (
@@ -141,4 +166,4 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         await session.execute(select(Service.status, func.count()).group_by(Service.status))
     ).all():
         services[svc_status.value] = count
-    return {"observers": by_status, "services": services, "capacity": capacity}
+    return {"observers": by_status, "services": services, "capacity": capacity, "kinds": dict(sorted(by_kind.items()))}

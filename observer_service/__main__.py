@@ -12,7 +12,7 @@ from shared.settings import get_service_settings
 
 def main() -> None:
     settings = get_service_settings()
-    configure_logging(settings.log_level, f"service:{settings.service_name}")
+    configure_logging(settings.log_level, f"service:{settings.service_name}", settings.log_format)
     asyncio.run(ObserverService(settings).run())
     logging.shutdown()
 

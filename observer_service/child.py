@@ -21,7 +21,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from shared.errors import LeaseLost
-from shared.logs import configure_logging
+from shared.logs import LogFormat, configure_logging, set_service_id
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -61,6 +61,11 @@ class ChildContext:
         self.ensure_lease()
         send(self._out, {"op": "emit", "payload": payload})
         await self._out.drain()  # waits only when the parent lags far behind (back-pressure)
+
+
+def _log_format() -> LogFormat:
+    # The service's environment is inherited: its ORCH_LOG_FORMAT applies here too.
+    return "json" if os.environ.get("ORCH_LOG_FORMAT", "").lower() == "json" else "text"
 
 
 def send(out: asyncio.StreamWriter, message: dict[str, Any]) -> None:
@@ -104,7 +109,8 @@ async def _main(protocol_fd: int) -> None:
     if not line:
         os._exit(1)  # the parent is gone already
     spec = json.loads(line)
-    configure_logging(spec["log_level"], f"observer:{spec['observer_id']}")
+    configure_logging(spec["log_level"], f"observer:{spec['observer_id']}", _log_format())
+    set_service_id(spec["service_id"])
     control = _Control(ChildContext(spec, out))
     background = [asyncio.create_task(control.listen(inp)), asyncio.create_task(_alive(out))]
     try:

@@ -15,6 +15,8 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import BaseModel
 
+from observer_service import metrics
+from observer_service.isolation import ProcessLimits, run_in_process
 from observer_service.outbox import Outbox
 from observer_service.session import Session
 from shared.errors import LeaseLost
@@ -59,6 +61,7 @@ class Context:
             "payload": payload,
         }
         await self._session.emit_event(f"{self.kind}.{self.name}", json.dumps(body).encode())
+        metrics.EMITS.inc()
 
 
 @dataclass(eq=False)
@@ -107,6 +110,7 @@ async def supervise(
         if policy.gives_up(failures):
             raise ObserverGaveUp(f"gave up after {failures} attempt(s) in a row; last: {error}")
         delay = policy.delay_s(failures, random.uniform(-1, 1))
+        metrics.RESTARTS.inc()
         outbox.put(
             ObserverRetrying(
                 observer_id=start.observer_id,
@@ -122,8 +126,6 @@ async def supervise(
 async def _run_body(running: Running, loaded: LoadedKind, args: BaseModel, settings: ServiceSettings) -> None:
     start = running.start
     if running.isolation == "process":
-        from observer_service.isolation import ProcessLimits, run_in_process
-
         limits = ProcessLimits(
             memory_limit_mb=start.memory_limit_mb,
             liveness_timeout_s=settings.process_liveness_timeout_s,

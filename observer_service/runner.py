@@ -23,6 +23,7 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
+from observer_service import metrics
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox
 from observer_service.session import Session
@@ -125,7 +126,7 @@ class Runner:
             )
             self._spawn(_requeue_later(message, _REQUEUE_AFTER_S))
             return
-        if (start.isolation or loaded.kind.isolation) == "process" and self._children() >= self.settings.process_slots:
+        if (start.isolation or loaded.kind.isolation) == "process" and self.children() >= self.settings.process_slots:
             logger.warning(
                 "observer %s needs a child process and all %d process slot(s) are taken: requeueing its start in %.0fs",
                 oid,
@@ -139,6 +140,7 @@ class Runner:
         except ValidationError as e:
             error = f"invalid args for kind {start.kind!r}: {e.errors()[:3]}"
             logger.error("observer %s cannot start: %s; dead-lettering its start", oid, error)
+            metrics.FAILURES.inc()
             self.outbox.put(ObserverFailed(observer_id=oid, service_id=self.service_id, reason=error))
             await settle(message.reject(requeue=False))
             return
@@ -202,6 +204,7 @@ class Runner:
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # unwinding thousands of tasks at once starves the loop
         if fenced:
+            metrics.FENCED.inc(len(fenced))
             logger.warning("fenced %d observer(s): their session is gone", len(fenced))
         return [r.start.observer_id for r in fenced]
 
@@ -218,7 +221,7 @@ class Runner:
                 await asyncio.sleep(0)
         return [r.start.observer_id for r in handed]
 
-    def _children(self) -> int:
+    def children(self) -> int:
         return sum(1 for r in self.running.values() if r.isolation == "process")
 
     def inventory(self) -> list[uuid.UUID]:
@@ -267,6 +270,7 @@ class Runner:
         else:
             reason = f"{type(error).__name__}: {error}"
         logger.error("observer %s failed: %s", running.start.observer_id, reason)
+        metrics.FAILURES.inc()
         self.running.pop(running.start.observer_id, None)
         self.outbox.put(
             ObserverFailed(

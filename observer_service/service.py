@@ -20,6 +20,7 @@ import uuid
 
 from aio_pika.abc import AbstractIncomingMessage
 
+from observer_service import metrics
 from observer_service.capacity import sized
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
@@ -29,6 +30,7 @@ from observer_service.watchdog import LoopWatchdog
 from shared import __version__
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
+from shared.logs import set_service_id
 from shared.messages import (
     InventoryRequest,
     ServiceBorn,
@@ -60,6 +62,7 @@ class ObserverService:
             )
         self.settings = settings
         self.service_id = uuid.uuid4()
+        set_service_id(str(self.service_id))
         self.outbox = Outbox()
         self.lease = Lease(settings.amqp_heartbeat_s)
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
@@ -87,6 +90,11 @@ class ObserverService:
         )
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
         self.watchdog.start()
+        metrics.RUNNING.set_function(lambda: len(self.runner.running))
+        metrics.CHILDREN.set_function(self.runner.children)
+        if self.settings.metrics_port:
+            metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
+            logger.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.settings.metrics_port)
         loops = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._inventory_loop())]
         try:
             await self._session_loop()
@@ -160,12 +168,12 @@ class ObserverService:
     async def _heartbeat_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
+            lag = self.watchdog.take_lag()
+            metrics.LOOP_LAG.set(lag)
             if self.session is not None and not self.session.closed.is_set():
                 self.outbox.put(
                     ServiceHeartbeat(
-                        service_id=self.service_id,
-                        running=len(self.runner.running),
-                        loop_lag_ms=round(self.watchdog.take_lag(), 3),
+                        service_id=self.service_id, running=len(self.runner.running), loop_lag_ms=round(lag, 3)
                     )
                 )
 

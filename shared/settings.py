@@ -10,7 +10,7 @@ import os
 import re
 import socket
 from functools import lru_cache
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -33,6 +33,7 @@ class CommonSettings(BaseSettings):
     # Service heartbeat to the manager (state queue), seconds.
     heartbeat_s: float = Field(default=5.0, gt=0)
     log_level: str = "INFO"
+    log_format: Literal["text", "json"] = "text"
 
 
 class ServiceSettings(CommonSettings):
@@ -57,6 +58,9 @@ class ServiceSettings(CommonSettings):
     # A process-isolated observer whose child shows no sign of life this long is killed and
     # restarted under its retry policy (a hung or CPU-bound-forever child). None: no check.
     process_liveness_timeout_s: float | None = Field(default=None, gt=0)
+    # Where this service serves /metrics (0: nowhere).
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
     @field_validator("workers_count", mode="before")
     @classmethod
@@ -96,6 +100,11 @@ class ManagerSettings(CommonSettings):
     # Period of the background loops.
     sweep_interval_s: float = Field(default=1.0, gt=0)
     state_prefetch: int = Field(default=2000, ge=1, le=65535)
+    # Bearer tokens for /api/* (comma-separated): full access, and read-only. None: open API.
+    api_tokens: Annotated[list[str], NoDecode] = []
+    api_read_tokens: Annotated[list[str], NoDecode] = []
+    # Request bodies above this many bytes are refused with 413.
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # Default retry policy of new observers (a create request may override any field).
     # 0 attempts = retry forever.
     retry_max_attempts: int = Field(default=5, ge=0)
@@ -107,6 +116,15 @@ class ManagerSettings(CommonSettings):
     # Poison quarantine: Failed after its hosts died this many times within the window (0: off).
     quarantine_after_crashes: int = Field(default=3, ge=0)
     quarantine_window_s: float = Field(default=600.0, gt=0)
+
+    @field_validator("api_tokens", "api_read_tokens", mode="before")
+    @classmethod
+    def _split_tokens(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [t.strip() for t in value.split(",") if t.strip()]
+        if isinstance(value, list) and any(len(t) < 8 for t in value):
+            raise ValueError("API tokens must be at least 8 characters long")
+        return value
 
     def default_retry(self) -> RetryPolicy:
         return RetryPolicy(

@@ -59,12 +59,15 @@ async def list_observers(
     kind: str | None = None,
     pool: str | None = None,
     service_id: uuid.UUID | None = None,
-    name: str | None = None,
+    name: Annotated[str | None, Query(description="exact name")] = None,
+    q: Annotated[str | None, Query(max_length=200, description="a substring of the name, any case")] = None,
+    sort: queries.Sort = queries.Sort.CREATED,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: str | None = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> ObserverPage:
-    flt = queries.ObserverFilter(status=status_, kind=kind, pool=pool, service_id=service_id, name=name)
-    rows, next_cursor = await queries.list_observers(session, flt, limit, cursor)
+    """Keyset pages: pass ``next_cursor`` back (with the same filters and sort) for the next."""
+    flt = queries.ObserverFilter(status=status_, kind=kind, pool=pool, service_id=service_id, name=name, q=q)
+    rows, next_cursor = await queries.list_observers(session, flt, limit, cursor, sort)
     return ObserverPage(items=[ObserverOut.of(obs, svc) for obs, svc in rows], next_cursor=next_cursor)
 
 

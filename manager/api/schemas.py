@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from manager.api.limits import MAX_ARGS_BYTES
 from manager.db.models import Observer, ObserverEvent, ObserverStatus, Service, ServiceStatus
 from shared.messages import Isolation, RetryPolicy
 
@@ -33,7 +35,7 @@ class ObserverCreate(BaseModel):
 
     name: str = Field(pattern=NAME_PATTERN, description="unique among observers not Deleted/Failed")
     kind: str = Field(min_length=1, max_length=100)
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Any] = Field(default_factory=dict, description=f"at most {MAX_ARGS_BYTES} bytes as JSON")
     pool: str = Field(default="default", pattern=POOL_PATTERN)
     retry: RetryOverride | None = Field(
         default=None, description="fields to change in the default retry policy (ORCH_RETRY_* settings)"
@@ -42,6 +44,14 @@ class ObserverCreate(BaseModel):
     memory_limit_mb: float | None = Field(
         default=None, gt=0, le=1_048_576, description="isolation 'process' only: kill and restart above this RSS"
     )
+
+    @field_validator("args")
+    @classmethod
+    def _args_size(cls, args: dict[str, Any]) -> dict[str, Any]:
+        size = len(json.dumps(args, separators=(",", ":")).encode())
+        if size > MAX_ARGS_BYTES:
+            raise ValueError(f"args are {size} bytes as JSON; the limit is {MAX_ARGS_BYTES}")
+        return args
 
     def retry_fields(self) -> dict[str, Any] | None:
         return None if self.retry is None else self.retry.model_dump(exclude_unset=True)
@@ -159,9 +169,10 @@ class Capacity(BaseModel):
 
 
 class Stats(BaseModel):
-    observers: dict[str, int]
-    services: dict[str, int]
-    capacity: dict[str, Capacity]
+    observers: dict[str, int] = Field(description="observers per status")
+    services: dict[str, int] = Field(description="services per state")
+    capacity: dict[str, Capacity] = Field(description="per pool")
+    kinds: dict[str, dict[str, int]] = Field(description="observers per kind, then per status")
 
 
 class EventOut(BaseModel):

@@ -25,6 +25,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
+from manager.metrics import STATE_APPLIED
 from manager.state.rules import Outgoing, StateRules
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.messages import StateMessage, decode_state
@@ -100,6 +101,7 @@ class StateConsumer:
             return []
         await self._publish(outgoing)
         self.applied += len(deliveries)
+        STATE_APPLIED.inc(len(deliveries))
         return deliveries
 
     async def _transaction(self, reports: Sequence[StateMessage]) -> Outgoing:

@@ -29,6 +29,8 @@ def upgrade() -> None:
     op.add_column("observers", sa.Column("retry", postgresql.JSONB))
     op.add_column("observers", sa.Column("isolation", sa.String(16)))
     op.add_column("observers", sa.Column("memory_limit_mb", sa.Float))
+    # GET /api/observers?sort=attempts pages by (-attempts, id).
+    op.create_index("ix_observers_attempts", "observers", [sa.text("(- attempts)"), "id"])
     # Append-only history. Also what quarantine counts: ``moved`` away from a host that is
     # later found dead becomes ``host_lost``.
     op.create_table(
@@ -57,6 +59,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("observer_events")
+    op.drop_index("ix_observers_attempts", "observers")
     op.drop_column("observers", "memory_limit_mb")
     op.drop_column("observers", "isolation")
     op.drop_column("observers", "retry")

@@ -1,0 +1,56 @@
+"""``GET /metrics`` of the manager, in the Prometheus text format.
+
+Counts that live in the database (observers, services, capacity) are read when scraped;
+what happens inside the process (state messages applied, stop re-sends, API latency) is
+counted as it happens. A registry of our own, so nothing else leaks into the output.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.models import Observer
+from manager.queries import stats
+
+REGISTRY = CollectorRegistry()
+
+OBSERVERS = Gauge("orch_observers", "Observers by status, pool and kind", ["status", "pool", "kind"], registry=REGISTRY)
+SERVICES = Gauge("orch_services", "Observer services by state", ["state"], registry=REGISTRY)
+CAPACITY = Gauge("orch_pool_workers", "Workers of the live services of a pool", ["pool"], registry=REGISTRY)
+CAPACITY_FREE = Gauge(
+    "orch_pool_workers_free", "Workers not running an observer, per pool", ["pool"], registry=REGISTRY
+)
+STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
+STATE_APPLIED = Counter("orch_state_messages_applied", "State messages applied to the database", registry=REGISTRY)
+STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=REGISTRY)
+API_LATENCY = Histogram(
+    "orch_api_request_seconds",
+    "API request latency",
+    ["method", "route", "status"],
+    registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+
+async def render(session: AsyncSession, state_backlog: int | None) -> bytes:
+    counts = await session.execute(
+        select(Observer.status, Observer.pool, Observer.kind, func.count()).group_by(
+            Observer.status, Observer.pool, Observer.kind
+        )
+    )
+    OBSERVERS.clear()  # a combination that no longer exists must disappear
+    for status, pool, kind, count in counts.all():
+        OBSERVERS.labels(status.value, pool, kind).set(count)
+    summary = await stats(session)
+    for state, count in summary["services"].items():
+        SERVICES.labels(state).set(count)
+    CAPACITY.clear()
+    CAPACITY_FREE.clear()
+    for pool, capacity in summary["capacity"].items():
+        CAPACITY.labels(pool).set(capacity["total"])
+        CAPACITY_FREE.labels(pool).set(capacity["free"])
+    if state_backlog is not None:
+        STATE_BACKLOG.set(state_backlog)
+    return generate_latest(REGISTRY)

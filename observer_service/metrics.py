@@ -1,0 +1,20 @@
+"""Each observer service's own ``/metrics`` (Prometheus text format), served on
+``ORCH_METRICS_PORT`` by prometheus_client's HTTP server thread (0: not served)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+REGISTRY = CollectorRegistry()
+
+RUNNING = Gauge("orch_service_observers_running", "Observers running on this service", registry=REGISTRY)
+CHILDREN = Gauge("orch_service_observer_processes", "Observers running in child processes", registry=REGISTRY)
+LOOP_LAG = Gauge("orch_service_loop_lag_ms", "Worst event-loop lag of the last heartbeat period", registry=REGISTRY)
+RESTARTS = Counter("orch_service_observer_restarts", "Observer bodies restarted in place", registry=REGISTRY)
+FAILURES = Counter("orch_service_observer_failures", "Observers that failed for good here", registry=REGISTRY)
+EMITS = Counter("orch_service_emits", "Events published by observers", registry=REGISTRY)
+FENCED = Counter("orch_service_observers_fenced", "Observers cancelled because their session died", registry=REGISTRY)
+
+
+def serve(port: int, host: str) -> None:
+    start_http_server(port, addr=host, registry=REGISTRY)
