@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from manager.api.deps import SessionDep
-from manager.api.schemas import KindOut
+from manager.api.schemas import ERRORS, KindOut
 from manager.kinds import KindCatalog
 from shared.kinds import BUILTIN_KINDS
 
-router = APIRouter(prefix="/api/kinds", tags=["kinds"])
+router = APIRouter(prefix="/api/kinds", tags=["kinds"], responses=ERRORS)
 
 
 @router.get("", response_model=list[KindOut])

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, status
 from manager import queries
 from manager.api.deps import CommandsDep, SessionDep
 from manager.api.schemas import (
+    ERRORS,
     BulkCreate,
     BulkStop,
     BulkStopResult,
@@ -23,7 +24,7 @@ from manager.db.models import ObserverStatus
 from manager.history import list_events
 from manager.kinds import NewObserver
 
-router = APIRouter(prefix="/api/observers", tags=["observers"])
+router = APIRouter(prefix="/api/observers", tags=["observers"], responses=ERRORS)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=ObserverOut)

@@ -203,3 +203,22 @@ class KindOut(BaseModel):
     builtin: bool
     pools: list[str] = Field(description="pools with a live service offering this kind")
     services: int = Field(description="live services offering this kind")
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="what went wrong and what to do about it")
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut, "description": text}
+    for code, text in {
+        400: "the request body is not valid JSON",
+        401: "no token, or an unknown one (when ORCH_API_TOKENS is set)",
+        403: "a read-only token tried to change something",
+        404: "no such observer or service",
+        409: "conflicts with the current state (name in use, already final, not Failed)",
+        413: "request body over ORCH_MAX_BODY_BYTES",
+        422: "invalid request: the detail names every field to fix",
+        503: "no capacity, no live service in the pool, or the broker/database is unreachable",
+    }.items()
+}

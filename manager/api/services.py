@@ -8,9 +8,9 @@ from fastapi import APIRouter
 
 from manager import queries
 from manager.api.deps import SessionDep
-from manager.api.schemas import ServiceOut, Stats
+from manager.api.schemas import ERRORS, ServiceOut, Stats
 
-router = APIRouter(prefix="/api", tags=["services"])
+router = APIRouter(prefix="/api", tags=["services"], responses=ERRORS)
 
 
 @router.get("/services", response_model=list[ServiceOut])
