@@ -1,0 +1,404 @@
+"""``orchestrator``: a command line client of the manager's HTTP API.
+
+Deliberately only a client: it imports nothing of the manager's server side (no database,
+no broker), so it runs anywhere the API can be reached. ``Client`` is the one place for the
+base URL, the token and the mapping of failures to exit codes; the commands are thin
+wrappers that call one or two endpoints and hand the body to ``manager.cli_render``.
+
+Exit codes: 0 success, 1 the API answered 4xx/5xx (or an id given was unknown), 2 usage
+error (typer's), 3 the manager could not be reached.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from manager import cli_render as render
+from manager.cli_client import JSON, Client, CliError
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _console(stderr: bool = False) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    # Piped output (grep, scripts, tests) would be cut at rich's default 80 columns, which
+    # ellipsizes names; 200 fits every table. A terminal (or $COLUMNS) keeps its own width.
+    width = None if stream.isatty() or "COLUMNS" in os.environ else 200
+    return Console(stderr=stderr, width=width)
+
+
+out = _console()
+err = _console(stderr=True)
+
+
+# --- global options ---------------------------------------------------------------------
+
+
+@dataclass
+class State:
+    client: Client
+    json_output: bool
+
+
+app = typer.Typer(
+    name="orchestrator",
+    help="Command line client of the observer orchestrator's manager API.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Tracebacks with locals would print the token; errors we expect never get here anyway.
+    pretty_exceptions_show_locals=False,
+)
+
+
+def _check_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"{value!r} is not an http(s) URL, e.g. {DEFAULT_URL}")
+    return value
+
+
+@app.callback()
+def _global_options(
+    ctx: typer.Context,
+    url: Annotated[
+        str, typer.Option(envvar="ORCH_URL", callback=_check_url, help="base URL of the manager")
+    ] = DEFAULT_URL,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="ORCH_TOKEN", show_default=False, help="API token, sent as 'Authorization: Bearer'"),
+    ] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="print the raw JSON answer, for scripts")] = False,
+    timeout: Annotated[float, typer.Option(min=0.1, help="seconds to wait for each answer")] = 10.0,
+) -> None:
+    client = Client(url, token, timeout)
+    ctx.call_on_close(client.close)
+    ctx.obj = State(client, json_output)
+
+
+def _state(ctx: typer.Context) -> State:
+    state = ctx.obj
+    assert isinstance(state, State), "the callback sets ctx.obj before any command"
+    return state
+
+
+def _observer_id(value: str) -> str:
+    """Tables show 8 digits; the API needs the whole id. Say so before asking it."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise typer.BadParameter(
+            f"{value!r} is not a full observer id (see `orchestrator list --full-ids` or `orchestrator --json list`)"
+        ) from None
+
+
+def _observer_ids(values: list[str]) -> list[str]:
+    return [_observer_id(v) for v in values]
+
+
+def _print_json(body: JSON) -> None:
+    print(json.dumps(body, indent=2))  # plain print: rich would wrap and colour it
+
+
+# --- commands ---------------------------------------------------------------------------
+
+
+class Isolation(enum.StrEnum):
+    ASYNC = "async"
+    PROCESS = "process"
+
+
+class Status(enum.StrEnum):
+    CREATED = "Created"
+    PROCESSING = "Processing"
+    ON_DELETING = "OnDeleting"
+    DELETED = "Deleted"
+    FAILED = "Failed"
+
+
+class Sort(enum.StrEnum):
+    CREATED = "created"
+    ATTEMPTS = "attempts"
+
+
+def _json_object(text: str | None, option: str) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise typer.BadParameter(f"not JSON: {e}", param_hint=option) from e
+    if not isinstance(value, dict):
+        raise typer.BadParameter("must be a JSON object {...}", param_hint=option)
+    return value
+
+
+def parse_args(pairs: list[str], args_json: str | None) -> dict[str, Any]:
+    """``--args-json`` first, then each ``--arg key=value`` over it. A value is JSON when it
+    parses (``5``, ``true``, ``[1,2]``, ``"5"``) and a plain string otherwise (``http://x``)."""
+    args = _json_object(args_json, "--args-json")
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise typer.BadParameter(f"{pair!r} is not key=value", param_hint="--arg")
+        try:
+            args[key.strip()] = json.loads(raw)
+        except ValueError:
+            args[key.strip()] = raw
+    return args
+
+
+@app.command()
+def create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="unique among live observers")],
+    kind: Annotated[str, typer.Argument(help="see `orchestrator kinds`")],
+    arg: Annotated[
+        list[str] | None, typer.Option("--arg", "-a", help="key=value (value parsed as JSON when it parses)")
+    ] = None,
+    args_json: Annotated[str | None, typer.Option(help="all args as a JSON object; --arg overrides keys")] = None,
+    pool: Annotated[str | None, typer.Option(help="pool to run in (the API's default: 'default')")] = None,
+    retry_json: Annotated[
+        str | None, typer.Option(help="retry policy fields to override, e.g. '{\"max_attempts\": null}'")
+    ] = None,
+    isolation: Annotated[Isolation | None, typer.Option(help="default: the kind's own")] = None,
+    memory_limit_mb: Annotated[float | None, typer.Option(help="process isolation: kill above this RSS")] = None,
+) -> None:
+    """Create an observer."""
+    state = _state(ctx)
+    body: dict[str, Any] = {"name": name, "kind": kind, "args": parse_args(arg or [], args_json)}
+    optional = {
+        "pool": pool,
+        "retry": _json_object(retry_json, "--retry-json") if retry_json is not None else None,
+        "isolation": isolation.value if isolation else None,
+        "memory_limit_mb": memory_limit_mb,
+    }
+    body |= {k: v for k, v in optional.items() if v is not None}  # absent = the API's default
+    observer = state.client.post("/api/observers", body)
+    if state.json_output:
+        return _print_json(observer)
+    out.print(Text("created", style="green"))
+    out.print(render.observer_detail(observer))
+
+
+@app.command()
+def stop(
+    ctx: typer.Context, ids: Annotated[list[str], typer.Argument(help="full observer ids", callback=_observer_ids)]
+) -> None:
+    """Stop observers (one id: DELETE; several: one bulk-stop request)."""
+    state = _state(ctx)
+    unique_ids = list(dict.fromkeys(ids))
+    if len(unique_ids) == 1:
+        observer = state.client.delete(f"/api/observers/{unique_ids[0]}")
+        if state.json_output:
+            return _print_json(observer)
+        out.print(Text(f"stopping {observer['name']} ({observer['id']}): {observer['status']}"))
+        return None
+    result = state.client.post("/api/observers/bulk-stop", {"ids": unique_ids})
+    if state.json_output:
+        _print_json(result)
+    else:
+        out.print(f"stopping {len(result['stopping'])}, already Deleted or Failed {len(result['final'])}")
+    if result["unknown"]:
+        # The single-id form answers 404 here; keep the same exit code for scripts.
+        raise CliError(f"unknown ids: {' '.join(result['unknown'])}")
+    return None
+
+
+@app.command()
+def restart(
+    ctx: typer.Context, observer_id: Annotated[str, typer.Argument(metavar="ID", callback=_observer_id)]
+) -> None:
+    """Give a Failed observer a fresh start."""
+    state = _state(ctx)
+    observer = state.client.post(f"/api/observers/{observer_id}/restart")
+    if state.json_output:
+        return _print_json(observer)
+    out.print(Text("restarted", style="green"))
+    out.print(render.observer_detail(observer))
+
+
+def _service_id(client: Client, value: str) -> str:
+    """The API filters by service id; a name is friendlier, so resolve it (alive ones first)."""
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        pass
+    for svc in client.get("/api/services"):  # the API lists alive services first
+        if svc["name"] == value:
+            return str(svc["id"])
+    raise CliError(f"no service named {value!r} (see `orchestrator services`)")
+
+
+@app.command("list")
+def list_observers(
+    ctx: typer.Context,
+    status: Annotated[Status | None, typer.Option(case_sensitive=False)] = None,
+    kind: str | None = None,
+    pool: str | None = None,
+    service: Annotated[str | None, typer.Option(help="service id or name")] = None,
+    name: Annotated[str | None, typer.Option(help="exact name")] = None,
+    search: Annotated[str | None, typer.Option(help="substring of the name, any case")] = None,
+    sort: Annotated[Sort | None, typer.Option(help="created: oldest first; attempts: most first")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="observers per page")] = 100,
+    all_pages: Annotated[bool, typer.Option("--all", help="follow the pages to the end")] = False,
+    full_ids: Annotated[bool, typer.Option(help="show full ids instead of 8 digits")] = False,
+) -> None:
+    """List observers (oldest first, or --sort attempts), filtered by any of the options."""
+    state = _state(ctx)
+    params: dict[str, Any] = {
+        "status": status.value if status else None,
+        "kind": kind,
+        "pool": pool,
+        "service_id": _service_id(state.client, service) if service else None,
+        "name": name,
+        "q": search,
+        "sort": sort.value if sort else None,
+        "limit": limit,
+    }
+    page = state.client.get("/api/observers", **params)
+    items: list[JSON] = list(page["items"])
+    while all_pages and page["next_cursor"]:
+        page = state.client.get("/api/observers", **params, cursor=page["next_cursor"])
+        items += page["items"]
+    if state.json_output:
+        return _print_json({"items": items, "next_cursor": page["next_cursor"]})
+    table = render.observers_table(items, full_ids)
+    if page["next_cursor"]:
+        table.caption = "more observers: add --all (or a larger --limit)"
+    out.print(table)
+    return None
+
+
+@app.command()
+def show(
+    ctx: typer.Context,
+    observer_id: Annotated[str, typer.Argument(metavar="ID", callback=_observer_id)],
+    events: Annotated[int, typer.Option(min=0, help="latest history events to show")] = 30,
+) -> None:
+    """One observer with its full id, and its history."""
+    state = _state(ctx)
+    observer = state.client.get(f"/api/observers/{observer_id}")
+    history: list[JSON] = []
+    while True:  # oldest first, in pages: the latest events are on the last page
+        page = state.client.get(
+            f"/api/observers/{observer_id}/events", limit=1000, after=history[-1]["id"] if history else None
+        )
+        history += page
+        if len(page) < 1000:
+            break
+    if state.json_output:
+        return _print_json(observer | {"events": history})
+    names = {s["id"]: s["name"] for s in state.client.get("/api/services")} if history else {}
+    out.print(render.observer_detail(observer))
+    out.print(render.events_table(history, names, shown_from=max(0, len(history) - events)))
+    return None
+
+
+@app.command()
+def services(ctx: typer.Context) -> None:
+    """Observer services, alive first, with running counts and heartbeat ages."""
+    state = _state(ctx)
+    body = state.client.get("/api/services")
+    if state.json_output:
+        return _print_json(body)
+    out.print(render.services_table(body))
+    return None
+
+
+@app.command()
+def stats(ctx: typer.Context) -> None:
+    """Observers per status (and per kind), services per state, capacity per pool."""
+    state = _state(ctx)
+    body = state.client.get("/api/stats")
+    if state.json_output:
+        return _print_json(body)
+    out.print(render.stats_view(body))
+    return None
+
+
+@app.command()
+def kinds(ctx: typer.Context) -> None:
+    """Observer kinds the live services offer, with their arguments."""
+    state = _state(ctx)
+    body = state.client.get("/api/kinds")
+    if state.json_output:
+        return _print_json(body)
+    out.print(render.kinds_table(body))
+    return None
+
+
+@app.command()
+def watch(
+    ctx: typer.Context,
+    interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes")] = 2.0,
+    iterations: Annotated[int | None, typer.Option(min=1, help="stop after this many refreshes")] = None,
+) -> None:
+    """Services and observer counts, refreshed until Ctrl-C (with --json: one JSON line per refresh)."""
+    state = _state(ctx)
+    refreshes = _refreshes(state.client, interval, iterations)
+    try:
+        if state.json_output:
+            for services_body, stats_body, error in refreshes:
+                line = {"services": services_body, "stats": stats_body} if error is None else {"error": error}
+                print(json.dumps(line), flush=True)
+            return
+        if not out.is_terminal:
+            # A pipe or a file cannot be redrawn (rich would print only the last view, at
+            # the end): print each refresh after the previous one instead.
+            for i, refresh in enumerate(refreshes):
+                if i:
+                    out.line()
+                out.print(render.watch_view(*refresh, datetime.now()))
+            return
+        first = next(refreshes)
+        # No auto refresh: the screen changes only when there is new data.
+        with Live(render.watch_view(*first, datetime.now()), console=out, auto_refresh=False) as live:
+            for refresh in refreshes:
+                live.update(render.watch_view(*refresh, datetime.now()), refresh=True)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a watch ends: not an error
+
+
+def _refreshes(client: Client, interval: float, iterations: int | None) -> Iterator[tuple[JSON, JSON, str | None]]:
+    """(services, stats, error) per refresh. The first fetch may fail with its exit code (a
+    wrong URL or token should not look like a blank screen); later failures, such as a
+    manager restart, are shown while the last data stays on screen."""
+    services_body, stats_body = client.get("/api/services"), client.get("/api/stats")
+    yield services_body, stats_body, None
+    done = 1
+    while iterations is None or done < iterations:
+        time.sleep(interval)
+        done += 1
+        try:
+            services_body, stats_body = client.get("/api/services"), client.get("/api/stats")
+            error = None
+        except CliError as e:
+            error = e.message
+        yield services_body, stats_body, error
+
+
+def main() -> None:
+    try:
+        app(prog_name="orchestrator")
+    except CliError as e:
+        err.print(Text(f"error: {e.message}", style="bold red"), soft_wrap=True)
+        if e.hint:
+            err.print(Text(f"hint: {e.hint}", style="yellow"), soft_wrap=True)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

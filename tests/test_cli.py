@@ -1,0 +1,188 @@
+"""The ``orchestrator`` command line, run as a real subprocess against a real manager and
+service: what it prints, and its exit codes (0 ok, 1 API error, 2 usage, 3 unreachable)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.harness import REPO, System, free_port, unique, wait_for
+
+
+def cli(
+    url: str, *args: str, token: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    # The caller's ORCH_URL / ORCH_TOKEN must not leak into the test.
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")} | (env or {})
+    command = [sys.executable, "-m", "manager.cli", "--url", url, *(["--token", token] if token else []), *args]
+    return subprocess.run(command, cwd=REPO, env=base_env, capture_output=True, text=True, timeout=120)
+
+
+def cli_json(url: str, *args: str) -> Any:
+    result = cli(url, "--json", *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_create_list_show_stop_and_errors(system: System, tmp_path: Path) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=5)
+    url = system.base_url
+    name = unique("cli")
+
+    # create: --arg values are JSON when they parse (0.5 is a number), else strings (the path)
+    created = cli_json(url, "create", name, "ticker", "--arg", "interval_s=0.5", "--arg", f"log_file={tmp_path}/t.log")
+    assert created["name"] == name
+    assert created["args"]["interval_s"] == 0.5 and created["args"]["log_file"] == f"{tmp_path}/t.log"
+    observer_id = created["id"]
+    uuid.UUID(observer_id)  # the full id, not a shortened one
+
+    # It becomes Processing, as `show --json` says
+    shown = wait_for(
+        lambda: (o := cli_json(url, "show", observer_id))["status"] == "Processing" and o, 60, "Processing"
+    )
+    assert shown["service_name"] == "svc-a"
+    assert [e["event"] for e in shown["events"]][:2] == ["created", "started"]
+
+    # list shows it in a table; filters reach the API
+    listed = cli(url, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert name in listed.stdout and "Processing" in listed.stdout
+    assert name in cli(url, "list", "--status", "processing", "--service", "svc-a", "--search", name[-6:]).stdout
+    assert cli_json(url, "list", "--status", "Failed")["items"] == []
+    assert [o["id"] for o in cli_json(url, "list", "--kind", "ticker", "--limit", "1", "--all")["items"]] == [
+        observer_id
+    ]
+
+    # show (table) prints the full id and the history
+    table = cli(url, "show", observer_id)
+    assert table.returncode == 0, table.stderr
+    assert observer_id in table.stdout and "started" in table.stdout and "svc-a" in table.stdout
+
+    # restart of an observer that is not Failed: the API's 409, on stderr, exit 1
+    refused = cli(url, "restart", observer_id)
+    assert refused.returncode == 1
+    assert "409" in refused.stderr and "Failed" in refused.stderr, refused.stderr
+    assert refused.stdout == ""
+
+    # bad args: the 422 names the field
+    bad = cli(url, "create", unique("bad"), "ticker", "--arg", "interval_s=-1")
+    assert bad.returncode == 1
+    assert "422" in bad.stderr and "interval_s" in bad.stderr, bad.stderr
+
+    # a name in use: 409
+    taken = cli(url, "create", name, "ticker")
+    assert taken.returncode == 1 and "409" in taken.stderr
+
+    # unknown id: 404
+    missing = cli(url, "show", str(uuid.uuid4()))
+    assert missing.returncode == 1 and "404" in missing.stderr
+
+    # stop → OnDeleting at once, Deleted eventually
+    stopped = cli(url, "stop", observer_id)
+    assert stopped.returncode == 0, stopped.stderr
+    assert "OnDeleting" in stopped.stdout
+    wait_for(lambda: cli_json(url, "show", observer_id)["status"] == "Deleted", 60, "Deleted")
+
+    # several ids: one bulk stop; an unknown id among them is exit 1, the known ones stop anyway
+    others = [cli_json(url, "create", unique("bulk"), "ticker")["id"] for _ in range(2)]
+    unknown = str(uuid.uuid4())
+    bulk = cli(url, "stop", *others, unknown)
+    assert bulk.returncode == 1 and unknown in bulk.stderr, bulk.stderr
+    assert "stopping 2" in bulk.stdout
+    wait_for(lambda: all(cli_json(url, "show", o)["status"] == "Deleted" for o in others), 60, "bulk Deleted")
+
+
+def test_kinds_services_stats_watch(system: System) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=5)
+    url = system.base_url
+    cli_json(url, "create", unique("w"), "ticker", "--args-json", '{"interval_s": 1}')
+
+    kinds = cli(url, "kinds")
+    assert kinds.returncode == 0, kinds.stderr
+    assert "ticker" in kinds.stdout and "interval_s" in kinds.stdout
+    assert {"ticker", "http_poll", "websocket", "periodic"} <= {k["name"] for k in cli_json(url, "kinds")}
+
+    services = cli(url, "services")
+    assert services.returncode == 0 and "svc-a" in services.stdout and "alive" in services.stdout
+
+    stats = cli_json(url, "stats")
+    assert stats["capacity"]["default"]["total"] == 5 and stats["services"]["alive"] == 1
+    table = cli(url, "stats")
+    assert table.returncode == 0 and "default" in table.stdout and "Processing" in table.stdout
+    if "kinds" in stats:
+        assert "ticker" in table.stdout
+
+    watched = cli(url, "watch", "--iterations", "1")
+    assert watched.returncode == 0, watched.stderr
+    assert "svc-a" in watched.stdout and "observers" in watched.stdout
+
+    lines = cli(url, "--json", "watch", "--iterations", "2", "--interval", "0.2").stdout.splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["services"][0]["name"] == "svc-a"
+
+
+def test_unreachable_manager_is_exit_3() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens there
+    for args in (["list"], ["stats"], ["watch", "--iterations", "1"]):
+        result = cli(url, *args)
+        assert result.returncode == 3, (args, result.stderr)
+        assert url in result.stderr
+
+
+def test_silent_manager_is_exit_3_after_the_timeout() -> None:
+    with socket.socket() as listener:  # accepts connections (the kernel's backlog), never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        result = cli(url, "--timeout", "0.5", "stats")
+    assert result.returncode == 3, result.stderr
+    assert url in result.stderr and "0.5s" in result.stderr
+
+
+def test_usage_errors_are_exit_2() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # never contacted: typer refuses first
+    for args in (
+        ["create", "x", "ticker", "--arg", "no-equals-sign"],
+        ["create", "x", "ticker", "--args-json", "[1, 2]"],
+        ["create", "x", "ticker", "--retry-json", "{oops"],
+        ["create", "x", "ticker", "--isolation", "thread"],
+        ["list", "--status", "Sleeping"],
+        ["list", "--limit", "0"],
+        ["stop"],
+        ["nonsense"],
+    ):
+        result = cli(url, *args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+    # A shortened id from a table is refused before any request, with a pointer to the full one
+    for args in (["show", "8080a915"], ["restart", "8080a915"], ["stop", str(uuid.uuid4()), "8080a915"]):
+        result = cli(url, *args)
+        assert result.returncode == 2 and "full observer id" in result.stderr, (args, result.stderr)
+    assert cli("localhost:8000", "list").returncode == 2  # not a URL
+
+
+def test_token(system: System) -> None:
+    # /readyz stays public, so the harness sees the manager ready without a token.
+    system.start_manager(ORCH_API_TOKENS="s3cret-token", ORCH_API_READ_TOKENS="reader-token")
+    url = system.base_url
+
+    anonymous = cli(url, "list")
+    assert anonymous.returncode == 1
+    assert "401" in anonymous.stderr and "--token" in anonymous.stderr and "ORCH_TOKEN" in anonymous.stderr
+
+    wrong = cli(url, "list", token="not-the-token")
+    assert wrong.returncode == 1 and "401" in wrong.stderr and "refused" in wrong.stderr
+
+    assert cli(url, "list", token="s3cret-token").returncode == 0
+    assert cli(url, "list", env={"ORCH_TOKEN": "s3cret-token"}).returncode == 0
+
+    # A read-only token may list, not create
+    assert cli(url, "stats", token="reader-token").returncode == 0
+    read_only = cli(url, "create", "x", "ticker", token="reader-token")
+    assert read_only.returncode == 1 and "403" in read_only.stderr
