@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from manager.api import health, kinds, metrics, observers, services
+from manager.api import dashboard, health, kinds, metrics, observers, services
 from manager.api.auth import require_token, warn_if_open
 from manager.api.limits import BodySizeLimit
 from manager.background import BackgroundLoops
@@ -72,6 +72,7 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(health.router)
+    app.include_router(dashboard.router)  # public: / and /static/* (no data)
     app.include_router(metrics.router)
     app.middleware("http")(metrics.measure_latency)
     protected = [Depends(require_token)]
