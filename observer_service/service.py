@@ -26,7 +26,7 @@ from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner, settle
 from observer_service.session import Session
-from observer_service.watchdog import LoopWatchdog
+from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
@@ -69,6 +69,7 @@ class ObserverService:
         self.session: Session | None = None
         self.shutdown = asyncio.Event()
         self.watchdog = LoopWatchdog()
+        self.gc_pauses = GcPauses()
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -90,6 +91,7 @@ class ObserverService:
         )
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
         self.watchdog.start()
+        self.gc_pauses.install()
         metrics.RUNNING.set_function(lambda: len(self.runner.running))
         metrics.CHILDREN.set_function(self.runner.children)
         if self.settings.metrics_port:

@@ -11,12 +11,45 @@ it is stuck on.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
 import time
 
 logger = logging.getLogger(__name__)
+
+
+class GcPauses:
+    """Times the garbage collector's full (generation 2) passes: with tens of thousands of
+    observers in one process they are the longest pauses of the event loop."""
+
+    def __init__(self, warn_ms: float = 200.0) -> None:
+        self.warn_ms = warn_ms
+        self.worst_ms = 0.0
+        self._started = 0.0
+
+    def install(self) -> None:
+        gc.callbacks.append(self._callback)
+
+    def take_worst(self) -> float:
+        worst, self.worst_ms = self.worst_ms, 0.0
+        return worst
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        pause_ms = (time.perf_counter() - self._started) * 1000
+        self.worst_ms = max(self.worst_ms, pause_ms)
+        if pause_ms >= self.warn_ms:
+            logger.warning(
+                "full garbage collection paused the loop for %.0f ms (%d objects freed)",
+                pause_ms,
+                info.get("collected", 0),
+            )
 
 
 class LoopWatchdog:
