@@ -24,6 +24,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
 from observer_service import metrics
+from observer_service.gc_policy import GcPolicy
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox
 from observer_service.session import Session
@@ -41,6 +42,7 @@ from shared.settings import ServiceSettings
 logger = logging.getLogger(__name__)
 
 _REQUEUE_AFTER_S = 5.0
+_FENCE_UNWIND_S = 1.0
 
 # Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
 # lease round trip): yield after every this many.
@@ -67,6 +69,7 @@ class Runner:
         self._draining = False
         # False once shutting down: queued starts are left unsettled (requeued on close).
         self.accepting = True
+        self.gc = GcPolicy()
 
     # --- start -------------------------------------------------------------------------
 
@@ -88,9 +91,11 @@ class Runner:
                 if session.closed.is_set():
                     continue  # the broker has requeued it with the session
                 await self._start(message, session)
+                self.gc.started()
                 count += 1
                 if count % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
+            self.gc.burst_done()
         finally:
             self._draining = False
 
@@ -188,6 +193,7 @@ class Runner:
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let heartbeats and the lease through during a big stop
         if ending:
+            self.gc.ended(len(ending), len(self.running))
             logger.info("%d observer(s) stopped (%s)", len(ending), reason)
 
     async def fence(self, session: Session) -> list[uuid.UUID]:
@@ -206,6 +212,11 @@ class Runner:
         if fenced:
             metrics.FENCED.inc(len(fenced))
             logger.warning("fenced %d observer(s): their session is gone", len(fenced))
+            # Let them unwind (briefly: none of them can act any more) so that the collection
+            # after the fence finds their tasks finished and frees them.
+            tasks = [r.task for r in fenced if r.task is not None and not r.task.done()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=_FENCE_UNWIND_S)
         return [r.start.observer_id for r in fenced]
 
     async def handoff(self) -> list[uuid.UUID]:
@@ -272,6 +283,7 @@ class Runner:
         logger.error("observer %s failed: %s", running.start.observer_id, reason)
         metrics.FAILURES.inc()
         self.running.pop(running.start.observer_id, None)
+        self.gc.ended(1, len(self.running))
         self.outbox.put(
             ObserverFailed(
                 observer_id=running.start.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS]

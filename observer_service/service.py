@@ -68,8 +68,8 @@ class ObserverService:
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
         self.session: Session | None = None
         self.shutdown = asyncio.Event()
-        self.watchdog = LoopWatchdog()
         self.gc_pauses = GcPauses()
+        self.watchdog = LoopWatchdog(gc_pauses=self.gc_pauses)
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -126,6 +126,7 @@ class ObserverService:
             self.session = None
             await self.runner.fence(session)
             await session.close(session.close_reason)
+            self.runner.gc.fenced()
 
     async def _graceful_stop(self) -> None:
         session = self.session

@@ -27,6 +27,7 @@ class GcPauses:
     def __init__(self, warn_ms: float = 200.0) -> None:
         self.warn_ms = warn_ms
         self.worst_ms = 0.0
+        self.collecting = False
         self._started = 0.0
 
     def install(self) -> None:
@@ -40,8 +41,10 @@ class GcPauses:
         if info.get("generation") != 2:
             return
         if phase == "start":
+            self.collecting = True
             self._started = time.perf_counter()
             return
+        self.collecting = False
         pause_ms = (time.perf_counter() - self._started) * 1000
         self.worst_ms = max(self.worst_ms, pause_ms)
         if pause_ms >= self.warn_ms:
@@ -53,7 +56,8 @@ class GcPauses:
 
 
 class LoopWatchdog:
-    def __init__(self, period_s: float = 0.25, stall_s: float = 1.0) -> None:
+    def __init__(self, period_s: float = 0.25, stall_s: float = 1.0, gc_pauses: GcPauses | None = None) -> None:
+        self.gc_pauses = gc_pauses
         self.period_s = period_s
         self.stall_s = stall_s
         self.lag_ms = 0.0  # the worst lag since the last ``take_lag``
@@ -93,6 +97,8 @@ class LoopWatchdog:
             logger.warning("event loop blocked for %.1fs %s", stalled, self._culprit())
 
     def _culprit(self) -> str:
+        if self.gc_pauses is not None and self.gc_pauses.collecting:
+            return "in a full garbage collection"
         task = asyncio.current_task(self._loop) if self._loop is not None else None
         frame = sys._current_frames().get(self._loop_thread_id)
         where = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""

@@ -4,14 +4,17 @@ validation of new observers against announced kinds."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
+import weakref
 
 import pytest
 
 from manager.errors import Invalid, Unavailable
 from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
 from observer_service.capacity import Budgets, auto_capacity, sized
+from observer_service.gc_policy import FREEZE_EVERY, GcPolicy
 from observer_service.watchdog import LoopWatchdog
 from shared.kinds import BUILTIN_KINDS, discover_kinds, load_ref
 from shared.messages import KindInfo, RetryPolicy
@@ -106,3 +109,33 @@ async def test_the_watchdog_names_the_observer_that_blocks_the_loop(caplog: pyte
     assert watchdog.take_lag() >= 500
     assert any("blocked" in r.message and "by observer 1234" in r.message for r in caplog.records), caplog.text
     assert "test_runtime_unit.py" in caplog.text  # the line it is stuck on
+
+
+def test_gc_policy_freezes_bursts_and_unfreezes_after_churn_or_a_fence() -> None:
+    policy = GcPolicy()
+    gc.unfreeze()
+    try:
+        policy.started(FREEZE_EVERY - 1)
+        assert gc.get_freeze_count() == 0
+        policy.burst_done()  # the end of a burst freezes what it started
+        assert gc.get_freeze_count() > 0
+        policy.ended(10, running=100_000)  # a few stops: frozen cycles are tolerable
+        assert gc.get_freeze_count() > 0
+        policy.ended(60_000, running=100_000)  # half the population churned: unfreeze
+        assert gc.get_freeze_count() == 0
+
+        class Cycle:
+            def __init__(self) -> None:
+                self.me = self
+
+        policy.started(FREEZE_EVERY)
+        garbage = Cycle()
+        gc.freeze()  # as if it had been frozen while its observer ran
+        ref = weakref.ref(garbage)
+        del garbage
+        gc.collect()
+        assert ref() is not None  # frozen cycles survive a collection...
+        policy.fenced()
+        assert ref() is None  # ...until a fence unfreezes and collects
+    finally:
+        gc.unfreeze()
