@@ -4,6 +4,13 @@ Reports are published in the order they were made (the manager relies on per-ser
 order). A report leaves the outbox only after the broker confirmed it, so a broken session
 loses nothing: the next session publishes the same reports again. The manager's rules are
 idempotent, so a report published twice (confirm lost with the connection) is harmless.
+
+One exception: an ``ObserverStarted`` (or an inventory) not yet published when its session
+died is dropped.
+Its delivery went back to the queue with the session and may already run elsewhere;
+published late, it would tell the manager that this service took the observer over from
+the real host, and the manager would stop the only running copy (``make bench`` lost 343
+observers that way while a fenced service's reports were still queued).
 """
 
 from __future__ import annotations
@@ -12,25 +19,34 @@ import asyncio
 import collections
 import logging
 
-from shared.messages import Message, ObserverFailed, ObserverStarted, ObserverStopped, ReportBatch
+from shared.messages import (
+    Message,
+    ObserverFailed,
+    ObserverRetrying,
+    ObserverStarted,
+    ObserverStopped,
+    ReportBatch,
+    ServiceInventory,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class Outbox:
     def __init__(self, max_size: int = 200_000) -> None:
-        self._items: collections.deque[Message] = collections.deque()
+        # (report, the session it is about, if it is only true while that session lives)
+        self._items: collections.deque[tuple[Message, object | None]] = collections.deque()
         self._max_size = max_size
         self._not_empty = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
 
-    def put(self, message: Message) -> None:
+    def put(self, message: Message, session: object | None = None) -> None:
         if len(self._items) >= self._max_size:
-            dropped = self._items.popleft()
+            dropped, _ = self._items.popleft()
             # The inventory repairs what a dropped report would have said.
             logger.warning("state outbox full (%d): dropped %s", self._max_size, type(dropped).__name__)
-        self._items.append(message)
+        self._items.append((message, session))
         self._not_empty.set()
         self._empty.clear()
 
@@ -42,13 +58,26 @@ class Outbox:
         while not self._items:
             self._not_empty.clear()
             await self._not_empty.wait()
-        return [self._items[i] for i in range(min(limit, len(self._items)))]
+        return [self._items[i][0] for i in range(min(limit, len(self._items)))]
 
     def drop_head(self, count: int) -> None:
         for _ in range(min(count, len(self._items))):
             self._items.popleft()
         if not self._items:
             self._empty.set()
+
+    def discard_started(self, session: object) -> int:
+        """Drop the unpublished starts and inventories of a session that died."""
+        kept = collections.deque(
+            item
+            for item in self._items
+            if not (item[1] is session and isinstance(item[0], ObserverStarted | ServiceInventory))
+        )
+        dropped = len(self._items) - len(kept)
+        self._items = kept
+        if not self._items:
+            self._empty.set()
+        return dropped
 
     async def wait_empty(self, timeout: float) -> bool:
         try:
@@ -59,14 +88,14 @@ class Outbox:
 
 
 REPORTS_PER_BATCH = 500
-_OBSERVER_REPORTS = (ObserverStarted, ObserverStopped, ObserverFailed)
+_OBSERVER_REPORTS = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed)
 
 
 def pack(messages: list[Message], per_batch: int = REPORTS_PER_BATCH) -> list[Message]:
     """Pack runs of consecutive observer reports into ``ReportBatch`` messages, keeping the
     order of everything; other messages pass as they are."""
     packed: list[Message] = []
-    run: list[ObserverStarted | ObserverStopped | ObserverFailed] = []
+    run: list[ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed] = []
 
     def flush() -> None:
         if len(run) == 1:

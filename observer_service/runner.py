@@ -157,7 +157,8 @@ class Runner:
         running.task.add_done_callback(functools.partial(self._on_task_done, running))
         self.running[oid] = running
         self.outbox.put(
-            ObserverStarted(observer_id=oid, service_id=self.service_id, redelivered=bool(message.redelivered))
+            ObserverStarted(observer_id=oid, service_id=self.service_id, redelivered=bool(message.redelivered)),
+            session,
         )
         logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
 

@@ -126,6 +126,9 @@ class ObserverService:
             self.session = None
             await self.runner.fence(session)
             await session.close(session.close_reason)
+            stale = self.outbox.discard_started(session)
+            if stale:
+                logger.warning("dropped %d unpublished start report(s) and inventories of the dead session", stale)
             self.runner.gc.fenced()
 
     async def _graceful_stop(self) -> None:
@@ -166,7 +169,8 @@ class ObserverService:
     # --- periodic reports -----------------------------------------------------------------
 
     def _send_inventory(self) -> None:
-        self.outbox.put(ServiceInventory(service_id=self.service_id, observer_ids=self.runner.inventory()))
+        inventory = ServiceInventory(service_id=self.service_id, observer_ids=self.runner.inventory())
+        self.outbox.put(inventory, self.session)  # what it lists holds only while this session lives
 
     async def _heartbeat_loop(self) -> None:
         while True:

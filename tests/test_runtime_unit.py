@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import time
+import uuid
 import weakref
 
 import pytest
@@ -15,9 +16,17 @@ from manager.errors import Invalid, Unavailable
 from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
 from observer_service.capacity import Budgets, auto_capacity, sized
 from observer_service.gc_policy import FREEZE_EVERY, GcPolicy
+from observer_service.outbox import Outbox
 from observer_service.watchdog import LoopWatchdog
 from shared.kinds import BUILTIN_KINDS, discover_kinds, load_ref
-from shared.messages import KindInfo, RetryPolicy
+from shared.messages import (
+    KindInfo,
+    ObserverStarted,
+    ObserverStopped,
+    RetryPolicy,
+    ServiceHeartbeat,
+    ServiceInventory,
+)
 from shared.settings import ServiceSettings
 
 
@@ -139,3 +148,16 @@ def test_gc_policy_freezes_bursts_and_unfreezes_after_churn_or_a_fence() -> None
         assert ref() is None  # ...until a fence unfreezes and collects
     finally:
         gc.unfreeze()
+
+
+async def test_unpublished_starts_and_inventories_of_a_dead_session_are_dropped() -> None:
+    outbox, dead, live = Outbox(), object(), object()
+    service, observer = uuid.uuid4(), uuid.uuid4()
+    outbox.put(ObserverStarted(observer_id=observer, service_id=service), dead)
+    outbox.put(ServiceInventory(service_id=service, observer_ids=[observer]), dead)
+    outbox.put(ObserverStopped(observer_id=observer, service_id=service), dead)  # an ack was sent: keep
+    outbox.put(ObserverStarted(observer_id=observer, service_id=service), live)
+    outbox.put(ServiceHeartbeat(service_id=service, running=1))
+    assert outbox.discard_started(dead) == 2
+    kept = await outbox.peek_batch(10)
+    assert [type(m).__name__ for m in kept] == ["ObserverStopped", "ObserverStarted", "ServiceHeartbeat"]
