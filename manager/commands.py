@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 import zlib
 from collections import Counter
@@ -42,6 +43,8 @@ from shared.messages import RetryPolicy, StartObserver, stop_messages
 
 logger = logging.getLogger(__name__)
 
+_CATALOG_TTL_S = 1.0
+
 
 @dataclass(frozen=True)
 class StopResult:
@@ -71,6 +74,7 @@ class ObserverCommands:
         self.sessions = sessions
         self.broker = broker
         self.default_retry = default_retry
+        self._catalog_cache: tuple[float, KindCatalog] | None = None
         # Starts this process is publishing right now: the sweeper leaves them alone, however
         # slow the broker's confirms are.
         self.in_flight: set[uuid.UUID] = set()
@@ -82,13 +86,19 @@ class ObserverCommands:
 
     async def create_many(self, specs: list[NewObserver]) -> list[Observer]:
         _refuse_duplicate_names(specs)
-        async with self.sessions() as session:
-            catalog = await KindCatalog.load(session)
         many = len(specs) > 1
-        specs = [
-            validate(spec, catalog, self.default_retry, f"observers[{i}]." if many else "")
-            for i, spec in enumerate(specs)
-        ]
+
+        def validated(catalog: KindCatalog) -> list[NewObserver]:
+            return [
+                validate(spec, catalog, self.default_retry, f"observers[{i}]." if many else "")
+                for i, spec in enumerate(specs)
+            ]
+
+        try:
+            specs = validated(await self._catalog())
+        except (Invalid, Unavailable):
+            # The cached catalog may predate a service that was just born: ask again once.
+            specs = validated(await self._catalog(fresh=True))
         starts = [
             StartObserver(
                 observer_id=uuid.uuid4(),
@@ -134,6 +144,16 @@ class ObserverCommands:
             await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_(ids)))
             by_id = {o.id: o for o in await session.scalars(select(Observer).where(Observer.id.in_(ids)))}
         return [by_id[i] for i in ids]
+
+    async def _catalog(self, fresh: bool = False) -> KindCatalog:
+        """The kinds live services offer, read at most once a second: it changes only when a
+        service is born or lost, and parsing every service's schemas on each single create
+        was a large share of its cost."""
+        now = time.monotonic()
+        if fresh or self._catalog_cache is None or now - self._catalog_cache[0] > _CATALOG_TTL_S:
+            async with self.sessions() as session:
+                self._catalog_cache = (now, await KindCatalog.load(session))
+        return self._catalog_cache[1]
 
     async def _insert(self, rows: list[dict[str, Any]]) -> None:
         pools = Counter(r["pool"] for r in rows)
