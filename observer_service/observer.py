@@ -25,6 +25,7 @@ from shared.messages import ObserverRetrying, StartObserver, utcnow
 from shared.settings import ServiceSettings
 
 MAX_ERROR_CHARS = 2000
+_LEASE_POLL_S = 0.1
 
 
 class Context:
@@ -85,8 +86,10 @@ async def supervise(
     running: Running, loaded: LoadedKind, args: BaseModel, settings: ServiceSettings, outbox: Outbox
 ) -> None:
     """Run the observer's body and restart it in place, under its retry policy, each
-    time it returns or raises. Cancellation (stop, handoff, fence) and ``LeaseLost``
-    end it for good; so does giving up (``ObserverGaveUp``: Failed, dead-lettered)."""
+    time it returns or raises. Cancellation (stop, handoff, fence) ends it for good; so
+    does giving up (``ObserverGaveUp``: Failed, dead-lettered). A body stopped by a lapsed
+    lease while its session lives waits for the lease and starts again, uncounted (see
+    ``Session._lease_loop``); once the session is gone, ``LeaseLost`` propagates."""
     start, ctx = running.start, running.ctx
     policy = start.retry
     failures = 0
@@ -96,7 +99,10 @@ async def supervise(
             await _run_body(running, loaded, args, settings)
             error = "observer returned"
         except LeaseLost:
-            raise
+            if ctx.lease_deadline() == 0.0 or running.ended_by is not None:
+                raise
+            await _lease_back(ctx)
+            continue
         except Exception as e:
             error = f"{type(e).__name__}: {e}"
             ctx.logger.warning("observer %s ended with %s", start.observer_id, error, exc_info=True)
@@ -121,6 +127,17 @@ async def supervise(
             )
         )
         await asyncio.sleep(delay)
+
+
+async def _lease_back(ctx: Context) -> None:
+    """Until the lease is valid again; raises ``LeaseLost`` if the session dies meanwhile."""
+    while True:
+        deadline = ctx.lease_deadline()
+        if deadline == 0.0:
+            raise LeaseLost("the broker session of this observer is gone")
+        if deadline > time.monotonic():
+            return
+        await asyncio.sleep(_LEASE_POLL_S)
 
 
 async def _run_body(running: Running, loaded: LoadedKind, args: BaseModel, settings: ServiceSettings) -> None:

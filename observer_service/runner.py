@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 
 _REQUEUE_AFTER_S = 5.0
 _FENCE_UNWIND_S = 1.0
-_HEADROOM_POLL_S = 0.05
 
 # Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
 # lease round trip): yield after every this many.
@@ -96,7 +95,6 @@ class Runner:
                 count += 1
                 if count % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-                    await _lease_headroom(session)
             self.gc.burst_done()
         finally:
             self._draining = False
@@ -317,18 +315,6 @@ class Runner:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-async def _lease_headroom(session: Session) -> None:
-    """Pause a burst of starts while the lease is in its second half, until it is renewed:
-    on a starved machine (2 cores, a failover of 10,000) starting observers could otherwise
-    keep the loop from renewing it, and a lapsed lease fences everything the burst started."""
-    lease = session.lease
-    deadline = time.monotonic() + lease.validity_s
-    while lease.remaining_s() < lease.validity_s / 2 and not session.closed.is_set():
-        if time.monotonic() > deadline:
-            return  # not renewed in a whole validity period: the session is failing anyway
-        await asyncio.sleep(_HEADROOM_POLL_S)
 
 
 async def _requeue_later(message: AbstractIncomingMessage, delay_s: float) -> None:

@@ -145,20 +145,36 @@ class Session:
 
     async def _lease_loop(self) -> None:
         """Renew every H/4. A slow round trip is waited for, never cancelled (aiormq closes
-        the channel of a cancelled RPC); the lease simply lapses if no round trip sent
-        within the last H/2 has come back, and then the session is given up."""
+        the channel of a cancelled RPC).
+
+        A lapsed lease pauses the observers (``ensure_lease`` refuses) but does not end the
+        session: a round trip that completes later on this same connection proves the broker
+        never declared it dead (it would have closed it), so nothing was given to anyone else
+        and the observers may go on. Dropping the session instead fenced every observer
+        whenever a flood of deliveries delayed the broker's answer past H/2, and the next
+        session met the same flood (``make bench``, a failover of 10,000). A round trip
+        unanswered for H, or a failed one, does end the session."""
         period = self.settings.amqp_heartbeat_s / 4
+        give_up_after = float(self.settings.amqp_heartbeat_s)
         renewal: asyncio.Task[None] | None = None
+        sent_at = 0.0
+        lapsed = False
         while not self.closed.is_set():
             if renewal is None or renewal.done():
                 if renewal is not None and renewal.exception() is not None:
                     self.fail(f"lease round trip failed: {renewal.exception()!r}")
                     return
-                renewal = asyncio.create_task(self._renew_lease())
+                renewal, sent_at = asyncio.create_task(self._renew_lease()), time.monotonic()
             await asyncio.wait({renewal}, timeout=period)
-            if not self.lease.is_valid():
-                self.fail("lease lapsed (the process was frozen or starved, or the broker is unreachable)")
+            if not renewal.done() and time.monotonic() - sent_at > give_up_after:
+                self.fail(f"lease round trip unanswered for {give_up_after:g}s: the broker or the network is gone")
                 return
+            if self.lease.is_valid() == lapsed:
+                lapsed = not lapsed
+                if lapsed:
+                    logger.warning("lease lapsed (starved or slow broker): observers paused until it is renewed")
+                else:
+                    logger.info("lease renewed: observers resume")
             await asyncio.sleep(max(0.0, period - (time.monotonic() - (self.lease.renewed_at or 0))))
 
     # --- publishing --------------------------------------------------------------------
