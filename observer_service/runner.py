@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 _REQUEUE_AFTER_S = 5.0
 _FENCE_UNWIND_S = 1.0
+_BURST_LOG_MIN = 100
 
 # Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
 # lease round trip): yield after every this many.
@@ -84,6 +85,7 @@ class Runner:
             self._spawn(self._drain())
 
     async def _drain(self) -> None:
+        began = time.monotonic()
         try:
             count = 0
             while self._inbox and self.accepting:
@@ -96,6 +98,8 @@ class Runner:
                 if count % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
             self.gc.burst_done()
+            if count >= _BURST_LOG_MIN:
+                logger.info("started a burst of %d observer(s) in %.2fs", count, time.monotonic() - began)
         finally:
             self._draining = False
 
@@ -160,7 +164,7 @@ class Runner:
             ObserverStarted(observer_id=oid, service_id=self.service_id, redelivered=bool(message.redelivered)),
             session,
         )
-        logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
+        logger.debug("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
 
     # --- stop --------------------------------------------------------------------------
 

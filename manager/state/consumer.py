@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -67,12 +68,14 @@ class StateConsumer:
             while len(batch) < self.max_batch and not self._inbox.empty():
                 batch.append(self._inbox.get_nowait())
             self._busy = True
+            began = time.perf_counter()
             try:
                 deliveries = [d for d in [await self._decode(m) for m in batch] if d is not None]
                 if deliveries:
                     await self._ack(await self._apply(deliveries))
             finally:
                 self._busy = False
+            logger.debug("applied %d state message(s) in %.1f ms", len(batch), (time.perf_counter() - began) * 1000)
 
     async def _decode(self, message: AbstractIncomingMessage) -> Delivery | None:
         try:
