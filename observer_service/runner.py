@@ -164,7 +164,7 @@ class Runner:
             ObserverStarted(observer_id=oid, service_id=self.service_id, redelivered=bool(message.redelivered)),
             session,
         )
-        logger.debug("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
+        logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
 
     # --- stop --------------------------------------------------------------------------
 
