@@ -90,7 +90,9 @@ class Bench:
         self.workers = max(n, scale // 3 + 1000)
         self.figures: list[Figure] = []
         self.db: asyncpg.Connection | None = None
-        self.http = httpx.AsyncClient(base_url=system.base_url, timeout=120)
+        # Idle connections are dropped before uvicorn's 5 s keep-alive ends: a request sent on
+        # a connection the server is closing fails with ReadError (it ended a run once).
+        self.http = httpx.AsyncClient(base_url=system.base_url, timeout=120, limits=httpx.Limits(keepalive_expiry=1.0))
         self.services: list[Proc] = []
         self.retries: list[str] = []  # 503 answers a client retried
         system.env |= BENCH_ENV
