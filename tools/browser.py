@@ -22,13 +22,14 @@ import fcntl
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+
+from tools.infra import InfraError, no_service_starts, run
 
 __all__ = ["CHROMIUM", "LAUNCH_ARGS", "BrowserError", "CannotInstall", "ensure_chromium", "main"]
 
@@ -50,7 +51,7 @@ _DPKG_LOCK_WAIT_S = 600
 _print_lock = threading.Lock()
 
 
-class BrowserError(RuntimeError):
+class BrowserError(InfraError):
     """chromium is missing and could not be installed."""
 
 
@@ -62,29 +63,6 @@ class CannotInstall(BrowserError):
 def _log(message: str) -> None:
     with _print_lock:
         print(f"[browser] {message}", file=sys.stderr, flush=True)
-
-
-def _run(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 120.0) -> str:
-    """Run a command, return stdout; raise BrowserError with its output on failure."""
-    try:
-        proc = subprocess.run(
-            list(argv),
-            env=dict(env) if env is not None else None,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            cwd="/",
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise BrowserError(f"timed out after {timeout:.0f}s: {shlex.join(argv)}") from exc
-    except OSError as exc:
-        raise BrowserError(f"cannot run {argv[0]}: {exc}") from exc
-    if proc.returncode != 0:
-        output = (proc.stderr.strip() + "\n" + proc.stdout.strip()).strip()
-        raise BrowserError(f"{shlex.join(argv)} exited with {proc.returncode}:\n{output[-4000:]}")
-    return proc.stdout
 
 
 def _lock_path() -> Path:
@@ -108,45 +86,29 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
-def _no_service_starts() -> Iterator[None]:
-    """A temporary ``/usr/sbin/policy-rc.d`` (exit 101), as in tools.infra: chromium's
-    dependencies (dbus, portals) must not start system services on these machines."""
-    policy = Path("/usr/sbin/policy-rc.d")
-    own_policy = not policy.exists()
-    if own_policy:
-        policy.write_text("#!/bin/sh\n# tools/browser.py: do not start services\nexit 101\n")
-        policy.chmod(0o755)
-    try:
-        yield
-    finally:
-        if own_policy:
-            policy.unlink(missing_ok=True)
-
-
 def _apt_install(env: Mapping[str, str]) -> None:
     install = ["apt-get", "-o", f"DPkg::Lock::Timeout={_DPKG_LOCK_WAIT_S}", "install", "-y", PACKAGE]
     _log(shlex.join(install))
     try:
-        _run(install, env=env, timeout=1800)
+        run(install, env=env, timeout=1800)
         return
-    except BrowserError as exc:
+    except InfraError as exc:
         # Usually stale package lists (404 on a .deb the mirror replaced): refresh, try again.
         _log(f"install failed; running apt-get update and retrying ({str(exc).splitlines()[0]})")
-    _run(["apt-get", "-o", f"DPkg::Lock::Timeout={_DPKG_LOCK_WAIT_S}", "update"], env=env, timeout=900)
-    _run(install, env=env, timeout=1800)
+    run(["apt-get", "-o", f"DPkg::Lock::Timeout={_DPKG_LOCK_WAIT_S}", "update"], env=env, timeout=900)
+    run(install, env=env, timeout=1800)
 
 
 def _check(path: Path) -> str:
     """The browser's version line; raises when the binary does not run."""
-    return _run([str(path), "--headless", "--no-sandbox", "--version"], timeout=60).strip()
+    return run([str(path), "--headless", "--no-sandbox", "--version"], timeout=60).strip()
 
 
 def ensure_chromium(path: Path = CHROMIUM) -> Path:
     """Return ``path`` (Debian's chromium), installing the ``chromium`` package if missing.
 
     Raises CannotInstall when it is missing and the machine has no apt-get or this is not root,
-    BrowserError when apt-get failed; the message says why.
+    InfraError when apt-get failed; the message says why.
     """
     if path.exists():
         return path
@@ -160,7 +122,7 @@ def ensure_chromium(path: Path = CHROMIUM) -> Path:
             return path
         began = time.monotonic()
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        with _no_service_starts():
+        with no_service_starts():
             _apt_install(env)
         if not path.exists():
             raise BrowserError(f"apt-get installed {PACKAGE!r} but {path} does not exist")
@@ -176,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.parse_args(argv)
     try:
         print(ensure_chromium())
-    except BrowserError as exc:
+    except InfraError as exc:
         print(f"[browser] error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -214,7 +214,7 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _run(
+def run(
     argv: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
@@ -275,6 +275,22 @@ def _pg_bin_dir() -> Path | None:
     return max(found)[1] if found else None
 
 
+@contextlib.contextmanager
+def no_service_starts() -> Iterator[None]:
+    """A temporary ``/usr/sbin/policy-rc.d`` (exit 101): packages installed meanwhile must not
+    start their system services on these machines (we run our own servers on our own ports)."""
+    policy = Path("/usr/sbin/policy-rc.d")
+    own_policy = not policy.exists()
+    if own_policy:
+        policy.write_text("#!/bin/sh\n# tools: do not start services while installing\nexit 101\n")
+        policy.chmod(0o755)
+    try:
+        yield
+    finally:
+        if own_policy:
+            policy.unlink(missing_ok=True)
+
+
 def ensure_packages() -> None:
     """apt-get install rabbitmq-server / postgresql when missing, without starting services.
 
@@ -294,22 +310,14 @@ def ensure_packages() -> None:
     if os.geteuid() != 0:
         raise InfraError(f"missing packages {' '.join(missing)}: run as root (apt-get install)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    policy = Path("/usr/sbin/policy-rc.d")
-    own_policy = not policy.exists()
-    if own_policy:
-        policy.write_text("#!/bin/sh\n# tools/infra.py: do not start services\nexit 101\n")
-        policy.chmod(0o755)
-    try:
+    with no_service_starts():
         _log("apt-get update")
         try:
-            _run(["apt-get", "update"], env=env, timeout=900)
+            run(["apt-get", "update"], env=env, timeout=900)
         except InfraError as exc:
             _log(f"warning: apt-get update failed; trying the cached package lists ({exc})")
         _log(f"apt-get install -y {' '.join(missing)}")
-        _run(["apt-get", "install", "-y", *missing], env=env, timeout=1800)
-    finally:
-        if own_policy:
-            policy.unlink(missing_ok=True)
+        run(["apt-get", "install", "-y", *missing], env=env, timeout=1800)
     if not RABBIT_SERVER.exists() or _pg_bin_dir() is None:
         raise InfraError("packages installed but binaries not found")
     _log(f"installed {' '.join(missing)} (system services not started)")
@@ -486,7 +494,7 @@ class RabbitNode:
 
     def ctl(self, *args: str, timeout: float = 120.0) -> str:
         """Run ``rabbitmqctl -n NODE *args`` with this node's HOME/env; return stdout."""
-        return _run(
+        return run(
             [str(RABBITMQCTL), "-n", self.node, *args],
             env=self._env(),
             timeout=timeout,
@@ -704,7 +712,7 @@ def _as_postgres(argv: Sequence[str]) -> list[str]:
 def _postgres_can_reach(path: Path) -> bool:
     """True if the postgres OS user can traverse ``path`` and every folder above it."""
     try:
-        _run(_as_postgres(["test", "-x", str(path)]), env=_pg_env(), timeout=30)
+        run(_as_postgres(["test", "-x", str(path)]), env=_pg_env(), timeout=30)
     except InfraError:
         return False
     return True
@@ -814,7 +822,7 @@ class PostgresNode:
             self.data_dir.mkdir(mode=0o700)
             os.chown(self.data_dir, uid, gid)
         _log(f"postgres: initdb {self.data_dir}")
-        _run(
+        run(
             _as_postgres(
                 [
                     self._bin("initdb"),
@@ -870,7 +878,7 @@ class PostgresNode:
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run ``sql`` as the postgres superuser over the unix socket; return unaligned rows."""
-        return _run(
+        return run(
             _as_postgres(
                 [
                     self._bin("psql"),
@@ -944,7 +952,7 @@ class PostgresNode:
         self._initdb()
         self._write_conf()
         try:
-            _run(
+            run(
                 _as_postgres(
                     [
                         self._bin("pg_ctl"),
@@ -975,7 +983,7 @@ class PostgresNode:
             _log("postgres not running")
             return
         began = time.monotonic()
-        _run(
+        run(
             _as_postgres([self._bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "-s", "stop"]),
             env=_pg_env(),
             timeout=90,
