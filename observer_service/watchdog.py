@@ -26,16 +26,11 @@ class GcPauses:
 
     def __init__(self, warn_ms: float = 200.0) -> None:
         self.warn_ms = warn_ms
-        self.worst_ms = 0.0
         self.collecting = False
         self._started = 0.0
 
     def install(self) -> None:
         gc.callbacks.append(self._callback)
-
-    def take_worst(self) -> float:
-        worst, self.worst_ms = self.worst_ms, 0.0
-        return worst
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if info.get("generation") != 2:
@@ -46,7 +41,6 @@ class GcPauses:
             return
         self.collecting = False
         pause_ms = (time.perf_counter() - self._started) * 1000
-        self.worst_ms = max(self.worst_ms, pause_ms)
         if pause_ms >= self.warn_ms:
             logger.warning(
                 "full garbage collection paused the loop for %.0f ms (%d objects freed)",
