@@ -35,8 +35,10 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
+BENCH_ARGS ?=
+
 bench: venv
-	$(PY) -m bench.run
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 bench-quick: venv
 	$(PY) -m bench.run --quick

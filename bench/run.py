@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.scenarios import Bench, Figure
+from bench import profile
+from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench, Figure
 from tests.harness import System
 from tools import infra
 
@@ -58,7 +59,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small N, for CI and smoke runs")
     parser.add_argument("--n", type=int, help="observers for create/failover/stop (default 30,000; quick 2,000)")
     parser.add_argument("--scale", type=int, help="observers held for the API latency scenario (100,000; quick 5,000)")
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated scenarios to run (of {', '.join(SCENARIOS)}); raw always runs, and create "
+        "runs too for those that need its observers",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record py-spy profiles of the manager and services during each scenario (figures not comparable)",
+    )
     args = parser.parse_args(argv)
+    only = None
+    if args.only:
+        only = {s.strip() for s in args.only.split(",") if s.strip()}
+        unknown = only - set(SCENARIOS)
+        if unknown:
+            parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+        if only & NEEDS_CREATE:
+            only.add("create")
+    if args.profile and not profile.available():
+        parser.error("--profile needs py-spy on PATH (pip install py-spy)")
     n = args.n or (2_000 if args.quick else 30_000)
     scale = args.scale or (5_000 if args.quick else 100_000)
 
@@ -77,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             check=True,
             capture_output=True,
         )
-        figures = asyncio.run(Bench(system, n=n, scale=scale, quick=args.quick).run_all())
+        profile_dir = RESULTS / f"profile-{started.strftime('%Y%m%dT%H%M%SZ')}" if args.profile else None
+        bench = Bench(system, n=n, scale=scale, quick=args.quick, only=only, profile_dir=profile_dir)
+        figures = asyncio.run(bench.run_all())
     except BaseException:
         print(f"benchmark failed; database {tag!r} and vhost kept for inspection, logs in {workdir}", file=sys.stderr)
         system.stop_all()
@@ -98,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 "n": n,
                 "scale": scale,
                 "quick": args.quick,
+                "only": sorted(only) if only else None,
+                "profiled": args.profile,
                 "machine": machine(),
                 "figures": [f.as_dict() for f in figures],
+                "cpu_seconds": bench.cpu,
                 "logs": str(workdir),
             },
             indent=2,

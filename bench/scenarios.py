@@ -20,10 +20,14 @@ from typing import Any
 import asyncpg
 import httpx
 
+from bench import profile
 from bench.raw import arun_raw
 from shared import topology
 from tests.harness import Proc, System
 
+SCENARIOS = ("create", "create-single", "failover", "catch-up", "stop", "scale")
+# These work on the observers that ``create`` made.
+NEEDS_CREATE = {"failover", "catch-up", "stop"}
 BULK = 1000
 POLL_S = 0.05
 BENCH_ENV = {
@@ -82,13 +86,24 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Bench:
-    def __init__(self, system: System, n: int, scale: int, quick: bool) -> None:
+    def __init__(
+        self,
+        system: System,
+        n: int,
+        scale: int,
+        quick: bool,
+        only: set[str] | None = None,
+        profile_dir: Path | None = None,
+    ) -> None:
         self.system = system
+        self.only = only  # scenarios to run (None: all); raw always runs, the targets need it
+        self.profile_dir = profile_dir
         self.n = n
         self.scale = scale
         self.quick = quick
         self.workers = max(n, scale // 3 + 1000)
         self.figures: list[Figure] = []
+        self.cpu: dict[str, dict[str, float]] = {}  # scenario -> CPU seconds per part
         self.db: asyncpg.Connection | None = None
         # Idle connections are dropped before uvicorn's 5 s keep-alive ends: a request sent on
         # a connection the server is closing fails with ReadError (it ended a run once).
@@ -158,21 +173,37 @@ class Bench:
 
     async def run_all(self) -> list[Figure]:
         print(f"benchmark: N={self.n:,} scale={self.scale:,} workers/service={self.workers:,}", flush=True)
-        await self.raw()
+        await self._run("raw", self.raw)
         await asyncio.to_thread(self.system.start_manager)
         await asyncio.to_thread(self.start_services)
         self.db = await asyncpg.connect(self.system.database_url.replace("+asyncpg", ""))
         try:
-            await self.create()
-            await self.create_single()
-            await self.failover()
-            await self.catch_up()
-            await self.stop()
-            await self.scale_api()
+            # In this order: each scenario starts from the state the previous one left.
+            await self._run("create", self.create)
+            await self._run("create-single", self.create_single)
+            await self._run("failover", self.failover)
+            await self._run("catch-up", self.catch_up)
+            await self._run("stop", self.stop)
+            await self._run("scale", self.scale_api)
         finally:
             await self.db.close()
             await self.http.aclose()
         return self.figures
+
+    async def _run(self, name: str, scenario: Callable[[], Awaitable[None]]) -> None:
+        if self.only is not None and name not in self.only and name != "raw":
+            return
+        before = profile.cpu_seconds()
+        if self.profile_dir is None:
+            await scenario()
+        else:
+            pids = {p.name: p.popen.pid for p in self.services if p.alive()}
+            if self.system.manager is not None and self.system.manager.alive():
+                pids["manager"] = self.system.manager.popen.pid
+            with profile.profiled(self.profile_dir, name, pids):
+                await scenario()
+        self.cpu[name] = profile.cpu_delta(before, profile.cpu_seconds())
+        print(f"  {name:<14} CPU seconds: {self.cpu[name]}", flush=True)
 
     async def raw(self) -> None:
         result = await arun_raw(self.system.amqp_url, self.n, 3)

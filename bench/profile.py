@@ -1,0 +1,122 @@
+"""Sampling profiles of the product's processes during a benchmark scenario (``--profile``).
+
+``py-spy record`` attaches to the manager and the services (no restart, no code change in
+them) for the length of one scenario and writes collapsed stacks, one file per process, to
+``bench/results/profile-<stamp>/<scenario>-<process>.txt``; ``summary`` prints the
+functions with the most samples of their own ("self") and in total. Sampling costs a few
+per cent of a core per process, so figures of a profiled run are not quoted.
+
+``cpu_seconds`` reads what each part of the system (broker, database, manager, services,
+the load generator) used from /proc, so every run says where the two cores went.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+RATE_HZ = 97  # not a divisor of the event loop's typical periods
+
+
+def available() -> bool:
+    return shutil.which("py-spy") is not None
+
+
+@contextlib.contextmanager
+def profiled(out_dir: Path, scenario: str, pids: dict[str, int]) -> Iterator[None]:
+    """Record every process in ``pids`` (name -> pid) while the block runs."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    recorders = []
+    for name, pid in pids.items():
+        out = out_dir / f"{scenario}-{name}.txt"
+        recorders.append(
+            subprocess.Popen(
+                ["py-spy", "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw", "-o", str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    try:
+        yield
+    finally:
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for recorder in recorders:
+            try:
+                recorder.wait(30)
+            except subprocess.TimeoutExpired:
+                recorder.kill()
+        for name in pids:
+            out = out_dir / f"{scenario}-{name}.txt"
+            if out.exists():
+                print(f"  profile {scenario}/{name}: {out}\n{summary(out)}", flush=True)
+
+
+def summary(path: Path, top: int = 15) -> str:
+    """The functions that hold the most samples: self (the frame on top) and total."""
+    own: collections.Counter[str] = collections.Counter()
+    total: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [f.split(" (")[0] + " " + f.split("/")[-1].rstrip(")") for f in stack.split(";")]
+        samples += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            total[frame] += count
+    if not samples:
+        return "    (no samples)"
+    lines = [f"    {samples} samples; self:"]
+    lines += [f"    {100 * c / samples:5.1f}%  {f}" for f, c in own.most_common(top)]
+    lines.append("    total:")
+    lines += [f"    {100 * c / samples:5.1f}%  {f}" for f, c in total.most_common(top)]
+    return "\n".join(lines)
+
+
+def _group(cmdline: str) -> str | None:
+    if "beam.smp" in cmdline:
+        return "rabbitmq"
+    if cmdline.startswith("postgres") or "/postgresql/" in cmdline:
+        return "postgres"
+    if "-m manager" in cmdline:
+        return "manager"
+    if "-m observer_service" in cmdline:
+        return "services"
+    if "-m bench" in cmdline:
+        return "bench (load + raw)"
+    return None
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the live processes of each part."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used: dict[str, float] = collections.defaultdict(float)
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        group = _group(cmdline)
+        if group is None:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        used[group] += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return dict(used)
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per part between two readings. A process that died meanwhile (kill -9)
+    takes its seconds with it, so a part's figure is a lower bound in such scenarios."""
+    return {k: round(max(0.0, after.get(k, 0.0) - before.get(k, 0.0)), 2) for k in sorted(set(before) | set(after))}
