@@ -5,6 +5,7 @@ from __future__ import annotations
 import uvicorn
 
 from manager.app import create_app
+from shared.event_loop import uses_uvloop
 from shared.logs import configure_logging
 from shared.settings import get_manager_settings
 
@@ -17,6 +18,7 @@ def main() -> None:
         host=settings.manager_host,
         port=settings.manager_port,
         log_config=None,
+        loop="uvloop" if uses_uvloop(settings.event_loop) else "asyncio",
         access_log=False,
     )
 

@@ -6,6 +6,7 @@ import asyncio
 import logging
 
 from observer_service.service import ObserverService
+from shared.event_loop import loop_factory
 from shared.logs import configure_logging
 from shared.settings import get_service_settings
 
@@ -13,7 +14,8 @@ from shared.settings import get_service_settings
 def main() -> None:
     settings = get_service_settings()
     configure_logging(settings.log_level, f"service:{settings.service_name}", settings.log_format)
-    asyncio.run(ObserverService(settings).run())
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        runner.run(ObserverService(settings).run())
     logging.shutdown()
 
 

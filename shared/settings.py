@@ -34,6 +34,8 @@ class CommonSettings(BaseSettings):
     heartbeat_s: float = Field(default=5.0, gt=0)
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
+    # "auto": uvloop when it is installed (a dependency on Linux), else asyncio's own loop.
+    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
 
 
 class ServiceSettings(CommonSettings):
