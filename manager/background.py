@@ -144,7 +144,7 @@ class BackgroundLoops:
             ]
         if not rows:
             return
-        await asyncio.gather(*(self.broker.publish_start(start_message(obs)) for obs in rows))
+        await self.broker.publish_starts([start_message(obs) for obs in rows])
         async with self.sessions.begin() as session:
             await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_([o.id for o in rows])))
         logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))

@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+from aiormq import spec
 
 from shared import topology
 from shared.errors import BrokerUnavailable
@@ -82,23 +83,43 @@ class BrokerLink:
             raise BrokerUnavailable("the broker is unreachable")
         return self._pub
 
-    async def publish_start(self, start: StartObserver) -> None:
-        """Publish a persistent start message to the pool's queue and wait for the confirm."""
+    async def publish_starts(self, starts: Sequence[StartObserver]) -> None:
+        """Publish persistent start messages to their pools' queues and wait until the broker
+        confirmed every one (one deadline for the whole batch). Raises ``BrokerUnavailable``
+        if any was not confirmed; some of the others may have been.
+
+        Published on the underlying aiormq channel, all in flight at once, without waiting
+        for each frame to be written: a bulk create of 1,000 spent most of its time in the
+        per-message machinery of aio-pika's ``Exchange.publish`` (``make bench ARGS=--profile``).
+        ``mandatory``: a start for a queue that does not exist comes back as an error."""
+        if not starts:
+            return
         channel = await self._channel()
         try:
-            if start.pool not in self._declared_pools:
+            for pool in sorted({s.pool for s in starts} - self._declared_pools):
                 # Many creates arrive at once: declare each pool's queue once, not per publish.
                 async with self._declare_lock:
-                    if start.pool not in self._declared_pools:
-                        await topology.declare_start_queue(channel, start.pool)
-                        self._declared_pools.add(start.pool)
-            await channel.default_exchange.publish(
-                topology.persistent(start.encode(), message_id=str(start.message_id)),
-                routing_key=topology.start_queue_name(start.pool),
-                timeout=_PUBLISH_TIMEOUT_S,
-            )
+                    if pool not in self._declared_pools:
+                        await topology.declare_start_queue(channel, pool)
+                        self._declared_pools.add(pool)
+            raw = await channel.get_underlay_channel()
+            confirms = [
+                raw.basic_publish(  # type: ignore[call-arg]  # aiormq's abc lacks ``wait``
+                    start.encode(),
+                    routing_key=topology.start_queue_name(start.pool),
+                    properties=topology.persistent_properties(str(start.message_id)),
+                    mandatory=True,
+                    wait=False,
+                )
+                for start in starts
+            ]
+            async with asyncio.timeout(_PUBLISH_TIMEOUT_S):
+                results = await asyncio.gather(*confirms)
         except Exception as e:
-            raise BrokerUnavailable(f"start message for {start.observer_id} not confirmed: {e!r}") from e
+            raise BrokerUnavailable(f"{len(starts)} start message(s) not confirmed: {e!r}") from e
+        refused = sum(1 for r in results if not isinstance(r, spec.Basic.Ack))
+        if refused:
+            raise BrokerUnavailable(f"the broker refused {refused} of {len(starts)} start message(s)")
 
     async def publish_control(self, message: Message) -> None:
         """Broadcast a stop or an inventory request to every service."""

@@ -9,7 +9,6 @@ start that was confirmed meanwhile runs as an unknown observer and is stopped af
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -19,7 +18,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, text, update
+import pydantic_core
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -81,10 +81,10 @@ class ObserverCommands:
 
     # --- create ----------------------------------------------------------------------------
 
-    async def create(self, spec: NewObserver) -> Observer:
+    async def create(self, spec: NewObserver) -> CreatedObserver:
         return (await self.create_many([spec]))[0]
 
-    async def create_many(self, specs: list[NewObserver]) -> list[Observer]:
+    async def create_many(self, specs: list[NewObserver]) -> list[CreatedObserver]:
         _refuse_duplicate_names(specs)
         many = len(specs) > 1
 
@@ -99,6 +99,14 @@ class ObserverCommands:
         except (Invalid, Unavailable):
             # The cached catalog may predate a service that was just born: ask again once.
             specs = validated(await self._catalog(fresh=True))
+        policies: dict[tuple[tuple[str, Any], ...], RetryPolicy] = {}  # a bulk usually shares one
+
+        def policy(retry: dict[str, Any] | None) -> RetryPolicy:
+            key = tuple(sorted((retry or {}).items()))
+            if key not in policies:
+                policies[key] = RetryPolicy.model_validate(retry or {})
+            return policies[key]
+
         starts = [
             StartObserver(
                 observer_id=uuid.uuid4(),
@@ -106,44 +114,28 @@ class ObserverCommands:
                 kind=s.kind,
                 args=s.args,
                 pool=s.pool,
-                retry=RetryPolicy.model_validate(s.retry),
+                retry=policy(s.retry),
                 isolation=s.isolation,
                 memory_limit_mb=s.memory_limit_mb,
             )
             for s in specs
         ]
         ids = [s.observer_id for s in starts]
-        await self._insert(
-            [
-                {
-                    "id": s.observer_id,
-                    "name": s.name,
-                    "kind": s.kind,
-                    "args": s.args,
-                    "pool": s.pool,
-                    "retry": s.retry.model_dump(mode="json"),
-                    "isolation": s.isolation,
-                    "memory_limit_mb": s.memory_limit_mb,
-                }
-                for s in starts
-            ]
-        )
+        created_at = await self._insert(starts)
         self.in_flight.update(ids)
         try:
-            results = await asyncio.gather(*(self.broker.publish_start(s) for s in starts), return_exceptions=True)
+            await self.broker.publish_starts(starts)
+        except BrokerUnavailable as e:
+            async with self.sessions.begin() as session:
+                await session.execute(delete(Observer).where(id_in(Observer.id, ids)))
+            raise Unavailable(f"the message broker is unreachable, nothing was created; retry later ({e})") from e
         finally:
             self.in_flight.difference_update(ids)
-        failed = [r for r in results if isinstance(r, BaseException)]
-        if failed:
-            async with self.sessions.begin() as session:
-                await session.execute(delete(Observer).where(Observer.id.in_(ids)))
-            raise Unavailable(
-                f"the message broker is unreachable, nothing was created; retry later ({failed[0]})"
-            ) from failed[0]
         async with self.sessions.begin() as session:
-            await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_(ids)))
-            by_id = {o.id: o for o in await session.scalars(select(Observer).where(Observer.id.in_(ids)))}
-        return [by_id[i] for i in ids]
+            await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))
+        # The rows as inserted: nothing else can have changed them before their start was
+        # confirmed, and reading 1,000 rows back cost more than the insert.
+        return [_created_row(s, created_at) for s in starts]
 
     async def _catalog(self, fresh: bool = False) -> KindCatalog:
         """The kinds live services offer, read at most once a second: it changes only when a
@@ -155,20 +147,20 @@ class ObserverCommands:
                 self._catalog_cache = (now, await KindCatalog.load(session))
         return self._catalog_cache[1]
 
-    async def _insert(self, rows: list[dict[str, Any]]) -> None:
-        pools = Counter(r["pool"] for r in rows)
+    async def _insert(self, starts: list[StartObserver]) -> datetime:
+        """Insert the rows (Created), their pending starts and their history in one round
+        trip; returns their ``created_at``. Capacity is checked under a per-pool lock."""
+        pools = Counter(s.pool for s in starts)
         try:
             async with self.sessions.begin() as session:
                 for pool in sorted(pools):
                     # Serialise creates per pool so two requests cannot both take the last slot.
                     await session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(pool.encode())})
                     await self._check_capacity(session, pool, pools[pool])
-                await session.execute(insert(Observer), [r | {"status": ObserverStatus.CREATED} for r in rows])
-                await session.execute(insert(PendingStart), [{"observer_id": r["id"]} for r in rows])
-                now = datetime.now(UTC)
-                await insert_events(session, [NewEvent(r["id"], EventType.CREATED, now) for r in rows])
+                created_at: datetime = (await session.execute(_INSERT_CREATED, _insert_params(starts))).scalar_one()
+                return created_at
         except IntegrityError as e:
-            taken = await self._live_names([r["name"] for r in rows])
+            taken = await self._live_names([s.name for s in starts])
             raise Conflict(
                 f"observer name(s) already used by an observer that is not Deleted/Failed: {', '.join(taken)}"
                 if taken
@@ -230,7 +222,7 @@ class ObserverCommands:
             ) from e
         self.in_flight.add(observer_id)
         try:
-            await self.broker.publish_start(start)
+            await self.broker.publish_starts([start])
         except BrokerUnavailable as e:
             async with self.sessions.begin() as session:
                 await session.execute(
@@ -290,6 +282,79 @@ class ObserverCommands:
             final=[i for i, s in found.items() if s in FINAL_STATUSES],
             unknown=[i for i in wanted if i not in found],
         )
+
+
+# Observers, their pending starts and their "created" events, from one set of arrays. The
+# ORM's executemany of the same rows was a quarter of the manager's time on bulk creates.
+_INSERT_CREATED = text(
+    """
+    WITH new AS (
+        INSERT INTO observers (id, name, kind, args, pool, retry, isolation, memory_limit_mb, status)
+        SELECT id, name, kind, args, pool, retry, isolation, memory_limit_mb, 'Created'
+        FROM unnest(
+            CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]), CAST(:args AS jsonb[]),
+            CAST(:pools AS text[]), CAST(:retries AS jsonb[]), CAST(:isolations AS text[]),
+            CAST(:memory_limits AS float8[])
+        ) AS v(id, name, kind, args, pool, retry, isolation, memory_limit_mb)
+        RETURNING id, created_at
+    ), pending AS (
+        INSERT INTO pending_starts (observer_id, created_at) SELECT id, created_at FROM new
+    ), history AS (
+        INSERT INTO observer_events (observer_id, at, event) SELECT id, created_at, 'created' FROM new
+    )
+    SELECT now()
+    """
+)
+
+
+def _insert_params(starts: list[StartObserver]) -> dict[str, list[Any]]:
+    return {
+        "ids": [s.observer_id for s in starts],
+        "names": [s.name for s in starts],
+        "kinds": [s.kind for s in starts],
+        "args": [pydantic_core.to_json(s.args).decode() for s in starts],
+        "pools": [s.pool for s in starts],
+        "retries": [s.retry.model_dump_json() for s in starts],
+        "isolations": [s.isolation for s in starts],
+        "memory_limits": [s.memory_limit_mb for s in starts],
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedObserver:
+    """A row as ``create_many`` inserted it (the fields the API shows of an observer)."""
+
+    id: uuid.UUID
+    name: str
+    kind: str
+    args: dict[str, Any]
+    pool: str
+    retry: RetryPolicy
+    isolation: str | None
+    memory_limit_mb: float | None
+    created_at: datetime
+    status: ObserverStatus = ObserverStatus.CREATED
+    service_id: uuid.UUID | None = None
+    attempts: int = 0
+    last_error: str | None = None
+
+    @property
+    def modified_at(self) -> datetime:
+        return self.created_at
+
+
+def _created_row(start: StartObserver, created_at: datetime) -> CreatedObserver:
+    return CreatedObserver(
+        start.observer_id,
+        start.name,
+        start.kind,
+        start.args,
+        start.pool,
+        start.retry,
+        start.isolation,
+        start.memory_limit_mb,
+        created_at,
+    )
 
 
 def _refuse_duplicate_names(specs: list[NewObserver]) -> None:

@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
 STATE_QUEUE = "orch.state"
@@ -89,6 +90,13 @@ async def declare_control_queue(channel: AbstractChannel, service_id: uuid.UUID)
     )
     await queue.bind(CONTROL_EXCHANGE)
     return queue
+
+
+def persistent_properties(message_id: str) -> aiormq.spec.Basic.Properties:
+    """The properties of ``persistent`` for a publish on the underlying aiormq channel (a
+    batch of thousands of starts: aio-pika's ``Message`` wrapper was a sixth of the
+    manager's time on creates)."""
+    return aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=2, message_id=message_id)
 
 
 def persistent(body: bytes, *, message_id: str | None = None) -> aio_pika.Message:
