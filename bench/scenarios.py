@@ -137,7 +137,7 @@ class Bench:
     async def processing(self) -> int:
         return await self.count("SELECT count(*) FROM observers WHERE status = 'Processing'")
 
-    async def bulk_create(self, prefix: str, count: int, args: dict[str, Any], concurrency: int = 4) -> None:
+    async def bulk_create(self, prefix: str, count: int, args: dict[str, Any], concurrency: int = 8) -> None:
         chunks = [range(i, min(i + BULK, count)) for i in range(0, count, BULK)]
         gate = asyncio.Semaphore(concurrency)
 
@@ -227,6 +227,7 @@ class Bench:
         idle = sum(rss_kib(p.popen.pid) for p in self.services)
         began = time.monotonic()
         await self.bulk_create("obs", self.n, {"interval_s": 3600, "emit": False})
+        answered = time.monotonic() - began
         await self.until(lambda: self._processing_is(self.n), 600, f"{self.n} Processing")
         elapsed = time.monotonic() - began
         self.add(
@@ -237,7 +238,7 @@ class Bench:
                 "obs/s",
                 target=0.5 * self.raw_hold_rate,
                 target_text=f">= 50% of raw ({0.5 * self.raw_hold_rate:,.0f})",
-                note=f"{elapsed:.2f}s",
+                note=f"{elapsed:.2f}s; the API had answered every request after {answered:.2f}s",
             )
         )
         await asyncio.sleep(2)
