@@ -6,7 +6,8 @@
   state backlog is drained (after a manager restart, or a burst of reports), so a heartbeat
   still waiting in the queue is not judged as silence;
 * publish again the starts a crash left unconfirmed (``pending_starts``);
-* stop observers reported running that have no row, after ``unknown_grace_s``.
+* stop observers reported running that have no row, after ``unknown_grace_s``;
+* fold the observer count deltas the triggers appended into the counts (``db/counts``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.commands import start_message
+from manager.db.counts import fold_deltas
 from manager.db.models import Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import STOP_RESENDS
@@ -59,7 +61,13 @@ class BackgroundLoops:
             await asyncio.sleep(self.settings.sweep_interval_s)
             if not self.broker.ready.is_set():
                 continue
-            for step in (self.restop, self.judge_heartbeats, self.republish_unenqueued, self.stop_unknown):
+            for step in (
+                self.restop,
+                self.judge_heartbeats,
+                self.republish_unenqueued,
+                self.stop_unknown,
+                self.fold_counts,
+            ):
                 try:
                     await step()
                 except BrokerUnavailable as e:
@@ -148,6 +156,10 @@ class BackgroundLoops:
         async with self.sessions.begin() as session:
             await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_([o.id for o in rows])))
         logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))
+
+    async def fold_counts(self) -> None:
+        async with self.sessions.begin() as session:
+            await fold_deltas(session)
 
     async def stop_unknown(self) -> None:
         unknown = self.rules.suspicions.unknown

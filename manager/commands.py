@@ -24,9 +24,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
+from manager.db.counts import live_in_pool
 from manager.db.models import (
     FINAL_STATUSES,
-    LIVE_STATUSES,
     EventType,
     Observer,
     ObserverStatus,
@@ -180,9 +180,7 @@ class ObserverCommands:
                 Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool])
             )
         )
-        used = await session.scalar(
-            select(func.count()).where(Observer.pool == pool, Observer.status.in_(LIVE_STATUSES))
-        )
+        used = await live_in_pool(session, pool)
         if not total:
             raise Unavailable(f"no live observer service serves pool {pool!r}; start one or use another pool")
         if (used or 0) + wanted > total:

@@ -8,10 +8,9 @@ counted as it happens. A registry of our own, so nothing else leaks into the out
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import Observer
+from manager.db.counts import observer_counts
 from manager.queries import stats
 
 REGISTRY = CollectorRegistry()
@@ -35,14 +34,9 @@ API_LATENCY = Histogram(
 
 
 async def render(session: AsyncSession, state_backlog: int | None) -> bytes:
-    counts = await session.execute(
-        select(Observer.status, Observer.pool, Observer.kind, func.count()).group_by(
-            Observer.status, Observer.pool, Observer.kind
-        )
-    )
     OBSERVERS.clear()  # a combination that no longer exists must disappear
-    for status, pool, kind, count in counts.all():
-        OBSERVERS.labels(status.value, pool, kind).set(count)
+    for count in await observer_counts(session):
+        OBSERVERS.labels(count.status.value, count.pool, count.kind).set(count.n)
     summary = await stats(session)
     for state, count in summary["services"].items():
         SERVICES.labels(state).set(count)

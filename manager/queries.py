@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import case, func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.db.counts import observer_counts
 from manager.db.models import LIVE_STATUSES, Observer, ObserverStatus, Service, ServiceStatus
 from manager.errors import Invalid, NotFound
 
@@ -132,20 +133,13 @@ async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Ser
 async def stats(session: AsyncSession) -> dict[str, Any]:
     by_status = {s.value: 0 for s in ObserverStatus}
     by_kind: dict[str, dict[str, int]] = {}
-    counts = await session.execute(
-        select(Observer.kind, Observer.status, func.count()).group_by(Observer.kind, Observer.status)
-    )
-    for kind, status, count in counts.all():
-        by_status[status.value] += count
-        by_kind.setdefault(kind, {})[status.value] = count
-    used: dict[str, int] = {
-        pool: count
-        for pool, count in (
-            await session.execute(
-                select(Observer.pool, func.count()).where(Observer.status.in_(LIVE_STATUSES)).group_by(Observer.pool)
-            )
-        ).all()
-    }
+    used: dict[str, int] = {}
+    for count in await observer_counts(session):
+        by_status[count.status.value] += count.n
+        per_kind = by_kind.setdefault(count.kind, {})
+        per_kind[count.status.value] = per_kind.get(count.status.value, 0) + count.n
+        if count.status in LIVE_STATUSES:
+            used[count.pool] = used.get(count.pool, 0) + count.n
     total: dict[str, int] = {}
     alive = await session.execute(
         select(Service.pools, Service.workers_count).where(Service.status == ServiceStatus.ALIVE)
@@ -162,8 +156,8 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         for pool in sorted(set(total) | set(used))
     }
     services = {s.value: 0 for s in ServiceStatus}
-    for svc_status, count in (
+    for svc_status, n in (
         await session.execute(select(Service.status, func.count()).group_by(Service.status))
     ).all():
-        services[svc_status.value] = count
+        services[svc_status.value] = n
     return {"observers": by_status, "services": services, "capacity": capacity, "kinds": dict(sorted(by_kind.items()))}

@@ -94,6 +94,7 @@ class Observer(Base):
         Index("ix_observers_created", "created_at", "id"),
         Index("ix_observers_service", "service_id"),
         Index("ix_observers_status_pool", "status", "pool"),
+        Index("ix_observers_status_created", "status", "created_at", "id"),
         Index("ix_observers_attempts", text("(- attempts)"), "id"),
     )
 

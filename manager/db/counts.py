@@ -1,0 +1,63 @@
+"""Observer counts per (kind, pool, status), kept by triggers (migration 0003).
+
+Stats, metrics and the capacity check read these instead of counting the observers
+table, which grows with every observer ever created: at 100,000 rows ``GET /api/stats``
+spent most of its 700 ms p99 in two ``GROUP BY`` scans (``make bench``, scale).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.models import LIVE_STATUSES, ObserverStatus
+
+_ALL = """
+    SELECT kind, pool, status, n FROM observer_counts
+    UNION ALL
+    SELECT kind, pool, status, n FROM observer_count_deltas
+"""
+
+_READ = text(f"SELECT kind, pool, status::text, sum(n) FROM ({_ALL}) AS c GROUP BY 1, 2, 3 HAVING sum(n) <> 0")
+
+_LIVE_IN_POOL = text(
+    f"SELECT coalesce(sum(n), 0) FROM ({_ALL}) AS c WHERE pool = :pool AND status::text = ANY(:statuses)"
+)
+
+# Deleting the deltas and adding them up happen in one statement: concurrent folds (two
+# managers) each move only rows they deleted, and a reader sees them before or after.
+_FOLD = text(
+    """
+    WITH moved AS (DELETE FROM observer_count_deltas RETURNING kind, pool, status, n)
+    INSERT INTO observer_counts (kind, pool, status, n)
+    SELECT kind, pool, status, sum(n) FROM moved GROUP BY 1, 2, 3
+    ON CONFLICT (kind, pool, status) DO UPDATE SET n = observer_counts.n + EXCLUDED.n
+    """
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    kind: str
+    pool: str
+    status: ObserverStatus
+    n: int
+
+
+async def observer_counts(session: AsyncSession) -> list[Count]:
+    """Every non-zero (kind, pool, status) count."""
+    rows = (await session.execute(_READ)).all()
+    return [Count(kind, pool, ObserverStatus(status), int(n)) for kind, pool, status, n in rows]
+
+
+async def live_in_pool(session: AsyncSession, pool: str) -> int:
+    """Observers of ``pool`` that hold (or wait for) a worker: Created, Processing, OnDeleting."""
+    statuses = [s.value for s in LIVE_STATUSES]
+    return int((await session.execute(_LIVE_IN_POOL, {"pool": pool, "statuses": statuses})).scalar_one())
+
+
+async def fold_deltas(session: AsyncSession) -> None:
+    """Move the pending deltas into the counts (the background loop, every sweep)."""
+    await session.execute(_FOLD)
