@@ -52,8 +52,8 @@ def test_inventory_repairs_a_lost_observer_started(system: System, tmp_path: Pat
     wait_for(lambda: "broker session open" in system.procs[-1].text(), 30, "svc-b up")
     a.kill9()
     wait_for(lambda: "redelivered=True" in system.procs[-1].text(), 30, "moved to svc-b")
-    dropped = drop_state_messages(system, "ObserverStarted")
-    assert dropped >= 1
+    # The report may still linger in svc-b's outbox for a moment after the log line.
+    wait_for(lambda: drop_state_messages(system, "ObserverStarted"), 10, "svc-b's ObserverStarted to be dropped")
 
     # Then the next inventory of svc-b tells the manager where it runs
     system.start_manager()
