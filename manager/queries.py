@@ -156,8 +156,6 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         for pool in sorted(set(total) | set(used))
     }
     services = {s.value: 0 for s in ServiceStatus}
-    for svc_status, n in (
-        await session.execute(select(Service.status, func.count()).group_by(Service.status))
-    ).all():
+    for svc_status, n in (await session.execute(select(Service.status, func.count()).group_by(Service.status))).all():
         services[svc_status.value] = n
     return {"observers": by_status, "services": services, "capacity": capacity, "kinds": dict(sorted(by_kind.items()))}
