@@ -24,7 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.counts import live_in_pool
+from manager.db.counts import live_in_pool_query
 from manager.db.models import (
     FINAL_STATUSES,
     EventType,
@@ -175,15 +175,17 @@ class ObserverCommands:
             return sorted(repr(n) for n in rows)
 
     async def _check_capacity(self, session: AsyncSession, pool: str, wanted: int) -> None:
-        total = await session.scalar(
-            select(func.coalesce(func.sum(Service.workers_count), 0)).where(
-                Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool])
-            )
+        # One round trip: creates of a pool wait for each other (the advisory lock) while
+        # this runs, so every round trip here is paid by every queued create.
+        total_workers = (
+            select(func.coalesce(func.sum(Service.workers_count), 0))
+            .where(Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool]))
+            .scalar_subquery()
         )
-        used = await live_in_pool(session, pool)
+        total, used = (await session.execute(select(total_workers, live_in_pool_query(pool)))).one()
         if not total:
             raise Unavailable(f"no live observer service serves pool {pool!r}; start one or use another pool")
-        if (used or 0) + wanted > total:
+        if used + wanted > total:
             raise Unavailable(
                 f"pool {pool!r} is full: {used}/{total} workers busy, {wanted} more requested; "
                 "stop observers or add services"

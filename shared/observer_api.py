@@ -26,6 +26,7 @@ observer of the service fails over).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -69,14 +70,19 @@ class ObserverKind(Generic[ArgsT]):
     # block, hog the CPU or crash without hurting its neighbours). Observers may override it.
     isolation: Isolation = "async"
 
-    def info(self) -> KindInfo:
-        """What a service announces about this kind (ServiceBorn, ``GET /api/kinds``)."""
+    @functools.cached_property
+    def _info(self) -> KindInfo:
         return KindInfo(
             name=self.name,
             description=self.description,
             isolation=self.isolation,
             args_schema=self.args_model.model_json_schema(),
         )
+
+    def info(self) -> KindInfo:
+        """What a service announces about this kind (ServiceBorn, ``GET /api/kinds``).
+        Generated once: the manager asks for the built-ins' schemas on every catalog load."""
+        return self._info
 
     def parse_args(self, raw: dict[str, Any]) -> ArgsT:
         """Validate raw JSON args; raises ``pydantic.ValidationError``."""

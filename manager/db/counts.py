@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import text
+from sqlalchemy import BigInteger, ScalarSelect, column, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import LIVE_STATUSES, ObserverStatus
@@ -22,8 +22,8 @@ _ALL = """
 
 _READ = text(f"SELECT kind, pool, status::text, sum(n) FROM ({_ALL}) AS c GROUP BY 1, 2, 3 HAVING sum(n) <> 0")
 
-_LIVE_IN_POOL = text(
-    f"SELECT coalesce(sum(n), 0) FROM ({_ALL}) AS c WHERE pool = :pool AND status::text = ANY(:statuses)"
+_LIVE_IN_POOL = (
+    f"SELECT coalesce(sum(n), 0) AS n FROM ({_ALL}) AS c WHERE pool = :pool AND status::text = ANY(:statuses)"
 )
 
 # Deleting the deltas and adding them up happen in one statement: concurrent folds (two
@@ -52,10 +52,15 @@ async def observer_counts(session: AsyncSession) -> list[Count]:
     return [Count(kind, pool, ObserverStatus(status), int(n)) for kind, pool, status, n in rows]
 
 
+def live_in_pool_query(pool: str) -> ScalarSelect[int]:
+    """Observers of ``pool`` that hold (or wait for) a worker: Created, Processing, OnDeleting,
+    as a scalar subquery (the capacity check reads it with the pool's workers)."""
+    query = text(_LIVE_IN_POOL).bindparams(pool=pool, statuses=[s.value for s in LIVE_STATUSES])
+    return query.columns(column("n", BigInteger)).subquery().select().scalar_subquery()
+
+
 async def live_in_pool(session: AsyncSession, pool: str) -> int:
-    """Observers of ``pool`` that hold (or wait for) a worker: Created, Processing, OnDeleting."""
-    statuses = [s.value for s in LIVE_STATUSES]
-    return int((await session.execute(_LIVE_IN_POOL, {"pool": pool, "statuses": statuses})).scalar_one())
+    return int((await session.execute(select(live_in_pool_query(pool)))).scalar_one())
 
 
 async def fold_deltas(session: AsyncSession) -> None:
