@@ -74,7 +74,7 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(dashboard.router)  # public: / and /static/* (no data)
     app.include_router(metrics.router)
-    app.middleware("http")(metrics.measure_latency)
+    app.add_middleware(metrics.LatencyMetrics)
     protected = [Depends(require_token)]
     app.include_router(observers.router, dependencies=protected)
     app.include_router(services.router, dependencies=protected)
