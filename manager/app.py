@@ -1,7 +1,8 @@
 """The manager's FastAPI application: wiring only.
 
 The lifespan checks the schema, connects to the broker (in the background, retrying),
-starts the state consumer and the background loops, and closes everything on the way out.
+starts the state side (the state consumer and the background loops: in a child process by
+default, see ``manager/state_process.py``) and closes everything on the way out.
 """
 
 from __future__ import annotations
@@ -14,24 +15,27 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import generate_latest
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from manager.api import dashboard, health, kinds, metrics, observers, services
 from manager.api.auth import require_token, warn_if_open
 from manager.api.limits import BodySizeLimit
-from manager.background import BackgroundLoops
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
 from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.errors import ManagerError
-from manager.state.consumer import StateConsumer
-from manager.state.quarantine import QuarantinePolicy
-from manager.state.rules import StateRules
+from manager.metrics import STATE_REGISTRY
+from manager.state_process import StateChild, StateSide, free_port
 from shared import __version__
 from shared.settings import ManagerSettings, get_manager_settings
 
 logger = logging.getLogger(__name__)
+
+
+async def _local_state_metrics() -> str:
+    return generate_latest(STATE_REGISTRY).decode()
 
 
 def create_app(settings: ManagerSettings | None = None) -> FastAPI:
@@ -44,25 +48,29 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
         await check_schema(engine)
         sessions = make_sessionmaker(engine)
         broker = BrokerLink(settings)
-        rules = StateRules(QuarantinePolicy(settings.quarantine_after_crashes, settings.quarantine_window_s))
-        consumer = StateConsumer(sessions, broker, rules)
         commands = ObserverCommands(sessions, broker, settings.default_retry())
-        loops = BackgroundLoops(settings, sessions, broker, rules, commands.in_flight, consumer.idle)
         app.state.sessions = sessions
         app.state.broker = broker
         app.state.commands = commands
-        app.state.consumer = consumer
-        broker.start(consumer.on_message)
-        tasks = [
-            asyncio.create_task(consumer.run(), name="state-consumer"),
-            asyncio.create_task(loops.run(), name="background"),
-        ]
+        child: StateChild | None = None
+        task: asyncio.Task[None] | None = None
+        if settings.state_process:
+            broker.start(None)
+            child = StateChild(metrics_port=free_port())
+            child.start()
+            app.state.state_metrics = child.metrics_text
+        else:
+            side = StateSide(settings, sessions, broker, commands.in_flight)
+            broker.start(side.on_message)
+            task = asyncio.create_task(side.run(), name="state-side")
+            app.state.state_metrics = _local_state_metrics
         try:
             yield
         finally:
-            for task in tasks:
+            if child is not None:
+                await child.stop()
+            if task is not None:
                 task.cancel()
-            for task in tasks:
                 with contextlib.suppress(BaseException):
                     await task
             await broker.close()

@@ -39,11 +39,11 @@ class BrokerLink:
         self._connect_task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
 
-    def start(self, on_state: StateHandler) -> None:
-        """Connect in the background (retrying) and consume the state queue."""
+    def start(self, on_state: StateHandler | None) -> None:
+        """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
         self._connect_task = asyncio.create_task(self._connect_loop(on_state), name="broker-connect")
 
-    async def _connect_loop(self, on_state: StateHandler) -> None:
+    async def _connect_loop(self, on_state: StateHandler | None) -> None:
         url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
         delay = 0.5
         while True:
@@ -59,12 +59,15 @@ class BrokerLink:
         self._connection = connection
         self._pub = await connection.channel(publisher_confirms=True)
         await topology.declare_common(self._pub)
-        consume = await connection.channel()
-        await consume.set_qos(prefetch_count=self.settings.state_prefetch)
-        state = await topology.declare_state_queue(consume)
-        await state.consume(on_state)
+        if on_state is not None:
+            consume = await connection.channel()
+            await consume.set_qos(prefetch_count=self.settings.state_prefetch)
+            state = await topology.declare_state_queue(consume)
+            await state.consume(on_state)
+        else:  # declared here too: the state backlog is read by a passive declare
+            await topology.declare_state_queue(self._pub)
         self.ready.set()
-        logger.info("connected to the broker; consuming %s", topology.STATE_QUEUE)
+        logger.info("connected to the broker%s", f"; consuming {topology.STATE_QUEUE}" if on_state else "")
 
     async def close(self) -> None:
         if self._connect_task is not None:

@@ -22,8 +22,13 @@ CAPACITY_FREE = Gauge(
     "orch_pool_workers_free", "Workers not running an observer, per pool", ["pool"], registry=REGISTRY
 )
 STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
-STATE_APPLIED = Counter("orch_state_messages_applied", "State messages applied to the database", registry=REGISTRY)
-STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=REGISTRY)
+# Counted by the state side, which may run in a process of its own (manager.state_process):
+# the API's /metrics adds this registry's text to its own.
+STATE_REGISTRY = CollectorRegistry()
+STATE_APPLIED = Counter(
+    "orch_state_messages_applied", "State messages applied to the database", registry=STATE_REGISTRY
+)
+STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
 API_LATENCY = Histogram(
     "orch_api_request_seconds",
     "API request latency",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared.errors import LeaseLost
 from shared.logs import LogFormat, configure_logging, set_service_id
+from shared.process import die_with_parent
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from shared.observer_api import ObserverKind
 
 _ALIVE_EVERY_S = 1.0
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 logger = logging.getLogger("observer_service.child")
 
@@ -83,18 +82,9 @@ def main() -> None:
     # decides when its children stop (it hands them off on its own SIGTERM).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _die_with_parent(int(sys.argv[1]))
+    # Even while observer code hogs the CPU (stdin EOF needs a free event loop).
+    die_with_parent(int(sys.argv[1]))
     asyncio.run(_main(protocol_fd))
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL from the kernel when the parent dies, even while observer code hogs the CPU
-    (stdin EOF needs a free event loop). Linux-only; it follows the thread that spawned us,
-    which is the service's event-loop thread."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 async def _main(protocol_fd: int) -> None:

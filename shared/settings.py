@@ -102,6 +102,9 @@ class ManagerSettings(CommonSettings):
     # Period of the background loops.
     sweep_interval_s: float = Field(default=1.0, gt=0)
     state_prefetch: int = Field(default=2000, ge=1, le=65535)
+    # Apply state and run the repairs in a child process of the API's (two cores, and a flood
+    # of reports never stalls a request); false: everything in one process.
+    state_process: bool = True
     # Bearer tokens for /api/* (comma-separated): full access, and read-only. None: open API.
     api_tokens: Annotated[list[str], NoDecode] = []
     api_read_tokens: Annotated[list[str], NoDecode] = []

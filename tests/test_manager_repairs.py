@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -118,3 +120,59 @@ def test_an_inventory_larger_than_the_sql_parameter_limit_is_applied(system: Sys
     wait_for(lambda: "stopping it" in system.manager.text(), 30, "the unknown ids to be stopped")  # type: ignore[union-attr]
     assert "could not be applied" not in system.manager.text()
     assert system.observer(created["id"])["status"] == "Processing"
+
+
+def _state_process_of(manager_pid: int) -> int | None:
+    """The pid of the manager's state process (its child running manager.state_process)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if ppid == manager_pid and b"manager.state_process" in cmdline:
+            return int(proc.name)
+    return None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return (Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]) == "Z"
+    except OSError:
+        return True
+
+
+def test_the_state_process_is_restarted_if_it_dies_and_dies_with_the_manager(system: System) -> None:
+    manager = system.start_manager()
+    system.start_service("svc-a", workers=5)
+    first = wait_for(lambda: _state_process_of(manager.popen.pid) or 0, 20, "the state process")
+    os.kill(first, signal.SIGKILL)
+
+    def replaced() -> int:
+        pid = _state_process_of(manager.popen.pid) or 0
+        return pid if pid != first else 0
+
+    second = wait_for(replaced, 20, "a new state process")
+    assert "state process exited" in manager.text()
+
+    # The new one applies state: an observer created now reaches Processing.
+    created = system.create("after-restart", args={"interval_s": 1})
+    system.wait_status(created["id"], "Processing")
+
+    # A kill -9 of the manager takes its state process along (no consumer left behind).
+    manager.kill9()
+    wait_for(lambda: _gone(second), 10, "the state process to die with the manager")
+
+
+def test_a_single_process_manager_applies_state_too(system: System) -> None:
+    manager = system.start_manager(ORCH_STATE_PROCESS="false")
+    system.start_service("svc-a", workers=5)
+    created = system.create("one-process", args={"interval_s": 1})
+    system.wait_status(created["id"], "Processing")
+    assert system.delete(f"/api/observers/{created['id']}").status_code == 202
+    system.wait_status(created["id"], "Deleted")
+    assert _state_process_of(manager.popen.pid) is None
+    applied = [line for line in system.get("/metrics").text.splitlines() if line.startswith("orch_state_messages")]
+    assert applied and float(applied[0].split()[-1]) > 0, applied

@@ -73,7 +73,11 @@ def test_metrics_of_the_manager_and_of_a_service(system: System) -> None:
     def manager_metrics() -> str:
         return system.get("/metrics").text
 
-    wait_for(lambda: "orch_state_messages_applied_total" in manager_metrics(), 10, "metrics")
+    def applied() -> float:  # counted by the state process, served through the API's /metrics
+        lines = [x for x in manager_metrics().splitlines() if x.startswith("orch_state_messages_applied_total ")]
+        return float(lines[0].split()[1]) if lines else 0.0
+
+    wait_for(applied, 10, "state messages applied in /metrics")
     text = manager_metrics()
     assert 'orch_observers{kind="ticker",pool="default",status="Processing"} 1.0' in text
     assert 'orch_pool_workers{pool="default"} 5.0' in text and 'orch_pool_workers_free{pool="default"} 4.0' in text

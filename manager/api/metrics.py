@@ -17,7 +17,8 @@ router = APIRouter(tags=["health"])
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def get_metrics(request: Request, session: SessionDep) -> Response:
     backlog = await request.app.state.broker.state_backlog()
-    return Response(await metrics.render(session, backlog), media_type=CONTENT_TYPE_LATEST)
+    text = await metrics.render(session, backlog) + (await request.app.state.state_metrics()).encode()
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 class LatencyMetrics:

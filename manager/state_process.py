@@ -1,0 +1,186 @@
+"""The manager's state side: the state consumer and the background repairs.
+
+By default (``ORCH_STATE_PROCESS=true``) ``python -m manager`` runs the API in one process and
+this side in a child process of it, so the two use two cores and applying a flood of
+reports never stalls an API request; ``false`` runs both in one process. Either way exactly
+one state side runs per manager, and the state queue's single-active-consumer lets only one
+manager apply state at a time.
+
+The child:
+* dies with its parent (``PR_SET_PDEATHSIG``): a ``kill -9`` of the manager leaves no state
+  consumer behind;
+* is started again by the parent, after a pause, if it exits on its own;
+* serves its counters (``STATE_REGISTRY``) on a loopback port; the API's ``/metrics`` adds
+  them to its own.
+
+It publishes only follow-ups and re-publishes (sweeper); the API process publishes creates.
+The sweeper of the child cannot see which starts the API is publishing right now, so it
+leaves every pending start alone until it is ``ORCH_ENQUEUE_SWEEP_AFTER_S`` old (a publish
+gives up after 10 s); a start published twice anyway is absorbed by the state rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+
+import httpx
+import prometheus_client
+from aio_pika.abc import AbstractIncomingMessage
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.background import BackgroundLoops
+from manager.broker import BrokerLink
+from manager.db.engine import check_schema, make_engine, make_sessionmaker
+from manager.metrics import STATE_REGISTRY
+from manager.state.consumer import StateConsumer
+from manager.state.quarantine import QuarantinePolicy
+from manager.state.rules import StateRules
+from shared.event_loop import loop_factory
+from shared.logs import configure_logging
+from shared.process import die_with_parent
+from shared.settings import ManagerSettings, get_manager_settings
+
+logger = logging.getLogger(__name__)
+
+METRICS_PORT_ENV = "ORCH_STATE_METRICS_PORT"  # set by the parent for its child
+PARENT_PID_ENV = "ORCH_STATE_PARENT_PID"
+_RESTART_AFTER_S = 1.0
+_STOP_GRACE_S = 10.0
+
+
+class StateSide:
+    """The state consumer and the background loops, on the caller's sessions and broker link
+    (whose ``start`` must be given ``on_message``)."""
+
+    def __init__(
+        self,
+        settings: ManagerSettings,
+        sessions: async_sessionmaker[AsyncSession],
+        broker: BrokerLink,
+        in_flight: set[uuid.UUID] | None = None,
+    ) -> None:
+        rules = StateRules(QuarantinePolicy(settings.quarantine_after_crashes, settings.quarantine_window_s))
+        self.consumer = StateConsumer(sessions, broker, rules)
+        # Starts being published by this process (single-process mode shares the API's set).
+        self.loops = BackgroundLoops(settings, sessions, broker, rules, in_flight or set(), self.consumer.idle)
+
+    async def on_message(self, message: AbstractIncomingMessage) -> None:
+        await self.consumer.on_message(message)
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        await asyncio.gather(self.consumer.run(), self.loops.run())
+
+
+# --- the child process ---------------------------------------------------------------------
+
+
+def main() -> None:
+    """``python -m manager.state_process``: the state side alone (started by the manager)."""
+    parent = os.environ.get(PARENT_PID_ENV)
+    if parent is not None:
+        die_with_parent(int(parent))
+    settings = get_manager_settings()
+    configure_logging(settings.log_level, "manager:state", settings.log_format)
+    port = int(os.environ.get(METRICS_PORT_ENV, "0"))
+    if port:
+        prometheus_client.start_http_server(port, addr="127.0.0.1", registry=STATE_REGISTRY)
+    with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
+        runner.run(_run_until_signalled(settings))
+
+
+async def _run_until_signalled(settings: ManagerSettings) -> None:
+    engine = make_engine(settings.database_url)
+    await check_schema(engine)
+    sessions = make_sessionmaker(engine)
+    broker = BrokerLink(settings)
+    side = StateSide(settings, sessions, broker)
+    broker.start(side.on_message)
+    task = asyncio.create_task(side.run())
+    # SIGTERM from the parent stops us; Ctrl-C in a terminal reaches the parent too, which
+    # then sends SIGTERM: ignoring SIGINT here keeps the shutdown in that one order.
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    loop.add_signal_handler(signal.SIGINT, lambda: None)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    finally:
+        await broker.close()
+        await engine.dispose()
+    logger.info("state process stopped")
+
+
+# --- the parent's side -----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (for the child's metrics)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class StateChild:
+    """The state process as seen from the API process: started, watched, restarted, stopped."""
+
+    def __init__(self, metrics_port: int) -> None:
+        self.metrics_port = metrics_port
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._spawn()
+        self._watch = asyncio.create_task(self._keep_running(), name="state-process")
+
+    def _spawn(self) -> None:
+        # Called on the event-loop thread (see ``die_with_parent``).
+        env = os.environ | {METRICS_PORT_ENV: str(self.metrics_port), PARENT_PID_ENV: str(os.getpid())}
+        # Same stdout/stderr as the manager: one log for both halves.
+        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state_process"], env=env)
+        logger.info("state process started (pid %d)", self._proc.pid)
+
+    async def _keep_running(self) -> None:
+        while True:
+            assert self._proc is not None
+            code = await asyncio.to_thread(self._proc.wait)
+            logger.error("state process exited with %s; starting it again in %.0fs", code, _RESTART_AFTER_S)
+            await asyncio.sleep(_RESTART_AFTER_S)
+            self._spawn()
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(proc.wait, _STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+
+    async def metrics_text(self) -> str:
+        """The child's counters in the Prometheus text format ('' while it is unreachable)."""
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                response = await client.get(f"http://127.0.0.1:{self.metrics_port}/metrics")
+                response.raise_for_status()
+                return response.text
+        except httpx.HTTPError:
+            return ""
+
+
+if __name__ == "__main__":
+    main()
