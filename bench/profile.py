@@ -82,6 +82,22 @@ def summary(path: Path, top: int = 15) -> str:
     return "\n".join(lines)
 
 
+def children(pid: int) -> dict[str, int]:
+    """The manager's state process, if it runs one (module name -> pid)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, ValueError):
+            continue
+        if ppid == pid and "manager.state_process" in cmdline:
+            found["manager-state"] = int(proc.name)
+    return found
+
+
 def _group(cmdline: str) -> str | None:
     if "beam.smp" in cmdline:
         return "rabbitmq"

@@ -200,6 +200,7 @@ class Bench:
             pids = {p.name: p.popen.pid for p in self.services if p.alive()}
             if self.system.manager is not None and self.system.manager.alive():
                 pids["manager"] = self.system.manager.popen.pid
+                pids |= profile.children(self.system.manager.popen.pid)
             with profile.profiled(self.profile_dir, name, pids):
                 await scenario()
         self.cpu[name] = profile.cpu_delta(before, profile.cpu_seconds())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -105,6 +106,8 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
     side = StateSide(settings, sessions, broker)
     broker.start(side.on_message)
     task = asyncio.create_task(side.run())
+    gc.collect()
+    gc.freeze()  # start-up objects are never garbage: keep full collections from walking them
     # SIGTERM from the parent stops us; Ctrl-C in a terminal reaches the parent too, which
     # then sends SIGTERM: ignoring SIGINT here keeps the shutdown in that one order.
     loop = asyncio.get_running_loop()
