@@ -112,10 +112,10 @@ def _group(cmdline: str) -> str | None:
     return None
 
 
-def cpu_seconds() -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the live processes of each part."""
+def cpu_seconds() -> dict[tuple[str, int], float]:
+    """CPU seconds (user + system) used so far by each live process of each part."""
     ticks = os.sysconf("SC_CLK_TCK")
-    used: dict[str, float] = collections.defaultdict(float)
+    used: dict[tuple[str, int], float] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -128,11 +128,15 @@ def cpu_seconds() -> dict[str, float]:
         if group is None:
             continue
         fields = stat.rpartition(")")[2].split()
-        used[group] += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-    return dict(used)
+        used[(group, int(proc.name))] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return used
 
 
-def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """CPU seconds per part between two readings. A process that died meanwhile (kill -9)
-    takes its seconds with it, so a part's figure is a lower bound in such scenarios."""
-    return {k: round(max(0.0, after.get(k, 0.0) - before.get(k, 0.0)), 2) for k in sorted(set(before) | set(after))}
+def cpu_delta(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float]) -> dict[str, float]:
+    """CPU seconds per part between two readings: a process started meanwhile counts from
+    zero; one that died meanwhile (kill -9) takes its last seconds with it, so a part's
+    figure is a lower bound in such scenarios."""
+    parts: dict[str, float] = collections.defaultdict(float)
+    for key, seconds in after.items():
+        parts[key[0]] += seconds - before.get(key, 0.0)
+    return {part: round(seconds, 2) for part, seconds in sorted(parts.items())}

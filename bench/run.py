@@ -44,6 +44,21 @@ def machine() -> dict[str, Any]:
     }
 
 
+def warn_about_leftovers(rabbit: infra.RabbitNode, postgres: infra.PostgresNode) -> None:
+    """A failed run keeps its vhost and database for inspection; left there, their messages
+    and rows slow every later run on the same broker (fifteen of them did, once)."""
+    vhosts = [v for v in rabbit.ctl("-q", "list_vhosts").split() if v.startswith("bench_")]
+    databases = postgres.psql(r"SELECT datname FROM pg_database WHERE datname LIKE 'bench\_%';").split()
+    if vhosts or databases:
+        print(
+            f"WARNING: {len(vhosts)} vhost(s) and {len(databases)} database(s) of earlier failed runs remain and "
+            f"slow this one: {', '.join(sorted(set(vhosts) | set(databases)))}; delete them with "
+            "`rabbitmqctl delete_vhost NAME` and `DROP DATABASE NAME`",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def table(figures: list[Figure]) -> str:
     rows = [("scenario", "figure", "value", "target", "ratio", "verdict")]
     for f in figures:
@@ -85,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
     infra.up()
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
+    warn_about_leftovers(rabbit, postgres)
     tag = f"bench_{int(time.time())}"
     rabbit.add_vhost(tag)
     postgres.create_database(tag)

@@ -128,7 +128,9 @@ class ObserverCommands:
         except BrokerUnavailable as e:
             async with self.sessions.begin() as session:
                 await session.execute(delete(Observer).where(id_in(Observer.id, ids)))
-            raise Unavailable(f"the message broker is unreachable, nothing was created; retry later ({e})") from e
+            raise Unavailable(
+                f"the message broker is unreachable or overloaded, nothing was created; retry later ({e})"
+            ) from e
         finally:
             self.in_flight.difference_update(ids)
         async with self.sessions.begin() as session:
