@@ -32,7 +32,7 @@ from manager.state.quarantine import host_died
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
-from shared.messages import InventoryRequest, StopObserver, stop_messages
+from shared.messages import InventoryRequest, stop_messages
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
@@ -172,11 +172,18 @@ class BackgroundLoops:
             return
         async with self.sessions() as session:
             known = set(await session.scalars(select(Observer.id).where(id_in(Observer.id, [oid for oid, _ in due]))))
+        orphans: dict[uuid.UUID, list[uuid.UUID]] = {}  # host -> observers with no row
+        recheck: set[uuid.UUID] = set()
         for oid, sid in due:
             del unknown[oid]
             if oid in known:
-                # Its row committed after the report: ask the host to report again.
-                await self.broker.publish_control(InventoryRequest(service_id=sid))
-                continue
-            logger.warning("observer %s runs on %s but has no row: stopping it", oid, sid)
-            await self.broker.publish_control(StopObserver(observer_id=oid, service_id=sid, reason="unknown observer"))
+                recheck.add(sid)  # its row committed after the report: ask the host to report again
+            else:
+                orphans.setdefault(sid, []).append(oid)
+        for sid in recheck:
+            await self.broker.publish_control(InventoryRequest(service_id=sid))
+        # Batched per host: a bulk create whose confirms came too late leaves thousands at once.
+        for sid, oids in orphans.items():
+            logger.warning("%d observer(s) run on %s but have no row (e.g. %s): stopping them", len(oids), sid, oids[0])
+            for message in stop_messages(oids, "unknown observer", sid):
+                await self.broker.publish_control(message)
