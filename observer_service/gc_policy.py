@@ -17,9 +17,11 @@ counting; only frozen *cycles* would stay, so:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,19 @@ class GcPolicy:
     def __init__(self) -> None:
         self._since_freeze = 0
         self._ended_frozen = 0  # observers ended since the last unfreeze
+
+    @contextlib.contextmanager
+    def burst(self) -> Iterator[None]:
+        """No automatic collection while a burst of starts runs: ``started`` collects the young
+        generations every ``FREEZE_EVERY`` starts anyway, and an automatic full collection in
+        the middle of a failover's burst paused a service for 1.3 s (make bench)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if enabled:
+                gc.enable()
 
     def started(self, count: int = 1) -> None:
         self._since_freeze += count

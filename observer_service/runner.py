@@ -88,16 +88,17 @@ class Runner:
         began = time.monotonic()
         try:
             count = 0
-            while self._inbox and self.accepting:
-                message, session = self._inbox.popleft()
-                if session.closed.is_set():
-                    continue  # the broker has requeued it with the session
-                await self._start(message, session)
-                self.gc.started()
-                count += 1
-                if count % _YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-            self.gc.burst_done()
+            with self.gc.burst():
+                while self._inbox and self.accepting:
+                    message, session = self._inbox.popleft()
+                    if session.closed.is_set():
+                        continue  # the broker has requeued it with the session
+                    await self._start(message, session)
+                    self.gc.started()
+                    count += 1
+                    if count % _YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+                self.gc.burst_done()
             if count >= _BURST_LOG_MIN:
                 logger.info("started a burst of %d observer(s) in %.2fs", count, time.monotonic() - began)
         finally:

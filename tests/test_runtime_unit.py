@@ -189,3 +189,19 @@ async def test_an_ended_observer_is_freed_by_reference_counting_alone() -> None:
         assert ref() is None, "an ended observer is kept alive by a reference cycle"
     finally:
         gc.enable()
+
+
+def test_gc_policy_keeps_automatic_collection_off_during_a_burst_only() -> None:
+    policy = GcPolicy()
+    assert gc.isenabled()
+    with policy.burst():
+        assert not gc.isenabled()  # no automatic full collection can pause the burst
+        policy.started(FREEZE_EVERY)  # the young generations are still collected by hand
+    assert gc.isenabled()
+    try:
+        with policy.burst():
+            raise RuntimeError("a start that blew up")
+    except RuntimeError:
+        pass
+    assert gc.isenabled()
+    gc.unfreeze()
