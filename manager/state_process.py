@@ -49,7 +49,7 @@ from shared.logs import configure_logging
 from shared.process import die_with_parent
 from shared.settings import ManagerSettings, get_manager_settings
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("manager.state_process")  # not "__main__" when run with -m
 
 METRICS_PORT_ENV = "ORCH_STATE_METRICS_PORT"  # set by the parent for its child
 PARENT_PID_ENV = "ORCH_STATE_PARENT_PID"
