@@ -15,8 +15,8 @@ The child:
 
 It publishes only follow-ups and re-publishes (sweeper); the API process publishes creates.
 The sweeper of the child cannot see which starts the API is publishing right now, so it
-leaves every pending start alone until it is ``ORCH_ENQUEUE_SWEEP_AFTER_S`` old (a publish
-gives up after 10 s); a start published twice anyway is absorbed by the state rules.
+leaves every pending start alone until it is ``ORCH_ENQUEUE_SWEEP_AFTER_S`` old (30 s; a batch
+of 1,000 starts gives up after 20 s); a start published twice anyway is absorbed by the rules.
 """
 
 from __future__ import annotations
