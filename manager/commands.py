@@ -302,14 +302,14 @@ _INSERT_CREATED = text(
     ), pending AS (
         INSERT INTO pending_starts (observer_id, created_at) SELECT id, created_at FROM new
     ), history AS (
-        INSERT INTO observer_events (observer_id, at, event) SELECT id, created_at, 'created' FROM new
+        INSERT INTO observer_events (observer_id, at, event) SELECT id, created_at, :created_event FROM new
     )
     SELECT now()
     """
 )
 
 
-def _insert_params(starts: list[StartObserver]) -> dict[str, list[Any]]:
+def _insert_params(starts: list[StartObserver]) -> dict[str, Any]:
     return {
         "ids": [s.observer_id for s in starts],
         "names": [s.name for s in starts],
@@ -319,6 +319,7 @@ def _insert_params(starts: list[StartObserver]) -> dict[str, list[Any]]:
         "retries": [s.retry.model_dump_json() for s in starts],
         "isolations": [s.isolation for s in starts],
         "memory_limits": [s.memory_limit_mb for s in starts],
+        "created_event": EventType.CREATED.value,
     }
 
 

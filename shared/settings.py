@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.event_loop import EventLoopChoice
 from shared.messages import RetryPolicy
 
 AUTO = 0
@@ -35,7 +36,7 @@ class CommonSettings(BaseSettings):
     log_level: str = "INFO"
     log_format: Literal["text", "json"] = "text"
     # "auto": uvloop when it is installed (a dependency on Linux), else asyncio's own loop.
-    event_loop: Literal["auto", "uvloop", "asyncio"] = "auto"
+    event_loop: EventLoopChoice = "auto"
 
 
 class ServiceSettings(CommonSettings):

@@ -8,9 +8,9 @@ import asyncio
 import uuid
 from collections import Counter
 
-from sqlalchemy import text
+from sqlalchemy import select, text
 
-from manager.db.counts import fold_deltas, live_in_pool, observer_counts
+from manager.db.counts import fold_deltas, live_in_pool_query, observer_counts
 from manager.db.engine import make_engine, make_sessionmaker
 
 _INSERT = text(
@@ -69,6 +69,6 @@ async def test_counts_equal_a_scan_after_any_change_and_any_fold(database: str) 
                 expected = sum(
                     n for (_, p, st), n in live if p == pool and st in ("Created", "Processing", "OnDeleting")
                 )
-                assert await live_in_pool(s, pool) == expected > 0
+                assert (await s.execute(select(live_in_pool_query(pool)))).scalar_one() == expected > 0
     finally:
         await engine.dispose()

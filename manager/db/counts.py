@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, ScalarSelect, column, select, text
+from sqlalchemy import BigInteger, ScalarSelect, column, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import LIVE_STATUSES, ObserverStatus
@@ -57,10 +57,6 @@ def live_in_pool_query(pool: str) -> ScalarSelect[int]:
     as a scalar subquery (the capacity check reads it with the pool's workers)."""
     query = text(_LIVE_IN_POOL).bindparams(pool=pool, statuses=[s.value for s in LIVE_STATUSES])
     return query.columns(column("n", BigInteger)).subquery().select().scalar_subquery()
-
-
-async def live_in_pool(session: AsyncSession, pool: str) -> int:
-    return int((await session.execute(select(live_in_pool_query(pool)))).scalar_one())
 
 
 async def fold_deltas(session: AsyncSession) -> None:
