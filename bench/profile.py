@@ -103,8 +103,10 @@ def _group(cmdline: str) -> str | None:
         return "rabbitmq"
     if cmdline.startswith("postgres") or "/postgresql/" in cmdline:
         return "postgres"
+    if "-m manager.state_process" in cmdline:
+        return "manager (state)"
     if "-m manager" in cmdline:
-        return "manager"
+        return "manager (api)"
     if "-m observer_service" in cmdline:
         return "services"
     if "-m bench" in cmdline:
