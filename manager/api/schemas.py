@@ -91,7 +91,7 @@ class ObserverOut(BaseModel):
             attempts=obs.attempts,
             last_error=obs.last_error,
             retry=_retry_policy(obs.retry),
-            isolation=cast(Isolation | None, obs.isolation),  # the column holds what a create validated
+            isolation=cast("Isolation | None", obs.isolation),  # validated on create; quoted: a union is built per call
             memory_limit_mb=obs.memory_limit_mb,
             created_at=obs.created_at,
             modified_at=obs.modified_at,
