@@ -27,7 +27,11 @@ Method (``run_raw``):
 5. ``kill -9`` the consumer that holds the most (``killed_held``) and measure ``redelivery_s``: from
    just before the SIGKILL until the survivors hold all N again. Survivors can take everything
    because their prefetch is N (hence ``n <= 65535 * (consumers - 1)``).
-6. SIGKILL every remaining consumer, reap them, delete the queue.
+6. SIGKILL every remaining consumer and reap them.
+7. For context (``batched_*``, not the issue's baseline): a fresh fleet on a second queue, and
+   the same N published the way the manager publishes the starts of bulk creates
+   (``shared.batch_publish``: batches of 1,000, 8 in flight); publish rate and hold rate.
+   Then both queues are deleted.
 
 CLI::
 
@@ -48,13 +52,17 @@ import shlex
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import cast
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
+
+from shared.batch_publish import Outgoing, publish_batch
 
 __all__ = ["RawResult", "arun_raw", "main", "run_raw"]
 
@@ -64,6 +72,7 @@ URL_ENV = "ORCH_AMQP_URL"
 CHILD_URL_ENV = "BENCH_AMQP_URL"
 MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
 IN_FLIGHT = 1_000  # unconfirmed publishes kept in flight
+BATCH, BATCHES_IN_FLIGHT = 1_000, 8  # the batched publisher: like 8 concurrent bulk creates
 REPORT_INTERVAL_S = 0.02
 READY_TIMEOUT_S = 30.0
 HOLD_TIMEOUT_S = 120.0
@@ -79,6 +88,10 @@ class RawResult:
     killed_held: int  # messages held by the consumer killed with SIGKILL
     redelivery_s: float  # from kill -9 until the other consumers hold all of them again
     split: tuple[int, ...] = ()  # messages held by each consumer before the kill
+    # The same publish and hold with the product's publisher (``shared.batch_publish``):
+    # what the broker does when the client's per-message cost is out of the way.
+    batched_publish_rate: float = 0.0
+    batched_hold_rate: float = 0.0
 
 
 # --- consumer process ------------------------------------------------------------------
@@ -248,6 +261,30 @@ async def _publish_all(exchange: AbstractExchange, routing_key: str, messages: S
     await asyncio.gather(*(worker() for _ in range(min(IN_FLIGHT, len(messages)))))
 
 
+async def _publish_batched(channel: AbstractChannel, routing_key: str, messages: Sequence[aio_pika.Message]) -> None:
+    """Publish in batches of ``BATCH`` with ``BATCHES_IN_FLIGHT`` unconfirmed, as the
+    manager publishes the starts of concurrent bulk creates; a nack or a return raises."""
+    raw = cast(aiormq.Channel, await channel.get_underlay_channel())
+    outgoing = [Outgoing(routing_key, m.body, m.properties) for m in messages]
+    batches = iter(range(0, len(outgoing), BATCH))
+
+    async def worker() -> None:
+        for start in batches:  # shared iterator: each batch is taken by one worker
+            await publish_batch(raw, outgoing[start : start + BATCH], timeout=HOLD_TIMEOUT_S, mandatory=True)
+
+    await asyncio.gather(*(worker() for _ in range(BATCHES_IN_FLIGHT)))
+
+
+async def _measure_batched(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: int) -> tuple[float, float]:
+    """Publish rate and hold rate of N published with ``_publish_batched``."""
+    messages = [_start_message(i) for i in range(n)]
+    t0 = time.monotonic()
+    await _publish_batched(channel, queue_name, messages)
+    publish_s = time.monotonic() - t0
+    hold_s = await fleet.wait_held(n, "all batched messages held") - t0
+    return n / publish_s, n / hold_s
+
+
 async def _measure(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: int) -> RawResult:
     messages = [_start_message(i) for i in range(n)]
     t0 = time.monotonic()
@@ -296,24 +333,32 @@ async def arun_raw(amqp_url: str, n: int, consumers: int = 3) -> RawResult:
     """The scenario (see the module docstring), for callers already inside an event loop."""
     _check_size(n, consumers)
     queue_name = f"bench.raw.{uuid.uuid4()}"
+    batched_queue = f"{queue_name}.batched"
     connection = await aio_pika.connect(amqp_url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
-        await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "classic"})
         try:
-            result = await _run_fleet(channel, amqp_url, queue_name, n, consumers)
+            await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "classic"})
+            async with _fleet(amqp_url, queue_name, n, consumers) as fleet:
+                result = await _measure(channel, fleet, queue_name, n)
+            await channel.declare_queue(batched_queue, durable=True, arguments={"x-queue-type": "classic"})
+            async with _fleet(amqp_url, batched_queue, n, consumers) as fleet:
+                publish_rate, hold_rate = await _measure_batched(channel, fleet, batched_queue, n)
         except BaseException:
-            await _delete_queue_quietly(amqp_url, queue_name)  # never hide the original error
+            for name in (queue_name, batched_queue):
+                await _delete_queue_quietly(amqp_url, name)  # never hide the original error
             raise
-    await _delete_queue(amqp_url, queue_name)
-    return result
+    for name in (queue_name, batched_queue):
+        await _delete_queue(amqp_url, name)
+    return dataclasses.replace(result, batched_publish_rate=publish_rate, batched_hold_rate=hold_rate)
 
 
-async def _run_fleet(channel: AbstractChannel, amqp_url: str, queue_name: str, n: int, consumers: int) -> RawResult:
+@contextlib.asynccontextmanager
+async def _fleet(amqp_url: str, queue_name: str, n: int, consumers: int) -> AsyncIterator[_Fleet]:
     fleet = _Fleet()
     try:
         await fleet.start(amqp_url, queue_name, min(n, MAX_PREFETCH), consumers)
-        return await _measure(channel, fleet, queue_name, n)
+        yield fleet
     finally:
         await fleet.close()
 
