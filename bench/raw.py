@@ -64,7 +64,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 
 from shared.batch_publish import Outgoing, publish_batch
 
-__all__ = ["RawResult", "arun_raw", "main", "run_raw"]
+__all__ = ["RawResult", "arun_raw", "default_amqp_url", "main", "run_raw"]
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
@@ -371,7 +371,7 @@ def run_raw(amqp_url: str, n: int, consumers: int = 3) -> RawResult:
 # --- CLI -------------------------------------------------------------------------------
 
 
-def _amqp_url() -> str:
+def default_amqp_url() -> str:
     """ORCH_AMQP_URL from the environment, else from ``.run/env`` (written by ``tools.infra up``)."""
     if url := os.environ.get(URL_ENV):
         return url
@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "consumer":
         return _consumer_main(args.queue, args.prefetch)
-    result = run_raw(_amqp_url(), args.n, args.consumers)
+    result = run_raw(default_amqp_url(), args.n, args.consumers)
     print(json.dumps(dataclasses.asdict(result), indent=2))
     return 0
 

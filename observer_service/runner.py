@@ -2,9 +2,9 @@
 
 Invariants:
 * An observer runs only while its start message is held unacked on a live session; the
-  delivery is acked only once its task has finished (stop), nacked with requeue on
-  handoff, rejected (dead-lettered) on failure, and simply dropped when the session died
-  (the broker requeues it by itself).
+  delivery is acked only once its task has finished (stop), requeued with all the others
+  once every task has finished on handoff, rejected (dead-lettered) on failure, and simply
+  dropped when the session died (the broker requeues it by itself).
 * Every report about an observer goes through the outbox, in the order things happened.
 """
 
@@ -226,16 +226,13 @@ class Runner:
         return [r.start.observer_id for r in fenced]
 
     async def handoff(self) -> list[uuid.UUID]:
-        """Graceful shutdown: end every observer, then requeue its start for another host."""
+        """Graceful shutdown: end every observer. Their starts are not settled here: the
+        caller hands them all back at once (``Session.requeue_held``) once this returns."""
         self.accepting = False
         handed = list(self.running.values())
         for running in handed:
             running.ended_by = "handoff"
         await self._end(handed)
-        for i, running in enumerate(handed):
-            await settle(running.message.nack(requeue=True))
-            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
-                await asyncio.sleep(0)
         return [r.start.observer_id for r in handed]
 
     def children(self) -> int:

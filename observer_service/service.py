@@ -4,8 +4,9 @@
          ▲                                                                       │
          └──────── fence (cancel its observers at once), back off, reconnect ◄───┘
 
-SIGTERM/SIGINT: stop consuming, end every observer within the grace, nack(requeue) each
-start so other services take them at once, report ServiceStopped, close, exit 0.
+SIGTERM/SIGINT: stop consuming, end every observer within the grace, hand every start back
+at once (the work channel is closed: the broker requeues them in one batch) so other services
+take them, report ServiceStopped, close, exit 0.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ class ObserverService:
             return
         await session.stop_consuming()
         released = await self.runner.handoff()
+        await session.requeue_held()  # only now: every observer has ended
         self.outbox.put(ServiceStopped(service_id=self.service_id, released=released))
         if not await self.outbox.wait_empty(timeout=5):
             logger.warning("could not publish %d report(s) before exit", len(self.outbox))

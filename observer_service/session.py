@@ -139,6 +139,21 @@ class Session:
                 await queue.cancel(tag)
         self._start_consumers.clear()
 
+    async def requeue_held(self) -> None:
+        """Give every delivery held on the work channel back to the broker at once, by
+        closing the channel: the broker requeues a closed channel's unacked deliveries as one
+        batch. Nacking them one by one costs a RabbitMQ 3.10 classic queue time that grows
+        faster than their number: 5,000 nacks took 2.6 s of broker CPU, 10,000 took 14 s and
+        20,000 took 22 to 81 s in three runs, against at most 0.06 s for a close
+        (``python -m bench.requeue``), and the queue serves nobody meanwhile. The rest of the
+        session (the lease, the outbox) stays open."""
+        work, self._work = self._work, None
+        if work is None:
+            return
+        work.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on
+        with contextlib.suppress(Exception):
+            await work.close()
+
     # --- lease -------------------------------------------------------------------------
 
     async def _renew_lease(self) -> None:
