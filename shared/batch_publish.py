@@ -79,29 +79,29 @@ async def publish_batch(
             payload += pamqp.frame.marshal(ContentBody(body[offset : offset + chunk]), number)
 
     confirmations: list[asyncio.Future[ConfirmationFrameType | DeliveredMessage]] = []
-    async with channel.lock:  # raises ChannelInvalidStateError on a closed channel
-        first_tag = channel.delivery_tag + 1
-        for tag, message in enumerate(messages, start=first_tag):
-            # From the channel's future store: a channel that closes fails them all.
-            confirmation = channel.create_future()
-            channel.confirmations[tag] = confirmation
-            channel.message_id_delivery_tag[message.properties.message_id] = tag  # type: ignore[index]
-            confirmations.append(confirmation)
-        channel.delivery_tag = first_tag + len(messages) - 1
+    async with asyncio.timeout(timeout):  # also over the lock and a full write queue
+        async with channel.lock:  # raises ChannelInvalidStateError on a closed channel
+            first_tag = channel.delivery_tag + 1
+            for tag, message in enumerate(messages, start=first_tag):
+                # From the channel's future store: a channel that closes fails them all.
+                confirmation = channel.create_future()
+                channel.confirmations[tag] = confirmation
+                channel.message_id_delivery_tag[message.properties.message_id] = tag  # type: ignore[index]
+                confirmations.append(confirmation)
+            channel.delivery_tag = first_tag + len(messages) - 1
+            try:
+                await channel.write_queue.put(ChannelFrame(payload=bytes(payload), should_close=False))
+            except BaseException:
+                # Not queued, so the broker never sees these tags: give them back.
+                channel.delivery_tag = first_tag - 1
+                for tag in range(first_tag, first_tag + len(messages)):
+                    channel.confirmations.pop(tag, None)
+                _settle(channel, messages, first_tag, confirmations)
+                raise
         try:
-            await channel.write_queue.put(ChannelFrame(payload=bytes(payload), should_close=False))
-        except BaseException:
-            # Not queued, so the broker never sees these tags: give them back.
-            channel.delivery_tag = first_tag - 1
-            for tag in range(first_tag, first_tag + len(messages)):
-                channel.confirmations.pop(tag, None)
-            _settle(channel, messages, first_tag, confirmations)
-            raise
-    try:
-        async with asyncio.timeout(timeout):
             return await asyncio.gather(*confirmations)
-    finally:
-        _settle(channel, messages, first_tag, confirmations)
+        finally:
+            _settle(channel, messages, first_tag, confirmations)
 
 
 def _settle(
