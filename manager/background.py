@@ -25,17 +25,20 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.commands import start_message
 from manager.db.counts import fold_deltas
-from manager.db.models import Observer, ObserverStatus, PendingStart, Service, ServiceStatus
+from manager.db.models import AppliedStateMessage, Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import STOP_RESENDS
-from manager.state.quarantine import host_died
+from manager.state.probation import end_probations, host_died
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
-from shared.messages import InventoryRequest, stop_messages
+from shared.messages import InventoryRequest, IsolateObservers, stop_messages
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
+
+# How long the ids of applied state messages are kept to skip a redelivered batch.
+APPLIED_RETENTION = timedelta(hours=1)
 
 
 class BackgroundLoops:
@@ -66,6 +69,8 @@ class BackgroundLoops:
                 self.judge_heartbeats,
                 self.republish_unenqueued,
                 self.stop_unknown,
+                self.end_probations,
+                self.forget_applied,
                 self.fold_counts,
             ):
                 try:
@@ -130,12 +135,36 @@ class BackgroundLoops:
             # locks before service rows; holding the service rows meanwhile could deadlock.
             async with self.sessions.begin() as session:
                 rows = ObserverRows(session)
-                quarantined = await host_died(rows, service_id, last_heard, datetime.now(UTC), self.rules.quarantine)
+                isolate = await host_died(rows, service_id, last_heard, datetime.now(UTC), self.rules.probation)
                 await rows.flush()
-            for message in stop_messages(quarantined, "quarantined"):
-                await self.broker.publish_control(message)
-            if quarantined:
-                logger.warning("quarantined %d observer(s) that crashed their hosts", len(quarantined))
+            await self._isolate(isolate)
+
+    async def _isolate(self, isolate: dict[uuid.UUID, uuid.UUID]) -> None:
+        per_host: dict[uuid.UUID, list[uuid.UUID]] = {}
+        for observer_id, host in isolate.items():
+            per_host.setdefault(host, []).append(observer_id)
+        for host, ids in per_host.items():
+            logger.warning("%d observer(s) on probation: asking service %s to isolate them", len(ids), host)
+            await self.broker.publish_control(IsolateObservers(observer_ids=ids, service_id=host))
+
+    async def forget_applied(self) -> None:
+        """Forget the ids of state messages applied long ago (a redelivery comes within
+        seconds). Not while a backlog is being applied: after a long outage of the manager,
+        its last unacked batch comes back only then."""
+        if not self.backlog_drained:
+            return
+        cutoff = datetime.now(UTC) - APPLIED_RETENTION
+        async with self.sessions.begin() as session:
+            oldest = select(AppliedStateMessage.message_id).where(AppliedStateMessage.applied_at < cutoff).limit(10_000)
+            await session.execute(delete(AppliedStateMessage).where(AppliedStateMessage.message_id.in_(oldest)))
+
+    async def end_probations(self) -> None:
+        async with self.sessions.begin() as session:
+            rows = ObserverRows(session)
+            ended = await end_probations(rows, datetime.now(UTC))
+            await rows.flush()
+        if ended:
+            logger.info("%d observer(s) left probation after running cleanly in a child process", len(ended))
 
     async def republish_unenqueued(self) -> None:
         cutoff = datetime.now(UTC) - timedelta(seconds=self.settings.enqueue_sweep_after_s)

@@ -340,6 +340,8 @@ class CreatedObserver:
     service_id: uuid.UUID | None = None
     attempts: int = 0
     last_error: str | None = None
+    probation_since: datetime | None = None
+    probation_clean_since: datetime | None = None
 
     @property
     def modified_at(self) -> datetime:

@@ -21,6 +21,11 @@ CAPACITY = Gauge("orch_pool_workers", "Workers of the live services of a pool", 
 CAPACITY_FREE = Gauge(
     "orch_pool_workers_free", "Workers not running an observer, per pool", ["pool"], registry=REGISTRY
 )
+PROBATION = Gauge(
+    "orch_observers_on_probation",
+    "Live observers on probation (run in a child process because their hosts died too often)",
+    registry=REGISTRY,
+)
 STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
 # Counted by the state side, which may run in a process of its own (manager.state_process):
 # the API's /metrics adds this registry's text to its own.
@@ -45,6 +50,7 @@ async def render(session: AsyncSession, state_backlog: int | None) -> bytes:
     summary = await stats(session)
     for state, count in summary["services"].items():
         SERVICES.labels(state).set(count)
+    PROBATION.set(summary["probation"])
     CAPACITY.clear()
     CAPACITY_FREE.clear()
     for pool, capacity in summary["capacity"].items():

@@ -42,7 +42,7 @@ from manager.broker import BrokerLink
 from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.metrics import STATE_REGISTRY
 from manager.state.consumer import StateConsumer
-from manager.state.quarantine import QuarantinePolicy
+from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
@@ -68,7 +68,7 @@ class StateSide:
         broker: BrokerLink,
         in_flight: set[uuid.UUID] | None = None,
     ) -> None:
-        rules = StateRules(QuarantinePolicy(settings.quarantine_after_crashes, settings.quarantine_window_s))
+        rules = StateRules(ProbationPolicy(settings.probation_after_host_deaths, settings.probation_window_s))
         self.consumer = StateConsumer(sessions, broker, rules)
         # Starts being published by this process (single-process mode shares the API's set).
         self.loops = BackgroundLoops(settings, sessions, broker, rules, in_flight or set(), self.consumer.idle)

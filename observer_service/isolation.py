@@ -26,7 +26,7 @@ ctx)``; the child is ``python -m observer_service.child <parent pid> <observer i
   failing ``ctx.emit`` kills the child and its exception is raised here. Nothing the child
   wrote is forwarded once the parent decided to kill it.
 * Stop (this coroutine cancelled): ``stop`` (the child sets ``ctx.stopping`` and cancels its
-  run task; its emits meanwhile are still forwarded), up to ``stop_grace_s``, SIGKILL, reap,
+  run task; its emits meanwhile are dropped, as an async observer's are refused), up to ``stop_grace_s``, SIGKILL, reap,
   re-raise ``CancelledError``.
 * Cheap on the service's loop: this coroutine reads the child's lines (no extra task), plus
   one timer callback every 0.25 s: lease; liveness (the child's loop says ``alive`` every
@@ -86,6 +86,7 @@ class HostContext(Protocol):  # what this needs of the runner's ``Context``
     name: str
     kind: str
     service_id: uuid.UUID
+    stopping: asyncio.Event
 
     def lease_deadline(self) -> float: ...
 
@@ -221,6 +222,11 @@ class _Supervisor:
                 self.outcome = message
 
     async def forward(self, payload: Any) -> None:
+        if self.ctx.stopping.is_set():
+            # The body is told to stop: its delivery may be settled any moment now, and an
+            # async observer's emits are refused from here on too (``Context.ensure_lease``).
+            logger.debug("observer %s: dropping an emit made while stopping", self.ctx.observer_id)
+            return
         self.emitting = True
         try:
             await self.ctx.emit(payload)
@@ -240,7 +246,7 @@ class _Supervisor:
         self.send({"op": "stop"})
         try:
             async with asyncio.timeout(self.limits.stop_grace_s):
-                await self.pump()  # emits made while stopping still count, as for async observers
+                await self.pump()  # its emits are dropped meanwhile (``forward``)
                 await self.proc.wait()
         except TimeoutError:
             grace = self.limits.stop_grace_s

@@ -43,12 +43,19 @@ class Context:
         self._session = session
 
     def lease_deadline(self) -> float:
-        """Monotonic instant until which this observer may act (0 once its session is gone)."""
+        """Monotonic instant until which this observer's host holds its delivery (0 once its
+        session is gone). A process observer's child acts until this deadline; its stop is
+        bounded by a grace shorter than the service's, so it ends before the delivery is
+        settled."""
         return 0.0 if self._session.closed.is_set() else self._session.lease.valid_until()
 
     def ensure_lease(self) -> None:
         if self._session.closed.is_set():
             raise LeaseLost("the broker session of this observer is gone")
+        if self.stopping.is_set():
+            # A body that swallows CancelledError must not act on: once the grace is over
+            # its start is acked (stop) or handed back (handoff) and may run elsewhere.
+            raise LeaseLost("the observer is stopping: no more side effects")
         self._session.lease.ensure()
 
     async def emit(self, payload: dict[str, Any]) -> None:
@@ -76,6 +83,8 @@ class Running:
     ended_by: str | None = None
     started_at: float = field(default_factory=time.monotonic)
     isolation: str = "async"
+    # Being moved into a child process (probation): its task is cancelled on purpose.
+    isolating: bool = False
 
 
 class ObserverGaveUp(Exception):

@@ -22,6 +22,7 @@ import logging
 from shared.messages import (
     Message,
     ObserverFailed,
+    ObserverIsolated,
     ObserverRetrying,
     ObserverStarted,
     ObserverStopped,
@@ -34,19 +35,31 @@ logger = logging.getLogger(__name__)
 
 class Outbox:
     def __init__(self, max_size: int = 200_000) -> None:
-        # (report, the session it is about, if it is only true while that session lives)
-        self._items: collections.deque[tuple[Message, object | None]] = collections.deque()
+        # (report, the session it is about if it is only true while that session lives,
+        #  a future resolved once the report left the outbox: True confirmed, False dropped)
+        self._items: collections.deque[tuple[Message, object | None, asyncio.Future[bool] | None]] = collections.deque()
         self._max_size = max_size
         self._not_empty = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
 
     def put(self, message: Message, session: object | None = None) -> None:
+        self._put(message, session, None)
+
+    def put_confirmed(self, message: Message) -> asyncio.Future[bool]:
+        """Queue a report; the future resolves True once the broker confirmed it (and so
+        every report queued before it), False if it was dropped unpublished."""
+        confirmed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._put(message, None, confirmed)
+        return confirmed
+
+    def _put(self, message: Message, session: object | None, confirmed: asyncio.Future[bool] | None) -> None:
         if len(self._items) >= self._max_size:
-            dropped, _ = self._items.popleft()
+            dropped, _, dropped_confirm = self._items.popleft()
+            _resolve(dropped_confirm, False)
             # The inventory repairs what a dropped report would have said.
             logger.warning("state outbox full (%d): dropped %s", self._max_size, type(dropped).__name__)
-        self._items.append((message, session))
+        self._items.append((message, session, confirmed))
         self._not_empty.set()
         self._empty.clear()
 
@@ -61,8 +74,9 @@ class Outbox:
         return [self._items[i][0] for i in range(min(limit, len(self._items)))]
 
     def drop_head(self, count: int) -> None:
+        """The first ``count`` reports were confirmed by the broker."""
         for _ in range(min(count, len(self._items))):
-            self._items.popleft()
+            _resolve(self._items.popleft()[2], True)
         if not self._items:
             self._empty.set()
 
@@ -87,15 +101,20 @@ class Outbox:
         return True
 
 
+def _resolve(confirmed: asyncio.Future[bool] | None, value: bool) -> None:
+    if confirmed is not None and not confirmed.done():
+        confirmed.set_result(value)
+
+
 REPORTS_PER_BATCH = 500
-_OBSERVER_REPORTS = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed)
+_OBSERVER_REPORTS = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed, ObserverIsolated)
 
 
 def pack(messages: list[Message], per_batch: int = REPORTS_PER_BATCH) -> list[Message]:
     """Pack runs of consecutive observer reports into ``ReportBatch`` messages, keeping the
     order of everything; other messages pass as they are."""
     packed: list[Message] = []
-    run: list[ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed] = []
+    run: list[ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated] = []
 
     def flush() -> None:
         if len(run) == 1:

@@ -32,9 +32,11 @@ from shared.errors import DecodeError, LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import (
     ObserverFailed,
+    ObserverIsolated,
     ObserverStarted,
     ObserverStopped,
     StopObserver,
+    StopObservers,
     decode_start,
 )
 from shared.settings import ServiceSettings
@@ -42,6 +44,7 @@ from shared.settings import ServiceSettings
 logger = logging.getLogger(__name__)
 
 _REQUEUE_AFTER_S = 5.0
+_SLOT_POLL_S = 1.0
 _FENCE_UNWIND_S = 1.0
 _BURST_LOG_MIN = 100
 
@@ -114,8 +117,8 @@ class Runner:
         oid = start.observer_id
         if self._was_stopped(oid, start.sent_at):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
-            await settle(message.ack())
-            self.outbox.put(ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start"))
+            report = ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start")
+            self._spawn(_ack_once_confirmed(message, self.outbox.put_confirmed(report), session))
             return
         current = self.running.get(oid)
         if current is not None and current.session is session:
@@ -156,33 +159,48 @@ class Runner:
             return
         running = Running(start=start, message=message, session=session, ctx=Context(start, self.service_id, session))
         running.isolation = start.isolation or loaded.kind.isolation
-        running.task = asyncio.create_task(
-            supervise(running, loaded, args, self.settings, self.outbox), name=f"observer {oid}"
-        )
-        running.task.add_done_callback(functools.partial(self._on_task_done, running))
+        self._run(running, loaded, args)
         self.running[oid] = running
-        self.outbox.put(
-            ObserverStarted(observer_id=oid, service_id=self.service_id, redelivered=bool(message.redelivered)),
-            session,
-        )
+        self._report_started(running)
         logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
+
+    def _report_started(self, running: Running) -> None:
+        self.outbox.put(
+            ObserverStarted(
+                observer_id=running.start.observer_id,
+                service_id=self.service_id,
+                redelivered=bool(running.message.redelivered),
+                session_id=running.session.id,
+                isolation="process" if running.isolation == "process" else "async",
+            ),
+            running.session,  # true only while that session lives
+        )
 
     # --- stop --------------------------------------------------------------------------
 
-    async def on_stop(self, stop: StopObserver) -> None:
-        await self.stop_many([stop.observer_id], stop.service_id, stop.reason, stop.sent_at)
+    async def on_stop(self, stop: StopObserver | StopObservers) -> None:
+        ids = [stop.observer_id] if isinstance(stop, StopObserver) else stop.observer_ids
+        await self.stop_many(ids, stop.service_id, stop.reason, stop.sent_at, stop.session_id)
 
     async def stop_many(
-        self, observer_ids: list[uuid.UUID], target: uuid.UUID | None, reason: str, sent_at: datetime
+        self,
+        observer_ids: list[uuid.UUID],
+        target: uuid.UUID | None,
+        reason: str,
+        sent_at: datetime,
+        target_session: uuid.UUID | None = None,
     ) -> None:
-        """Stop the observers named here: cancel them all, wait one bounded grace, ack each
-        start, report. A stop targeted at another service is not ours to act on."""
+        """Stop the observers named here: cancel them all, wait one bounded grace, report,
+        and ack each start once the reports are confirmed. A stop targeted at another
+        service, or at a copy held in another session of this one, is not ours to act on."""
         if target is not None and target != self.service_id:
             return
         ending: list[Running] = []
         for observer_id in observer_ids:
             running = self.running.get(observer_id)
-            if running is not None:
+            if running is not None and target_session is not None and running.session.id != target_session:
+                logger.info("ignoring a stop of observer %s aimed at an older copy (%s)", observer_id, reason)
+            elif running is not None:
                 running.ended_by = "stop"
                 ending.append(running)
             elif target is None:
@@ -191,16 +209,26 @@ class Runner:
                 # it could later throw away a legitimate start of the observer.
                 self._remember_stop(observer_id, sent_at)
         await self._end(ending)
+        if not ending:
+            return
+        # Report first, ack once the broker confirmed the reports: acked first, a crash in
+        # between would leave the observer OnDeleting for ever with no copy anywhere. Not
+        # acked, its start is requeued with a dead session and the next host's start report
+        # is answered with a stop (the manager knows it is OnDeleting or Deleted).
+        confirmed = None
+        for running in ending:
+            report = ObserverStopped(observer_id=running.start.observer_id, service_id=self.service_id, reason=reason)
+            confirmed = self.outbox.put_confirmed(report)
+        assert confirmed is not None
+        if not await _until_confirmed(confirmed, {r.session for r in ending}):
+            logger.warning("%d observer(s) stopped but not reported: their starts go back to the queue", len(ending))
+            return
         for i, running in enumerate(ending):
             await settle(running.message.ack())
-            self.outbox.put(
-                ObserverStopped(observer_id=running.start.observer_id, service_id=self.service_id, reason=reason)
-            )
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let heartbeats and the lease through during a big stop
-        if ending:
-            self.gc.ended(len(ending), len(self.running))
-            logger.info("%d observer(s) stopped (%s)", len(ending), reason)
+        self.gc.ended(len(ending), len(self.running))
+        logger.info("%d observer(s) stopped (%s)", len(ending), reason)
 
     async def fence(self, session: Session) -> list[uuid.UUID]:
         """Cancel every observer started from a session that died. Their deliveries cannot
@@ -238,8 +266,59 @@ class Runner:
     def children(self) -> int:
         return sum(1 for r in self.running.values() if r.isolation == "process")
 
-    def inventory(self) -> list[uuid.UUID]:
-        return list(self.running)
+    def inventory(self, session: Session) -> list[uuid.UUID]:
+        return [oid for oid, running in self.running.items() if running.session is session]
+
+    # --- probation ---------------------------------------------------------------------
+
+    def isolate(self, observer_ids: list[uuid.UUID], reason: str) -> None:
+        """Run these observers in child processes from now on (probation): each is
+        restarted in place, its start delivery still held, so nobody else may take it."""
+        for observer_id in observer_ids:
+            running = self.running.get(observer_id)
+            if running is None or running.ended_by is not None or running.isolating:
+                continue
+            if running.isolation == "process":
+                self.outbox.put(ObserverIsolated(observer_id=observer_id, service_id=self.service_id), running.session)
+                continue
+            running.isolating = True
+            self._spawn(self._isolate(running, reason))
+
+    async def _isolate(self, running: Running, reason: str) -> None:
+        oid = running.start.observer_id
+        try:
+            # Pause it first: a suspect does not run in the service's own process while it
+            # waits for a process slot. Its delivery stays held, so its slot stays taken.
+            if running.task is not None and not running.task.done():
+                running.task.cancel()
+                _, stuck = await asyncio.wait({running.task}, timeout=self.settings.stop_grace_s)
+                if stuck:
+                    logger.error("observer %s ignored cancellation: cannot move it into a child process", oid)
+                    return
+            waited = False
+            while self.children() >= self.settings.process_slots and self._current(running):
+                if not waited:
+                    logger.warning("observer %s on probation waits for a free process slot", oid)
+                    waited = True
+                await asyncio.sleep(_SLOT_POLL_S)
+            if not self._current(running):
+                return  # stopped or fenced meanwhile
+            loaded = self.kinds[running.start.kind]
+            running.isolation = "process"
+            self._run(running, loaded, loaded.kind.parse_args(running.start.args))
+            logger.warning("observer %s runs in a child process now (%s)", oid, reason)
+            self.outbox.put(ObserverIsolated(observer_id=oid, service_id=self.service_id), running.session)
+        finally:
+            running.isolating = False
+
+    def _current(self, running: Running) -> bool:
+        return running.ended_by is None and self.running.get(running.start.observer_id) is running
+
+    def _run(self, running: Running, loaded: LoadedKind, args: Any) -> None:
+        running.task = asyncio.create_task(
+            supervise(running, loaded, args, self.settings, self.outbox), name=f"observer {running.start.observer_id}"
+        )
+        running.task.add_done_callback(functools.partial(self._on_task_done, running))
 
     # --- internals ---------------------------------------------------------------------
 
@@ -267,7 +346,10 @@ class Runner:
         # Break the cycle Running -> task -> its exception -> traceback -> frames -> Running:
         # reference counting then frees an ended observer at once. Left to the collector,
         # 30,000 stopped observers were 1.2 million objects and a 5.6 s pause (make bench).
-        running.task = None
+        if running.task is task:
+            running.task = None
+        if running.isolating and task.cancelled():
+            return  # paused on purpose, to run again in a child process (``_isolate``)
         if running.ended_by is not None:
             if not task.cancelled() and task.exception() is not None:
                 logger.debug("observer %s ended with %r", running.start.observer_id, task.exception())
@@ -319,6 +401,26 @@ class Runner:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session]) -> bool:
+    """Wait for the broker's confirm of a report (True), or for a session to die (False):
+    its deliveries must then not be acked, even if its work channel is not closed yet, since
+    the report may never arrive; the broker requeues them when the session closes."""
+    closing: list[asyncio.Future[Any]] = [asyncio.ensure_future(session.closed.wait()) for session in sessions]
+    try:
+        await asyncio.wait([confirmed, *closing], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in closing:
+            waiter.cancel()
+    return confirmed.done() and confirmed.result() and not any(s.closed.is_set() for s in sessions)
+
+
+async def _ack_once_confirmed(
+    message: AbstractIncomingMessage, confirmed: asyncio.Future[bool], session: Session
+) -> None:
+    if await _until_confirmed(confirmed, {session}):
+        await settle(message.ack())
 
 
 async def _requeue_later(message: AbstractIncomingMessage, delay_s: float) -> None:

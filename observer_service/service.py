@@ -33,7 +33,9 @@ from shared.errors import BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
 from shared.messages import (
+    IntroduceRequest,
     InventoryRequest,
+    IsolateObservers,
     ServiceBorn,
     ServiceHeartbeat,
     ServiceInventory,
@@ -76,20 +78,7 @@ class ObserverService:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.shutdown.set)
-        self.outbox.put(
-            ServiceBorn(
-                service_id=self.service_id,
-                name=self.settings.service_name,
-                workers_count=self.settings.workers_count,
-                process_slots=self.settings.process_slots,
-                pools=self.settings.pools,
-                kinds=sorted(self.runner.kinds),
-                kind_infos=[k.kind.info() for k in self.runner.kinds.values()],
-                host=hostname(),
-                pid=os.getpid(),
-                version=__version__,
-            )
-        )
+        self.outbox.put(self._born())
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
         self.watchdog.start()
         self.gc_pauses.install()
@@ -146,6 +135,20 @@ class ObserverService:
         await session.close("service stopped")
         logger.info("service %s stopped", self.service_id)
 
+    def _born(self) -> ServiceBorn:
+        return ServiceBorn(
+            service_id=self.service_id,
+            name=self.settings.service_name,
+            workers_count=self.settings.workers_count,
+            process_slots=self.settings.process_slots,
+            pools=self.settings.pools,
+            kinds=sorted(self.runner.kinds),
+            kind_infos=[k.kind.info() for k in self.runner.kinds.values()],
+            host=hostname(),
+            pid=os.getpid(),
+            version=__version__,
+        )
+
     # --- message handlers ----------------------------------------------------------------
 
     async def _on_start(self, message: AbstractIncomingMessage, *, session: Session) -> None:
@@ -161,18 +164,29 @@ class ObserverService:
             await settle(message.reject(requeue=False))
             return
         await settle(message.ack())
-        if isinstance(command, StopObserver):
+        if isinstance(command, StopObserver | StopObservers):
             await self.runner.on_stop(command)
-        elif isinstance(command, StopObservers):
-            await self.runner.stop_many(command.observer_ids, command.service_id, command.reason, command.sent_at)
         elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
+            self._send_inventory()
+        elif isinstance(command, IsolateObservers) and command.service_id == self.service_id:
+            self.runner.isolate(command.observer_ids, command.reason)
+        elif isinstance(command, IntroduceRequest) and command.service_id == self.service_id:
+            # Our ServiceBorn never reached the manager's database (or the database was
+            # restored from before it): introduce ourselves again, then say what we run.
+            logger.warning("the manager does not know this service: sending ServiceBorn again")
+            self.outbox.put(self._born())
             self._send_inventory()
 
     # --- periodic reports -----------------------------------------------------------------
 
     def _send_inventory(self) -> None:
-        inventory = ServiceInventory(service_id=self.service_id, observer_ids=self.runner.inventory())
-        self.outbox.put(inventory, self.session)  # what it lists holds only while this session lives
+        session = self.session
+        if session is None:
+            return
+        inventory = ServiceInventory(
+            service_id=self.service_id, observer_ids=self.runner.inventory(session), session_id=session.id
+        )
+        self.outbox.put(inventory, session)  # what it lists holds only while this session lives
 
     async def _heartbeat_loop(self) -> None:
         while True:

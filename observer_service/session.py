@@ -60,6 +60,8 @@ class Session:
     def __init__(self, settings: ServiceSettings, service_id: uuid.UUID, lease: Lease) -> None:
         self.settings = settings
         self.service_id = service_id
+        # Named in start reports and inventories; a stop aimed at one copy carries it.
+        self.id = uuid.uuid4()
         self.lease = lease
         self.closed = asyncio.Event()
         self.close_reason = ""

@@ -87,12 +87,35 @@ class StartObserver(Message):
 
 class StopObserver(Message):
     """Stop an observer. With ``service_id`` set only that service acts, and it acks its
-    delivery instead of keeping it (used to remove a duplicate copy)."""
+    delivery instead of keeping it (used to remove a duplicate copy). With ``session_id``
+    set too, only the copy that service holds in that broker session: a stop decided about
+    one copy must not hit a newer one the same host got since (the observer went A → B →
+    back to A while the manager was behind)."""
 
     type: Literal["StopObserver"] = "StopObserver"
     observer_id: uuid.UUID
     service_id: uuid.UUID | None = None
+    session_id: uuid.UUID | None = None
     reason: str = "requested"
+
+
+class IsolateObservers(Message):
+    """Probation: the named service runs these observers in child processes of their own
+    from now on (restarted in place; the start delivery stays held). Sent again whenever a
+    host reports one of them started, since the start message itself does not change."""
+
+    type: Literal["IsolateObservers"] = "IsolateObservers"
+    observer_ids: list[uuid.UUID]
+    service_id: uuid.UUID
+    reason: str = "probation"
+
+
+class IntroduceRequest(Message):
+    """The manager does not know this service (its ``ServiceBorn`` was lost, or the
+    database was restored from an older backup): send ``ServiceBorn`` again."""
+
+    type: Literal["IntroduceRequest"] = "IntroduceRequest"
+    service_id: uuid.UUID
 
 
 class InventoryRequest(Message):
@@ -149,6 +172,8 @@ class ServiceInventory(Message):
     type: Literal["ServiceInventory"] = "ServiceInventory"
     service_id: uuid.UUID
     observer_ids: list[uuid.UUID]
+    # The broker session that holds them (what the list says is true only while it lives).
+    session_id: uuid.UUID | None = None
 
 
 class ObserverStarted(Message):
@@ -157,6 +182,17 @@ class ObserverStarted(Message):
     service_id: uuid.UUID
     attempt: int = 1
     redelivered: bool = False
+    # The broker session holding its start: stops about this copy name it.
+    session_id: uuid.UUID | None = None
+    isolation: Isolation = "async"
+
+
+class ObserverIsolated(Message):
+    """The service now runs the observer in a child process (after ``IsolateObservers``)."""
+
+    type: Literal["ObserverIsolated"] = "ObserverIsolated"
+    observer_id: uuid.UUID
+    service_id: uuid.UUID
 
 
 class ObserverStopped(Message):
@@ -185,7 +221,8 @@ class ObserverFailed(Message):
 
 
 ObserverReport = Annotated[
-    ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed, Field(discriminator="type")
+    ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated,
+    Field(discriminator="type"),
 ]
 
 
@@ -204,6 +241,7 @@ class StopObservers(Message):
     type: Literal["StopObservers"] = "StopObservers"
     observer_ids: list[uuid.UUID]
     service_id: uuid.UUID | None = None
+    session_id: uuid.UUID | None = None
     reason: str = "requested"
 
 
@@ -211,11 +249,19 @@ STOPS_PER_MESSAGE = 1000
 
 
 def stop_messages(
-    observer_ids: list[uuid.UUID], reason: str, service_id: uuid.UUID | None = None
+    observer_ids: list[uuid.UUID],
+    reason: str,
+    service_id: uuid.UUID | None = None,
+    session_id: uuid.UUID | None = None,
 ) -> list[StopObservers]:
     """Stops for many observers, in messages of at most ``STOPS_PER_MESSAGE`` ids."""
     return [
-        StopObservers(observer_ids=observer_ids[i : i + STOPS_PER_MESSAGE], service_id=service_id, reason=reason)
+        StopObservers(
+            observer_ids=observer_ids[i : i + STOPS_PER_MESSAGE],
+            service_id=service_id,
+            session_id=session_id,
+            reason=reason,
+        )
         for i in range(0, len(observer_ids), STOPS_PER_MESSAGE)
     ]
 
@@ -229,10 +275,13 @@ StateMessage = Annotated[
     | ObserverStopped
     | ObserverRetrying
     | ObserverFailed
+    | ObserverIsolated
     | ReportBatch,
     Field(discriminator="type"),
 ]
-ControlMessage = Annotated[StopObserver | StopObservers | InventoryRequest, Field(discriminator="type")]
+ControlMessage = Annotated[
+    StopObserver | StopObservers | InventoryRequest | IsolateObservers | IntroduceRequest, Field(discriminator="type")
+]
 
 _state_adapter: TypeAdapter[StateMessage] = TypeAdapter(StateMessage)
 _control_adapter: TypeAdapter[ControlMessage] = TypeAdapter(ControlMessage)

@@ -52,11 +52,13 @@ class ObserverContext(Protocol):
 
     def ensure_lease(self) -> None:
         """Raise ``LeaseLost`` unless this host still holds the observer's delivery on a
-        live channel (confirmed by the broker within the last H/2 seconds)."""
+        live channel (confirmed by the broker within the last H/2 seconds) and the observer
+        is not being stopped (``stopping`` set: a body that swallows cancellation can do
+        nothing more, since its delivery is settled after the grace)."""
 
     async def emit(self, payload: dict[str, Any]) -> None:
         """Publish a persistent event to ``observers.events`` with routing key
-        ``<kind>.<name>``; checks the lease first."""
+        ``<kind>.<name>``; checks the lease first (so it is refused once stopping)."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import socket
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.event_loop import EventLoopChoice
@@ -25,7 +25,7 @@ _POOL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class CommonSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore", populate_by_name=True)
 
     amqp_url: str = "amqp://orch:orch@127.0.0.1:5682/"
     # AMQP heartbeat H in seconds: how fast a silent peer is declared dead, and the base
@@ -119,9 +119,20 @@ class ManagerSettings(CommonSettings):
     retry_max_delay_s: float = Field(default=60.0, ge=0)
     retry_jitter: float = Field(default=0.1, ge=0, le=1)
     retry_reset_after_s: float = Field(default=60.0, ge=0)
-    # Poison quarantine: Failed after its hosts died this many times within the window (0: off).
-    quarantine_after_crashes: int = Field(default=3, ge=0)
-    quarantine_window_s: float = Field(default=600.0, gt=0)
+    # Probation (manager/state/probation.py): an observer whose hosts died this many times
+    # within the window while it ran is run in a child process of its own until it has run
+    # cleanly for its retry policy's reset_after_s (0: off). A host death is never enough to
+    # fail an observer. The old names ORCH_QUARANTINE_* are still read.
+    probation_after_host_deaths: int = Field(
+        default=3,
+        ge=0,
+        validation_alias=AliasChoices("ORCH_PROBATION_AFTER_HOST_DEATHS", "ORCH_QUARANTINE_AFTER_CRASHES"),
+    )
+    probation_window_s: float = Field(
+        default=600.0,
+        gt=0,
+        validation_alias=AliasChoices("ORCH_PROBATION_WINDOW_S", "ORCH_QUARANTINE_WINDOW_S"),
+    )
 
     @field_validator("api_tokens", "api_read_tokens", mode="before")
     @classmethod

@@ -1,5 +1,5 @@
 """The observer runtime (issue #3): plug-in kinds, the kinds catalog and validation,
-retries in place, Failed + dead-letter + restart, history, poison quarantine."""
+retries in place, Failed + dead-letter + restart, history, probation of a poison observer."""
 
 from __future__ import annotations
 
@@ -122,26 +122,39 @@ def test_exhausted_retries_fail_dead_letter_and_restart_gives_a_new_life(plugged
     assert history[5:] == ["restarted", "started"]
 
 
-def test_an_observer_that_keeps_killing_its_hosts_is_quarantined(plugged: System, tmp_path: Path) -> None:
-    plugged.start_manager(ORCH_QUARANTINE_AFTER_CRASHES="2", ORCH_QUARANTINE_WINDOW_S="300")
+def test_an_observer_that_keeps_killing_its_hosts_ends_failed_in_its_own_process(
+    plugged: System, tmp_path: Path
+) -> None:
+    """Two host deaths put it on probation: its third host runs it in a child process, where
+    killing "its host" kills only that child; its retry policy then fails it, and the third
+    service lives on."""
+    plugged.start_manager(ORCH_PROBATION_AFTER_HOST_DEATHS="2", ORCH_PROBATION_WINDOW_S="300")
     services = [plugged.start_service(f"svc-{n}", workers=5) for n in "abc"]
     log = tmp_path / "runs.log"
-    # Kills its host 6 s after each start: slow enough that the manager judges each death
-    # (3 missed 1 s heartbeats) before the next host would die.
-    created = plugged.create("poison", kind="host_killer", args={"delay_s": 6, "log_file": str(log)})
+    # Kills its host 10 s after each start: slow enough that the manager judges each death
+    # (3 missed 1 s heartbeats) and isolates it before the next host would die.
+    created = plugged.create(
+        "poison", kind="host_killer", args={"delay_s": 10, "log_file": str(log)}, retry=FAST_RETRY | {"max_attempts": 2}
+    )
 
-    failed = plugged.wait_status(created["id"], "Failed", timeout=90)
-    assert "quarantined: crashed its host 2 times" in failed["last_error"]
+    failed = plugged.wait_status(created["id"], "Failed", timeout=120)
+    assert "gave up after 2 attempt(s)" in failed["last_error"] and "SIGKILL" in failed["last_error"]
+    assert failed["probation"] is not None and failed["probation"]["isolated_since"] is not None
     history = event_names(plugged, created["id"])
-    assert history.count("host_lost") == 2 and "quarantined" in history
+    assert history.count("host_lost") == 2
+    assert history.index("probation") < history.index("isolated") < history.index("failed")
 
-    # The third service got the observer after the second death and stopped it in time.
+    # Two hosts died; the third ran it in children, which is all it killed.
     wait_for(lambda: sum(p.alive() for p in services) == 1, 10, "two dead services")
     survivor = next(p for p in services if p.alive())
-    time.sleep(8)  # longer than delay_s: a survivor still running it would be dead by now
+    assert "runs in a child process now" in survivor.text()
+    time.sleep(3)
     assert survivor.alive()
-    assert plugged.observer(created["id"])["status"] == "Failed"
-    assert len(read_ticks(log)) == 3  # ran on each of the three hosts once, never again
+    # Three hosts took it (the third was told to isolate it before it could act), then its
+    # two attempts in children.
+    pids = [pid for _, _, pid, _ in read_ticks(log)]
+    assert len(pids) == 5 and pids[2] == survivor.popen.pid
+    assert not {pids[3], pids[4]} & {p.popen.pid for p in services}
 
 
 def test_a_service_without_the_kind_hands_the_start_to_one_that_has_it(system: System, plugin_path: Path) -> None:

@@ -58,6 +58,16 @@ class ObserverCreate(BaseModel):
         return None if self.retry is None else self.retry.model_dump(exclude_unset=True)
 
 
+class Probation(BaseModel):
+    """Its hosts died too often while it ran: it runs in a child process of its own until it
+    has run cleanly there for its retry policy's ``reset_after_s``."""
+
+    since: datetime
+    # When its current clean run in a child began; None: not isolated yet (waiting for its
+    # host to move it into a child process, or for a free process slot).
+    isolated_since: datetime | None
+
+
 class ObserverOut(BaseModel):
     id: uuid.UUID
     name: str
@@ -72,6 +82,7 @@ class ObserverOut(BaseModel):
     retry: RetryPolicy | None
     isolation: Isolation | None
     memory_limit_mb: float | None
+    probation: Probation | None = None
     created_at: datetime
     modified_at: datetime
 
@@ -93,6 +104,9 @@ class ObserverOut(BaseModel):
             retry=_retry_policy(obs.retry),
             isolation=cast("Isolation | None", obs.isolation),  # validated on create; quoted: a union is built per call
             memory_limit_mb=obs.memory_limit_mb,
+            probation=None
+            if obs.probation_since is None
+            else Probation.model_construct(since=obs.probation_since, isolated_since=obs.probation_clean_since),
             created_at=obs.created_at,
             modified_at=obs.modified_at,
         )
@@ -182,6 +196,7 @@ class Stats(BaseModel):
     services: dict[str, int] = Field(description="services per state")
     capacity: dict[str, Capacity] = Field(description="per pool")
     kinds: dict[str, dict[str, int]] = Field(description="observers per kind, then per status")
+    probation: int = Field(default=0, description="live observers on probation (run in a child process)")
 
 
 class EventOut(BaseModel):

@@ -80,6 +80,12 @@ class Observer(Base):
     retry: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     isolation: Mapped[str | None] = mapped_column(String(16))
     memory_limit_mb: Mapped[float | None] = mapped_column(Float)
+    # The broker session of the host holding its start: a stop aimed at one copy names it.
+    host_session_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # Probation (``manager/state/probation.py``): set while it must run in a child process;
+    # clean_since is when its current clean run in one began (None: not isolated yet).
+    probation_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    probation_clean_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
     modified_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
@@ -96,6 +102,7 @@ class Observer(Base):
         Index("ix_observers_status_pool", "status", "pool"),
         Index("ix_observers_status_created", "status", "created_at", "id"),
         Index("ix_observers_attempts", text("(- attempts)"), "id"),
+        Index("ix_observers_probation", "probation_since", postgresql_where=text("probation_since IS NOT NULL")),
     )
 
 
@@ -123,8 +130,23 @@ class EventType(enum.StrEnum):
     FAILED = "failed"
     RELEASED = "released"  # its host went away; waits for a new host
     HOST_LOST = "host_lost"  # its host (service_id) died while running it
-    QUARANTINED = "quarantined"
+    QUARANTINED = "quarantined"  # no longer written (probation replaced it); kept for old history
+    PROBATION = "probation"  # its hosts died too often while it ran: runs in a child process
+    ISOLATED = "isolated"  # its host runs it in a child process now (probation)
+    PROBATION_ENDED = "probation_ended"  # ran cleanly in a child for its reset_after_s
     RESTARTED = "restarted"
+
+
+class AppliedStateMessage(Base):
+    """A state message already applied (same transaction): a batch delivered again after a
+    manager crash or a reconnect is skipped. Kept for ``APPLIED_RETENTION`` by the repairs."""
+
+    __tablename__ = "applied_state_messages"
+
+    message_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    applied_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+    __table_args__ = (Index("ix_applied_state_messages_at", "applied_at"),)
 
 
 class ObserverEvent(Base):

@@ -7,6 +7,10 @@ acked with one ``multiple`` ack: a catching-up manager applies thousands of repo
 second instead of paying a transaction per message.
 
 * A body that is not a valid report is dead-lettered to ``orch.state.error`` with a log line.
+* Observer reports are applied once: their message ids are recorded in the same transaction
+  (``applied_state_messages``), so a batch delivered again (the manager killed after its
+  commit and before its ack, or its channel lost in between) is skipped. Replayed, a start
+  report of an old host would be judged a move and stop the only live copy.
 * The database unreachable (or a deadlock): the batch is retried as a whole, nothing acked.
 * Any other failure: the batch is applied again one message per transaction, and the
   message that fails is dead-lettered, so one bad report never blocks the others.
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -29,7 +34,16 @@ from manager.broker import BrokerLink
 from manager.metrics import STATE_APPLIED
 from manager.state.rules import Outgoing, StateRules
 from shared.errors import BrokerUnavailable, DecodeError
-from shared.messages import StateMessage, decode_state
+from shared.messages import (
+    ObserverFailed,
+    ObserverIsolated,
+    ObserverRetrying,
+    ObserverStarted,
+    ObserverStopped,
+    ReportBatch,
+    StateMessage,
+    decode_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +127,10 @@ class StateConsumer:
             outgoing = Outgoing()
             try:
                 async with self.sessions.begin() as session:
-                    await self.rules.preload(session, list(reports))
+                    fresh = await _first_time(session, reports)
+                    await self.rules.preload(session, fresh)
                     now = datetime.now(UTC)
-                    for report in reports:
+                    for report in fresh:
                         outgoing.messages += (await self.rules.apply(session, report, now)).messages
                     await self.rules.flush(session)
                 return outgoing
@@ -144,6 +159,32 @@ class StateConsumer:
             else:  # a reconnect happened mid-batch: the old channel's tags are void anyway
                 for message, _ in deliveries:
                     await message.ack()
+
+
+_ONCE_ONLY = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed, ObserverIsolated, ReportBatch)
+
+_CLAIM = text(
+    """
+    INSERT INTO applied_state_messages (message_id)
+    SELECT unnest(CAST(:ids AS uuid[]))
+    ON CONFLICT DO NOTHING
+    RETURNING message_id
+    """
+)
+
+
+async def _first_time(session: AsyncSession, reports: Sequence[StateMessage]) -> list[StateMessage]:
+    """The reports not applied before; records the observer reports' ids as applied (in the
+    caller's transaction). Service messages (birth, heartbeats, inventories, goodbyes) are
+    idempotent and not recorded: they are most of the traffic."""
+    once = [r.message_id for r in reports if isinstance(r, _ONCE_ONLY)]
+    if not once:
+        return list(reports)
+    claimed = set((await session.execute(_CLAIM, {"ids": once})).scalars())
+    fresh = [r for r in reports if not isinstance(r, _ONCE_ONLY) or r.message_id in claimed]
+    if len(fresh) < len(reports):
+        logger.warning("skipped %d state message(s) applied before (delivered again)", len(reports) - len(fresh))
+    return fresh
 
 
 def _is_transient(error: Exception) -> bool:

@@ -31,17 +31,23 @@ _COLUMNS = (
     Observer.attempts,
     Observer.last_error,
     Observer.modified_at,
+    Observer.host_session_id,
+    Observer.probation_since,
+    Observer.probation_clean_since,
 )
 
 _WRITE = text(
     """
     UPDATE observers AS o
     SET status = v.status::observer_status, service_id = v.service_id, attempts = v.attempts,
-        last_error = v.last_error, modified_at = v.modified_at
+        last_error = v.last_error, modified_at = v.modified_at, host_session_id = v.host_session_id,
+        probation_since = v.probation_since, probation_clean_since = v.probation_clean_since
     FROM unnest(
         CAST(:ids AS uuid[]), CAST(:statuses AS text[]), CAST(:service_ids AS uuid[]),
-        CAST(:attempts AS integer[]), CAST(:errors AS text[]), CAST(:modified AS timestamptz[])
-    ) AS v(id, status, service_id, attempts, last_error, modified_at)
+        CAST(:attempts AS integer[]), CAST(:errors AS text[]), CAST(:modified AS timestamptz[]),
+        CAST(:sessions AS uuid[]), CAST(:probation AS timestamptz[]), CAST(:clean AS timestamptz[])
+    ) AS v(id, status, service_id, attempts, last_error, modified_at, host_session_id, probation_since,
+           probation_clean_since)
     WHERE o.id = v.id
     """
 )
@@ -55,10 +61,26 @@ class Row:
     attempts: int
     last_error: str | None
     modified_at: datetime
+    host_session_id: uuid.UUID | None = None  # the host's broker session holding its start
+    probation_since: datetime | None = None
+    probation_clean_since: datetime | None = None
     _saved: tuple[Any, ...] = field(default=(), repr=False)
 
     def state(self) -> tuple[Any, ...]:
-        return (self.status, self.service_id, self.attempts, self.last_error, self.modified_at)
+        return (
+            self.status,
+            self.service_id,
+            self.attempts,
+            self.last_error,
+            self.modified_at,
+            self.host_session_id,
+            self.probation_since,
+            self.probation_clean_since,
+        )
+
+    def host(self, service_id: uuid.UUID | None, session_id: uuid.UUID | None = None) -> None:
+        """Set (or clear) the host and the session in which it holds the start."""
+        self.service_id, self.host_session_id = service_id, session_id
 
     def changed(self) -> bool:
         return self.state() != self._saved
@@ -129,6 +151,9 @@ class ObserverRows:
                 "attempts": [r.attempts for r in changed],
                 "errors": [r.last_error for r in changed],
                 "modified": [r.modified_at for r in changed],
+                "sessions": [r.host_session_id for r in changed],
+                "probation": [r.probation_since for r in changed],
+                "clean": [r.probation_clean_since for r in changed],
             },
         )
         for row in changed:

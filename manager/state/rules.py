@@ -9,6 +9,10 @@ API and this consumer never overwrite each other, whatever order messages arrive
   ended by any service that acked a copy, see ``_stopped``);
 * a start reported for an observer that is being or has been stopped is answered with a
   stop targeted at that host;
+* a stop aimed at one copy names the broker session that holds it (``host_session_id``), so
+  it never hits a newer copy the same host got since (X on A → B → back to A while the
+  manager was behind: B's late start report must not stop X on A);
+* an observer on probation reported running in its host's own process is isolated again;
 * two hosts at once: the redelivered copy wins (the other host lost its channel), else the
   first one wins and the new copy (a duplicate start message) is stopped;
 * inventories (the ids a service really runs) repair anything a lost or reordered
@@ -29,12 +33,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
 from manager.db.sql import id_in
-from manager.state.quarantine import QuarantinePolicy, host_died
+from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, Row
 from shared.messages import (
+    IntroduceRequest,
     InventoryRequest,
+    IsolateObservers,
     Message,
     ObserverFailed,
+    ObserverIsolated,
     ObserverReport,
     ObserverRetrying,
     ObserverStarted,
@@ -61,30 +68,49 @@ class Outgoing:
 
     messages: list[Message] = field(default_factory=list)
 
-    def stop(self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str) -> None:
-        self.messages.append(StopObserver(observer_id=observer_id, service_id=service_id, reason=reason))
+    def stop(
+        self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str, session_id: uuid.UUID | None = None
+    ) -> None:
+        """A stop; with ``service_id`` only that host acts, with ``session_id`` too only on
+        the copy it holds in that session."""
+        self.messages.append(
+            StopObserver(observer_id=observer_id, service_id=service_id, session_id=session_id, reason=reason)
+        )
+
+    def isolate(self, observer_id: uuid.UUID, service_id: uuid.UUID) -> None:
+        self.messages.append(IsolateObservers(observer_ids=[observer_id], service_id=service_id))
+
+    def introduce(self, service_id: uuid.UUID) -> None:
+        self.messages.append(IntroduceRequest(service_id=service_id))
 
     def batched(self) -> list[Message]:
-        """Stops with the same target and reason merged into ``StopObservers``, inventory
-        requests deduplicated; the order between different targets does not matter."""
-        stops: dict[tuple[uuid.UUID | None, str], list[uuid.UUID]] = {}
+        """Stops with the same target and reason merged into ``StopObservers``, isolations
+        per host merged, requests deduplicated; the order between targets does not matter."""
+        stops: dict[tuple[uuid.UUID | None, uuid.UUID | None, str], list[uuid.UUID]] = {}
+        isolations: dict[uuid.UUID, list[uuid.UUID]] = {}
         others: list[Message] = []
-        asked: set[uuid.UUID | None] = set()
+        asked: set[tuple[str, uuid.UUID | None]] = set()
         for message in self.messages:
             if isinstance(message, StopObserver):
-                stops.setdefault((message.service_id, message.reason), []).append(message.observer_id)
-            elif isinstance(message, InventoryRequest):
-                if message.service_id not in asked:
-                    asked.add(message.service_id)
+                key = (message.service_id, message.session_id, message.reason)
+                stops.setdefault(key, []).append(message.observer_id)
+            elif isinstance(message, IsolateObservers):
+                isolations.setdefault(message.service_id, []).extend(message.observer_ids)
+            elif isinstance(message, InventoryRequest | IntroduceRequest):
+                if (message.type, message.service_id) not in asked:
+                    asked.add((message.type, message.service_id))
                     others.append(message)
             else:
                 others.append(message)
         merged: list[Message] = []
-        for (service_id, reason), ids in stops.items():
+        for (service_id, session_id, reason), ids in stops.items():
             if len(ids) == 1:
-                merged.append(StopObserver(observer_id=ids[0], service_id=service_id, reason=reason))
+                merged.append(
+                    StopObserver(observer_id=ids[0], service_id=service_id, session_id=session_id, reason=reason)
+                )
                 continue
-            merged += stop_messages(ids, reason, service_id)
+            merged += stop_messages(ids, reason, service_id, session_id)
+        merged += [IsolateObservers(observer_ids=ids, service_id=sid) for sid, ids in isolations.items()]
         return merged + others
 
 
@@ -94,17 +120,17 @@ class Suspicions:
 
     * unknown: ids reported running that have no row: stopped after a grace, in case the
       row's commit is still in flight (``background``);
-    * conflicts: observer -> the other service that listed it while its host is alive;
-      resolved when the host's own inventory arrives.
+    * conflicts: observer -> the other service (and its session) that listed it while its
+      host is alive; resolved when the host's own inventory arrives.
     """
 
     unknown: dict[uuid.UUID, tuple[uuid.UUID, float]] = field(default_factory=dict)
-    conflicts: dict[uuid.UUID, uuid.UUID] = field(default_factory=dict)
+    conflicts: dict[uuid.UUID, tuple[uuid.UUID, uuid.UUID | None]] = field(default_factory=dict)
 
 
 class StateRules:
-    def __init__(self, quarantine: QuarantinePolicy) -> None:
-        self.quarantine = quarantine
+    def __init__(self, probation: ProbationPolicy) -> None:
+        self.probation = probation
         self.suspicions = Suspicions()
         # The rows of the transaction being applied (set by ``preload``).
         self._session: AsyncSession | None = None
@@ -117,12 +143,12 @@ class StateRules:
             case ServiceBorn():
                 await self._born(session, message, now, out)
             case ServiceHeartbeat():
-                await self._heartbeat(session, message, now)
+                await self._heartbeat(session, message, now, out)
             case ServiceStopped():
                 await self._service_gone(session, message.service_id, now)
             case ServiceInventory():
                 await self._inventory(session, message, now, out)
-            case ObserverStarted() | ObserverStopped() | ObserverRetrying() | ObserverFailed():
+            case ObserverStarted() | ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
                 await self._apply_observer_report(session, message, now, out)
             case ReportBatch():
                 for report in message.reports:
@@ -141,6 +167,8 @@ class StateRules:
                 await self._retrying(session, report, now)
             case ObserverFailed():
                 await self._failed(session, report, now)
+            case ObserverIsolated():
+                await self._isolated(session, report, now)
 
     # --- services ------------------------------------------------------------------------
 
@@ -163,9 +191,9 @@ class StateRules:
             logger.info("service %s (%s) restarted as %s: old instance deleted", m.name, old_id, m.service_id)
             if old_status == ServiceStatus.ALIVE:
                 # It died without a word (a lost one was counted when judged lost).
-                quarantined = await host_died(self._rows_of(session), old_id, last_heard, now, self.quarantine)
-                for observer_id in quarantined:
-                    out.stop(observer_id, None, "quarantined")
+                isolate = await host_died(self._rows_of(session), old_id, last_heard, now, self.probation)
+                for observer_id, host in isolate.items():
+                    out.isolate(observer_id, host)
             await self._release_observers(session, old_id, now)
         values = {
             "name": m.name,
@@ -184,8 +212,17 @@ class StateRules:
         await session.execute(stmt.on_conflict_do_update(index_elements=[Service.id], set_=values))
         self._services.pop(m.service_id, None)  # looked up afresh: it may be cached as absent
 
-    async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime) -> None:
-        await self._touch_service(session, m.service_id, now, running=m.running, loop_lag_ms=m.loop_lag_ms)
+    async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: Outgoing) -> None:
+        if not await self._touch_service(session, m.service_id, now, running=m.running, loop_lag_ms=m.loop_lag_ms):
+            await self._introduce_if_unknown(session, m.service_id, out)
+
+    async def _introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: Outgoing) -> None:
+        """A service speaks that has no row: its ServiceBorn was lost (dead-lettered while
+        the database refused connections) or the database was restored from an older
+        backup. Ask it to introduce itself again; until then its reports about observers
+        count as from a host that is not alive."""
+        if not await self._known(session, service_id):
+            out.introduce(service_id)
 
     async def _touch_service(
         self, session: AsyncSession, service_id: uuid.UUID, now: datetime, **extra: object
@@ -215,7 +252,8 @@ class StateRules:
         )
         rows_of = self._rows_of(session)
         for obs in rows:
-            obs.service_id, obs.modified_at = None, now
+            obs.host(None)
+            obs.modified_at = now
             if obs.status == S.PROCESSING:
                 obs.status = S.CREATED
             rows_of.event(obs.id, EventType.RELEASED, now, from_service_id=service_id)
@@ -228,28 +266,36 @@ class StateRules:
             self.suspicions.unknown.setdefault(m.observer_id, (m.service_id, time.monotonic()))
             return
         if not await self._service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
-            logger.info("ignoring start of %s reported by dead service %s", m.observer_id, m.service_id)
+            logger.info("ignoring start of %s reported by dead or unknown service %s", m.observer_id, m.service_id)
+            await self._introduce_if_unknown(session, m.service_id, out)
             return
         if obs.status in STOPPING_OR_GONE:
-            out.stop(obs.id, m.service_id, f"observer is {obs.status.value}")
+            out.stop(obs.id, m.service_id, f"observer is {obs.status.value}", m.session_id)
             if obs.status == S.ON_DELETING:
-                obs.service_id = m.service_id
+                obs.host(m.service_id, m.session_id)
             return
         host = obs.service_id
         if host is not None and host != m.service_id and await self._service_in(session, host, (ServiceStatus.ALIVE,)):
             if m.redelivered:
-                out.stop(obs.id, host, "moved to another host")
+                # Only the copy we knew of: the old host may hold a newer one by now.
+                out.stop(obs.id, host, "moved to another host", obs.host_session_id)
             else:
-                out.stop(obs.id, m.service_id, "duplicate start message")
+                out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
                 return
         if host is not None and host != m.service_id:
             self._rows_of(session).event(obs.id, EventType.MOVED, now, service_id=m.service_id, from_service_id=host)
         else:
             self._rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
         obs.status = S.PROCESSING
-        obs.service_id = m.service_id
+        obs.host(m.service_id, m.session_id)
         obs.attempts += 1
         obs.modified_at = now
+        if obs.probation_since is not None:
+            if m.isolation == "process":
+                obs.probation_clean_since = now
+            else:  # a failover: the start message still says async
+                obs.probation_clean_since = None
+                out.isolate(obs.id, m.service_id)
 
     async def _stopped(self, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:
         # Any service may end a requested stop, not only the host we know of: the sender
@@ -258,7 +304,8 @@ class StateRules:
         # (its ObserverStarted or its host's inventory gets a targeted stop).
         obs = await self._observer(session, m.observer_id)
         if obs is not None and obs.status == S.ON_DELETING:
-            obs.status, obs.service_id, obs.modified_at = S.DELETED, m.service_id, now
+            obs.status, obs.modified_at = S.DELETED, now
+            obs.host(await self._known_or_none(session, m.service_id))
             self._rows_of(session).event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=m.reason)
 
     async def _retrying(self, session: AsyncSession, m: ObserverRetrying, now: datetime) -> None:
@@ -267,6 +314,8 @@ class StateRules:
             return
         obs.attempts += 1
         obs.last_error, obs.modified_at = m.error, now
+        if obs.probation_clean_since is not None:
+            obs.probation_clean_since = now  # its child failed: the clean run starts over
         detail = f"attempt {m.attempt} in {m.delay_s:g}s after: {m.error}"
         self._rows_of(session).event(obs.id, EventType.RETRYING, now, service_id=m.service_id, detail=detail)
 
@@ -276,15 +325,24 @@ class StateRules:
             return
         obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
         obs.last_error = m.reason
-        obs.service_id = m.service_id
+        obs.host(await self._known_or_none(session, m.service_id))
         obs.modified_at = now
         event = EventType.FAILED if obs.status == S.FAILED else EventType.STOPPED
         self._rows_of(session).event(obs.id, event, now, service_id=m.service_id, detail=m.reason)
+
+    async def _isolated(self, session: AsyncSession, m: ObserverIsolated, now: datetime) -> None:
+        """Its host runs it in a child process now: the clean run of its probation begins."""
+        obs = await self._observer(session, m.observer_id)
+        if obs is None or obs.status != S.PROCESSING or obs.service_id != m.service_id or obs.probation_since is None:
+            return
+        obs.probation_clean_since = now
+        self._rows_of(session).event(obs.id, EventType.ISOLATED, now, service_id=m.service_id)
 
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the
         steady state an inventory of 30,000 ids costs two index scans, no Python per id."""
         if not await self._touch_service(session, m.service_id, now, running=len(m.observer_ids)):
+            await self._introduce_if_unknown(session, m.service_id, out)
             return
         sid = m.service_id
         listed = set(m.observer_ids)
@@ -293,7 +351,11 @@ class StateRules:
             found = set(await session.scalars(select(Observer.id).where(id_in(Observer.id, listed))))
             for oid in listed - found:
                 self.suspicions.unknown.setdefault(oid, (sid, time.monotonic()))
-        running_here = (Observer.status == S.PROCESSING) & (Observer.service_id == sid)
+        running_here = (
+            (Observer.status == S.PROCESSING)
+            & (Observer.service_id == sid)
+            & Observer.host_session_id.is_not_distinct_from(m.session_id)
+        )
         held_here = (Observer.service_id == sid) & Observer.status.in_((S.PROCESSING, S.ON_DELETING))
         rows = await self._rows_of(session).load(
             (id_in(Observer.id, listed) & ~running_here)
@@ -302,30 +364,35 @@ class StateRules:
         )
         for obs in rows:
             if obs.id in listed or obs.service_id == sid:  # conflicts of other hosts wait for theirs
-                await self._reconcile(session, obs, sid, obs.id in listed, now, out)
+                await self._reconcile(session, obs, m, obs.id in listed, now, out)
 
     async def _reconcile(
-        self, session: AsyncSession, obs: Row, sid: uuid.UUID, listed: bool, now: datetime, out: Outgoing
+        self, session: AsyncSession, obs: Row, m: ServiceInventory, listed: bool, now: datetime, out: Outgoing
     ) -> None:
+        sid = m.service_id
         conflicting = self.suspicions.conflicts.pop(obs.id, None) if obs.service_id == sid else None
         if not listed:
             if obs.status == S.PROCESSING:
                 # Not running where we thought: another copy (conflicting) or nobody.
-                obs.service_id = conflicting
+                if conflicting is not None:
+                    obs.host(*conflicting)
+                else:
+                    obs.host(None)
                 obs.status = S.PROCESSING if conflicting else S.CREATED
                 obs.modified_at = now
             return
         if conflicting is not None:
-            out.stop(obs.id, conflicting, "duplicate: also running on its host")
+            out.stop(obs.id, conflicting[0], "duplicate: also running on its host", conflicting[1])
         if obs.status in STOPPING_OR_GONE:
-            out.stop(obs.id, sid, f"observer is {obs.status.value}")
+            out.stop(obs.id, sid, f"observer is {obs.status.value}", m.session_id)
             return
         if obs.service_id in (None, sid) or not await self._service_in(session, obs.service_id, (ServiceStatus.ALIVE,)):
-            if obs.status != S.PROCESSING or obs.service_id != sid:
-                obs.status, obs.service_id, obs.modified_at = S.PROCESSING, sid, now
+            if obs.status != S.PROCESSING or obs.service_id != sid or obs.host_session_id != m.session_id:
+                obs.status, obs.modified_at = S.PROCESSING, now
+                obs.host(sid, m.session_id)
             return
         # Listed here but hosted by another live service: ask that host what it runs.
-        self.suspicions.conflicts[obs.id] = sid
+        self.suspicions.conflicts[obs.id] = (sid, m.session_id)
         out.messages.append(InventoryRequest(service_id=obs.service_id))
 
     async def _speaks_for(self, session: AsyncSession, obs: Row, service_id: uuid.UUID) -> bool:
@@ -351,6 +418,15 @@ class StateRules:
         service = self._services[service_id]
         return service is not None and service.status in statuses
 
+    async def _known(self, session: AsyncSession, service_id: uuid.UUID) -> bool:
+        """Whether the service has a row (any status)."""
+        await self._service_in(session, service_id, ())
+        return self._services.get(service_id) is not None
+
+    async def _known_or_none(self, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
+        """The id, if it may be written as an observer's host (a foreign key)."""
+        return service_id if await self._known(session, service_id) else None
+
     def _rows_of(self, session: AsyncSession) -> ObserverRows:
         if self._rows is None or self._session is not session:
             self._session, self._rows, self._services = session, ObserverRows(session), {}
@@ -370,7 +446,9 @@ class StateRules:
         for message in messages:
             reports = message.reports if isinstance(message, ReportBatch) else [message]
             for report in reports:
-                if isinstance(report, ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed):
+                if isinstance(
+                    report, ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated
+                ):
                     observer_ids.add(report.observer_id)
                 service_ids.add(report.service_id)
         await rows.preload(observer_ids)

@@ -145,7 +145,8 @@ function updateObserverRow(row, o) {
   setText(c[1], o.kind);
   setText(c[2], o.pool);
   const status = c[3].firstChild;
-  setText(status, o.status);
+  setText(status, o.probation ? `${o.status} · probation` : o.status);
+  setAttr(status, "title", o.probation ? probationText(o.probation) : "");
   setAttr(status, "class", `status st-${o.status}`);
   setText(c[4], o.service_name ?? (o.service_id ? shortId(o.service_id) : "—"));
   setText(c[5], o.attempts);
@@ -195,6 +196,7 @@ export function renderDetail(o, servicesById) {
     ["id", o.id], ["name", o.name], ["kind", o.kind], ["status", o.status], ["pool", o.pool],
     ["service", serviceLabel(o.service_id, servicesById, o.service_name)], ["attempts", o.attempts],
     ["isolation", o.isolation ?? "kind's default"],
+    ["probation", o.probation ? probationText(o.probation) : "—"],
     ["memory limit", o.memory_limit_mb ? `${o.memory_limit_mb} MB` : "—"],
     ["args", JSON.stringify(o.args)], ["retry", o.retry ? JSON.stringify(o.retry) : "default"],
     ["created", formatTime(o.created_at)], ["modified", formatTime(o.modified_at)],
@@ -208,6 +210,14 @@ export function renderDetail(o, servicesById) {
   fields.forEach(([, value], i) => setText(dl.children[2 * i + 1], value));
   setAttr(dl.querySelector('[data-testid="detail-status"]'), "class", `status st-${o.status}`);
   setText($("detail-error"), o.last_error ?? "—");
+}
+
+// Probation: its hosts died too often while it ran, so it runs in a child process of its own.
+function probationText(p) {
+  const isolated = p.isolated_since
+    ? `in a child process since ${formatTime(p.isolated_since)}`
+    : "waiting to be moved into a child process";
+  return `since ${formatTime(p.since)}: its hosts died too often while it ran; ${isolated}`;
 }
 
 export function serviceLabel(id, servicesById, name) {

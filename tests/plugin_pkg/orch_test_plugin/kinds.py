@@ -100,3 +100,24 @@ CPU_HOG = ObserverKind(name="cpu_hog", args_model=_Args, run=cpu_hog, descriptio
 MEMORY_HOG = ObserverKind(
     name="memory_hog", args_model=MemoryArgs, run=memory_hog, description="eats memory", isolation="process"
 )
+
+
+class StubbornArgs(_Args):
+    interval_s: float = Field(default=0.2, gt=0)
+
+
+async def stubborn(args: StubbornArgs, ctx: ObserverContext) -> None:
+    """Swallows cancellation (what plug-in authors are told never to do) and keeps ticking:
+    one line per tick, written only after ``ensure_lease`` allowed it."""
+    while True:
+        try:
+            ctx.ensure_lease()
+            _log_run(args, ctx)
+            await asyncio.sleep(args.interval_s)
+        except asyncio.CancelledError:
+            continue
+
+
+STUBBORN = ObserverKind(
+    name="stubborn", args_model=StubbornArgs, run=stubborn, description="ignores cancellation, ticks on"
+)

@@ -1,0 +1,143 @@
+"""Probation: blame by evidence, not by proximity (issue 11).
+
+A host death is weak evidence against the observers it ran: hosts die for reasons of their
+own (the OOM killer, a crash-looping deploy, a machine reclaimed, an operator's ``kill -9``),
+and then every one of its observers was merely nearby. Failing them turned an incident into
+a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
+
+* every takeover is recorded as a ``moved`` event (``from_service_id`` = the old host), and
+  when a host is judged dead (lost, or replaced by a restart under its name) each observer it
+  was running (still there, or moved away since its last heartbeat) gets ``host_lost``;
+* ``after_host_deaths`` of those within ``window_s`` (counted since its last probation ended)
+  put the observer on **probation**: its host is told to run it in a child process of its own
+  (``IsolateObservers``; the start delivery stays held, nothing moves). There a crash, a
+  memory overrun or a hang is its own, and counts under its retry policy like any failure of
+  its body: only an observer that keeps crashing its own child ends ``Failed``;
+* a host that reports it started in its own process (a failover: the start message itself
+  still says ``async``) is told again (``rules._started``); a host with no free process slot
+  keeps it paused, its delivery held, until one frees;
+* it leaves probation once it has run in a child for its retry policy's ``reset_after_s``
+  without a failure (``end_probations``, a repair of the background loop).
+
+Why not a cleverer statistic (e.g. "was present at nearly every death in the fleet")? Any
+rule that fails an observer on correlation alone fails some healthy one in a long enough
+incident; probation costs a child process for a while, so it can afford to be wrong.
+The cost: a child is a whole interpreter (~39 MiB, ``observer_service/isolation.py``), and
+until the host gets ``IsolateObservers`` (one state-queue round trip after the start report)
+a moved suspect runs in its host's process.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import Float, and_, cast, func, literal, select
+from sqlalchemy.orm import aliased
+
+from manager.db.models import EventType, Observer, ObserverEvent, ObserverStatus
+from manager.db.sql import id_in
+from manager.state.rows import ObserverRows
+from shared.messages import RetryPolicy
+
+_DEFAULT_RESET_AFTER_S = RetryPolicy().reset_after_s
+_LIVE = (ObserverStatus.CREATED, ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
+
+
+@dataclass(frozen=True)
+class ProbationPolicy:
+    after_host_deaths: int  # 0: never
+    window_s: float
+
+
+async def host_died(
+    rows: ObserverRows, service_id: uuid.UUID, last_heard: datetime, now: datetime, policy: ProbationPolicy
+) -> dict[uuid.UUID, uuid.UUID]:
+    """Record that ``service_id`` died; put on probation those whose hosts died too often.
+    Returns {observer: its current live host} for the new probationers already running
+    elsewhere, whom that host must isolate now (the others are told when a host reports
+    them started)."""
+    session = rows.session
+    await rows.flush()
+    victims = set(
+        await session.scalars(
+            select(ObserverEvent.observer_id).where(
+                ObserverEvent.event == EventType.MOVED.value,
+                ObserverEvent.from_service_id == service_id,
+                ObserverEvent.at >= last_heard,
+            )
+        )
+    )
+    victims |= set(
+        await session.scalars(
+            select(Observer.id).where(Observer.service_id == service_id, Observer.status == ObserverStatus.PROCESSING)
+        )
+    )
+    for observer_id in victims:
+        rows.event(observer_id, EventType.HOST_LOST, now, service_id=service_id)
+    if not victims or policy.after_host_deaths <= 0:
+        return {}
+    await rows.flush()
+    counts = await _deaths_since_last_probation(rows, victims, now, policy)
+    if not counts:
+        return {}
+    isolate: dict[uuid.UUID, uuid.UUID] = {}
+    for row in await rows.load(id_in(Observer.id, counts) & Observer.status.in_(_LIVE)):
+        if row.probation_since is not None:
+            continue  # already on probation: a death of a host it ran on proves nothing more
+        row.probation_since, row.probation_clean_since = now, None
+        detail = (
+            f"its hosts died {counts[row.id]} times within {policy.window_s:g}s while it ran "
+            f"(last: {service_id}); it runs in a child process of its own until it has run "
+            "cleanly there for its reset_after_s"
+        )
+        rows.event(row.id, EventType.PROBATION, now, service_id=row.service_id, detail=detail)
+        host = row.service_id
+        if row.status == ObserverStatus.PROCESSING and host is not None and host != service_id:
+            isolate[row.id] = host
+    return isolate
+
+
+async def _deaths_since_last_probation(
+    rows: ObserverRows, victims: set[uuid.UUID], now: datetime, policy: ProbationPolicy
+) -> dict[uuid.UUID, int]:
+    ended = aliased(ObserverEvent)
+    last_ended = (
+        select(func.max(ended.at))
+        .where(ended.observer_id == ObserverEvent.observer_id, ended.event == EventType.PROBATION_ENDED.value)
+        .scalar_subquery()
+    )
+    result = await rows.session.execute(
+        select(ObserverEvent.observer_id, func.count())
+        .where(
+            ObserverEvent.event == EventType.HOST_LOST.value,
+            id_in(ObserverEvent.observer_id, victims),
+            ObserverEvent.at > now - timedelta(seconds=policy.window_s),
+            ObserverEvent.at > func.coalesce(last_ended, literal("-infinity").cast(ObserverEvent.at.type)),
+        )
+        .group_by(ObserverEvent.observer_id)
+        .having(func.count() >= policy.after_host_deaths)
+    )
+    return {observer_id: count for observer_id, count in result.all()}
+
+
+async def end_probations(rows: ObserverRows, now: datetime) -> list[uuid.UUID]:
+    """Take off probation every observer that has run in a child, without a failure, for
+    its retry policy's ``reset_after_s`` (the same measure of "stable" its retries use)."""
+    reset_after = func.coalesce(cast(Observer.retry["reset_after_s"].astext, Float), _DEFAULT_RESET_AFTER_S)
+    due = and_(
+        Observer.probation_since.is_not(None),
+        Observer.status == ObserverStatus.PROCESSING,
+        Observer.probation_clean_since.is_not(None),
+        Observer.probation_clean_since < now - func.make_interval(0, 0, 0, 0, 0, 0, reset_after),
+    )
+    ended = []
+    for row in await rows.load(due):
+        clean_s = (now - row.probation_clean_since).total_seconds() if row.probation_clean_since else 0.0
+        row.probation_since, row.probation_clean_since = None, None
+        rows.event(
+            row.id, EventType.PROBATION_ENDED, now, service_id=row.service_id, detail=f"ran {clean_s:.0f}s in a child"
+        )
+        ended.append(row.id)
+    return ended

@@ -1,0 +1,200 @@
+"""Fleet faults that used to lose, stop or fail healthy observers (issue 11), each against
+real processes; interleavings that need a report at a precise moment use hand-made reports
+published to the state queue."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shared import topology
+from shared.messages import ObserverStarted
+from tests.harness import System, read_ticks, wait_for
+from tests.test_manager_repairs import sql
+from tools import infra
+
+
+@pytest.fixture
+def plugged(system: System, plugin_path: Path) -> System:
+    system.env["PYTHONPATH"] = str(plugin_path)
+    return system
+
+
+def event_names(system: System, observer_id: str) -> list[str]:
+    return [e["event"] for e in system.get(f"/api/observers/{observer_id}/events").json()]
+
+
+def publish_report(system: System, report: ObserverStarted) -> None:
+    system.publish_raw(topology.STATE_QUEUE, report.encode())
+
+
+def close_connections(rabbit: infra.RabbitNode, service_name: str) -> None:
+    listing = rabbit.ctl("-q", "list_connections", "--no-table-headers", "pid", "client_properties")
+    pids = [line.split("\t")[0] for line in listing.splitlines() if f'"observer-service {service_name}"' in line]
+    assert pids, listing
+    for pid in pids:
+        rabbit.ctl("close_connection", pid, f"test: cut {service_name} off")
+
+
+def stays(system: System, observer_id: str, service_name: str, seconds: float) -> None:
+    """The observer is Processing on ``service_name`` at every look for ``seconds``."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        obs = system.observer(observer_id)
+        assert (obs["status"], obs["service_name"]) == ("Processing", service_name), obs
+        time.sleep(0.3)
+
+
+def test_host_deaths_never_fail_healthy_observers(system: System) -> None:
+    """3 services, 30 healthy tickers, 8 kill -9 of random services within 60 s, each
+    restarted under its name: default probation settings, and nobody ends Failed."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    system.start_manager()
+    names = ["svc-a", "svc-b", "svc-c"]
+    procs = {name: system.start_service(name, workers=40) for name in names}
+    ids = [system.create(f"healthy-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(30)]
+    for oid in ids:
+        system.wait_status(oid, "Processing", timeout=60)
+    began = time.monotonic()
+    for _ in range(8):
+        name = rng.choice(names)
+        procs[name].kill9()
+        procs[name] = system.start_service(name, workers=40)
+        time.sleep(rng.uniform(0, max(0.0, 60 / 8 - 2)))
+    assert time.monotonic() - began < 90
+    wait_for(
+        lambda: all(system.observer(oid)["status"] == "Processing" for oid in ids),
+        120,
+        "every healthy observer Processing again",
+    )
+    observers = [system.observer(oid) for oid in ids]
+    assert not [o for o in observers if o["status"] == "Failed"]
+    on_probation = [o for o in observers if o["probation"]]
+    print(f"{len(on_probation)} of {len(ids)} on probation")
+    histories = [event_names(system, oid) for oid in ids]
+    assert sum(h.count("host_lost") for h in histories) >= 8
+    for history, obs in zip(histories, observers, strict=True):
+        assert ("probation" in history) == bool(obs["probation"]) or "probation_ended" in history
+    assert system.get("/api/stats").json()["probation"] == len(on_probation)
+
+
+def test_a_late_stop_aimed_at_an_older_copy_is_ignored(system: System, rabbit: infra.RabbitNode) -> None:
+    """X runs on A; the manager is frozen while A's connection drops and A takes X back in a
+    new session; a stale start report of B is applied first: the stop it triggers names
+    A's old session, so A's new copy (the only one) keeps running."""
+    system.start_manager(ORCH_STATE_PROCESS="false")  # one process to freeze
+    system.start_service("svc-a", workers=5)
+    system.start_service("svc-b", workers=5, ORCH_POOLS="other")  # alive, but never gets X
+    b = system.service_by_name("svc-b")
+    assert b is not None
+    oid = system.create("only-copy", args={"interval_s": 0.5, "emit": False})["id"]
+    system.wait_status(oid, "Processing")
+    service_a = system.procs[1]
+
+    assert system.manager is not None
+    system.manager.signal(signal.SIGSTOP)
+    try:
+        publish_report(
+            system,
+            ObserverStarted(
+                observer_id=uuid.UUID(oid), service_id=uuid.UUID(b["id"]), session_id=uuid.uuid4(), redelivered=True
+            ),
+        )
+        close_connections(rabbit, "svc-a")
+        wait_for(lambda: service_a.text().count(f"observer {oid} (ticker") >= 2, 30, "svc-a to take X back")
+    finally:
+        system.manager.signal(signal.SIGCONT)
+    wait_for(lambda: "aimed at an older copy" in service_a.text(), 30, "svc-a to ignore the stale stop")
+    system.wait_status(oid, "Processing")
+    stays(system, oid, "svc-a", 3 * 3)  # three inventories (ORCH_INVENTORY_S=3)
+
+
+def test_a_batch_delivered_again_is_not_applied_twice(system: System) -> None:
+    """A start report applied once, then delivered again after the observer moved (the
+    manager killed between its commit and its ack): the replay is skipped, not judged a
+    move that stops the only live copy."""
+    system.start_manager()
+    service_a = system.start_service("svc-a", workers=5)
+    oid = system.create("moved-once", args={"interval_s": 0.5, "emit": False})["id"]
+    system.wait_status(oid, "Processing")
+    a = system.service_by_name("svc-a")
+    assert a is not None
+    replayed = ObserverStarted(
+        observer_id=uuid.UUID(oid), service_id=uuid.UUID(a["id"]), session_id=uuid.uuid4(), redelivered=True
+    )
+    publish_report(system, replayed)  # applied: the same host, nothing changes
+    wait_for(lambda: event_names(system, oid).count("started") == 2, 20, "the report applied")
+
+    system.start_service("svc-c", workers=5)
+    service_a.signal(signal.SIGSTOP)  # silent past the AMQP heartbeat: the broker moves X to svc-c
+    try:
+        wait_for(lambda: system.observer(oid)["service_name"] == "svc-c", 30, "X moved to svc-c")
+    finally:
+        service_a.signal(signal.SIGCONT)
+    publish_report(system, replayed)  # the same message id again
+    assert system.manager is not None
+    manager = system.manager
+    wait_for(lambda: "applied before (delivered again)" in manager.text(), 20, "the replay skipped")
+    stays(system, oid, "svc-c", 3 * 3)
+
+
+def test_a_stop_is_reported_before_its_start_is_acked(system: System, rabbit: infra.RabbitNode, vhost: str) -> None:
+    """The broker refuses state reports; a stop ends the observer but its report cannot be
+    confirmed, and its service is then killed: the start was not acked, so it comes back and
+    the stop completes on the next host."""
+    system.start_manager()
+    service_a = system.start_service("svc-a", workers=5)
+    oid = system.create("stopped-once", args={"interval_s": 0.5, "emit": False})["id"]
+    system.wait_status(oid, "Processing")
+    policy = '{"max-length": 0, "overflow": "reject-publish"}'
+    rabbit.ctl("set_policy", "-p", vhost, "--apply-to", "queues", "refuse-state", "^orch\\.state$", policy)
+    try:
+        assert system.delete(f"/api/observers/{oid}").status_code == 202
+        wait_for(lambda: "state publish failed" in service_a.text(), 30, "svc-a unable to report")
+        service_a.kill9()
+    finally:
+        rabbit.ctl("clear_policy", "-p", vhost, "refuse-state")
+    system.start_service("svc-b", workers=5)
+    system.wait_status(oid, "Deleted", timeout=60)
+
+
+def test_a_body_that_swallows_cancellation_cannot_act_after_its_stop(plugged: System, tmp_path: Path) -> None:
+    plugged.start_manager()
+    plugged.start_service("svc-a", workers=5)
+    log = tmp_path / "ticks.log"
+    oid = plugged.create("stubborn-1", kind="stubborn", args={"interval_s": 0.1, "log_file": str(log)})["id"]
+    plugged.wait_status(oid, "Processing")
+    wait_for(lambda: len(read_ticks(log)) >= 3, 20, "ticks")
+    assert plugged.delete(f"/api/observers/{oid}").status_code == 202
+    plugged.wait_status(oid, "Deleted", timeout=30)
+    ticks = len(read_ticks(log))
+    time.sleep(2)  # twenty intervals: it would have ticked on by now
+    assert len(read_ticks(log)) == ticks
+
+
+def test_a_service_the_manager_forgot_introduces_itself_again(system: System) -> None:
+    """The database loses a live service's row (restored from an older backup, or its
+    ServiceBorn was lost): its next heartbeat makes the manager ask, it sends ServiceBorn
+    again, and its inventory puts its observers back on it."""
+    system.start_manager()
+    system.start_service("svc-a", workers=5)
+    svc = system.service_by_name("svc-a")
+    assert svc is not None
+    oid = system.create("kept", args={"interval_s": 0.5, "emit": False})["id"]
+    system.wait_status(oid, "Processing")
+    sql(
+        system.database_url,
+        "UPDATE observers SET service_id = NULL, status = 'Created' WHERE service_id = $1",
+        uuid.UUID(svc["id"]),
+    )
+    sql(system.database_url, "DELETE FROM services WHERE id = $1", uuid.UUID(svc["id"]))
+    wait_for(lambda: system.service_by_name("svc-a") is not None, 30, "svc-a known again")
+    obs = system.wait_status(oid, "Processing")
+    assert obs["service_id"] == svc["id"]
