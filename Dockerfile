@@ -9,9 +9,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # The whole repository (minus .dockerignore). Installed editable: the manager reads
-# alembic.ini and migrations/ from here to check the schema at start-up.
+# alembic.ini and migrations/ from here to check the schema at start-up. The `server` extra
+# holds the manager's and the services' dependencies (the base install is the CLI only).
 COPY . .
-RUN pip install -e . \
+RUN pip install -e '.[server]' \
     && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin orch
 
 USER orch

@@ -1,16 +1,22 @@
 """The ``orchestrator`` command line, run as a real subprocess against a real manager and
-service: what it prints, and its exit codes (0 ok, 1 API error, 2 usage, 3 unreachable)."""
+service: what it prints, and its exit codes (0 ok, 1 API error, 2 usage, 3 unreachable).
+Also that it stays a client: no server module loaded, installable by the base dependencies."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import socket
 import subprocess
 import sys
+import tomllib
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from tests.harness import REPO, System, free_port, unique, wait_for
 
@@ -20,7 +26,7 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     # The caller's ORCH_URL / ORCH_TOKEN must not leak into the test.
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")} | (env or {})
-    command = [sys.executable, "-m", "manager.cli", "--url", url, *(["--token", token] if token else []), *args]
+    command = [sys.executable, "-m", "cli", "--url", url, *(["--token", token] if token else []), *args]
     return subprocess.run(command, cwd=REPO, env=base_env, capture_output=True, text=True, timeout=120)
 
 
@@ -186,3 +192,107 @@ def test_token(system: System) -> None:
     assert cli(url, "stats", token="reader-token").returncode == 0
     read_only = cli(url, "create", "x", "ticker", token="reader-token")
     assert read_only.returncode == 1 and "403" in read_only.stderr
+
+
+# What a client has no business loading: our server packages and their frameworks. `shared` is
+# on the list too: the CLI needs none of its contracts today (it works on plain JSON).
+SERVER_MODULES = {
+    "manager",
+    "observer_service",
+    "shared",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "sqlalchemy",
+    "alembic",
+    "asyncpg",
+    "aio_pika",
+    "aiormq",
+    "jsonschema",
+    "prometheus_client",
+}
+
+# Plays `pip install .` in this venv: every module named in argv[1] fails to import, as if it
+# were not installed; then runs a command that goes through the HTTP client, to an address
+# nobody listens on (argv[2]), and prints its exit code and the top-level modules loaded.
+_BASE_INSTALL_RUN = """
+import json, sys
+absent = set(json.loads(sys.argv[1]))
+
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in absent:
+            raise ModuleNotFoundError(f"No module named {name!r} (not in the base install)", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+from cli.main import main
+sys.argv = ["orchestrator", "--url", sys.argv[2], "create", "x", "ticker", "--arg", "a=1", "--isolation", "process"]
+try:
+    main()
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "modules": sorted({name.partition(".")[0] for name in sys.modules})}))
+"""
+
+
+def base_requirements_closure() -> set[str]:
+    """Distributions that `pip install .` brings: this project and its base dependencies,
+    transitively (read from pyproject.toml: the installed metadata may predate an edit)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    todo = [Requirement(r) for r in project["dependencies"]]
+    seen: set[str] = {canonicalize_name(project["name"])}
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        for text in importlib.metadata.requires(name) or []:
+            dep = Requirement(text)
+            extras = ["", *sorted(req.extras)]  # "" = the dependency's own base requirements
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in extras):
+                todo.append(dep)
+    return seen
+
+
+def test_the_cli_runs_on_the_base_dependencies_and_loads_no_server_module() -> None:
+    closure = base_requirements_closure()
+    assert not closure & {"fastapi", "sqlalchemy", "asyncpg", "aio-pika", "uvicorn"}, sorted(closure)
+    # Top-level modules of every installed distribution outside the closure (httpx, for one,
+    # imports click when it can: it must not need it), and our own server packages.
+    absent = set(SERVER_MODULES)
+    for module, dists in importlib.metadata.packages_distributions().items():
+        if not {canonicalize_name(d) for d in dists} & closure:
+            absent.add(module)
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    command = [sys.executable, "-c", _BASE_INSTALL_RUN, json.dumps(sorted(absent)), url]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    run = json.loads(result.stdout.splitlines()[-1])
+    assert run["code"] == 3 and url in result.stderr, result.stderr  # it got as far as the request
+    loaded = set(run["modules"])
+    assert "httpx" in loaded and not loaded & SERVER_MODULES, sorted(loaded & SERVER_MODULES)
+
+
+def test_the_console_script_is_the_cli() -> None:
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"orchestrator": "cli.main:main"}
+    from cli.main import main
+
+    assert callable(main)
+
+
+def test_the_cli_copies_of_api_values_match_the_manager() -> None:
+    # Importing the manager here is fine: this is the test process, not the CLI's.
+    from cli import render
+    from cli.main import Isolation, Sort, Status
+    from manager.db.models import ObserverStatus, ServiceStatus
+    from manager.queries import Sort as ApiSort
+    from shared.messages import Isolation as ApiIsolation
+
+    assert [s.value for s in Status] == [s.value for s in ObserverStatus] == list(render.OBSERVER_STATUSES)
+    assert {s.value for s in Sort} == {s.value for s in ApiSort}
+    assert {i.value for i in Isolation} == set(get_args(ApiIsolation))
+    assert {s.value for s in (*ObserverStatus, *ServiceStatus)} <= set(render.STATUS_STYLES)

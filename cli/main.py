@@ -1,12 +1,6 @@
-"""``orchestrator``: a command line client of the manager's HTTP API.
-
-Deliberately only a client: it imports nothing of the manager's server side (no database,
-no broker), so it runs anywhere the API can be reached. ``Client`` is the one place for the
-base URL, the token and the mapping of failures to exit codes; the commands are thin
-wrappers that call one or two endpoints and hand the body to ``manager.cli_render``.
-
-Exit codes: 0 success, 1 the API answered 4xx/5xx (or an id given was unknown), 2 usage
-error (typer's), 3 the manager could not be reached.
+"""The ``orchestrator`` commands (typer): thin wrappers that call one or two endpoints through
+``cli.client.Client`` and hand the body to ``cli.render``. See ``cli/__init__.py`` for what
+the package may import and the exit codes.
 """
 
 from __future__ import annotations
@@ -27,8 +21,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from manager import cli_render as render
-from manager.cli_client import JSON, Client, CliError
+from cli import render
+from cli.client import JSON, Client, CliError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -113,6 +107,10 @@ def _print_json(body: JSON) -> None:
 
 
 # --- commands ---------------------------------------------------------------------------
+
+
+# The API's values, copied rather than imported: the client must not import the manager.
+# tests/test_cli.py checks that they still equal the manager's own.
 
 
 class Isolation(enum.StrEnum):

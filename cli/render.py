@@ -1,4 +1,4 @@
-"""Rich renderables for the ``orchestrator`` command line (``manager.cli``).
+"""Rich renderables for the ``orchestrator`` command line (``cli.main``).
 
 Pure functions from API bodies (plain JSON) to tables, so the commands stay thin. Every
 value that comes from the API is wrapped in ``Text``: a plain string cell would be parsed
