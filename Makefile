@@ -1,6 +1,6 @@
 # Two commands: `make run` (whole system) and `make test` (whole suite). Everything they
 # need is installed by the targets below: a virtualenv in .venv, RabbitMQ and PostgreSQL
-# from Debian packages run as plain processes under .run/ (tools/infra.py).
+# from Debian packages run as plain processes under .run/ (tools/infra/).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=

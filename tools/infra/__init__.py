@@ -1,0 +1,60 @@
+"""Local infrastructure for development, tests and CI: RabbitMQ and PostgreSQL.
+
+Both servers run as plain processes under one base folder (default ``<repo>/.run/``), never as
+system services, listening on 127.0.0.1 only. Standard library only, so it works before the
+project is installed (``make infra-up`` runs it with the system ``python3``).
+
+CLI (``__main__``)::
+
+    python -m tools.infra up       # install packages if missing, start both, write <base>/env
+    python -m tools.infra down     # stop both (data stays on disk)
+    python -m tools.infra status   # print running / not running (exit status 3 if not both up)
+    python -m tools.infra env      # print <base>/env
+    python -m tools.infra destroy  # stop both and delete all their data
+
+Modules: ``system`` (commands, processes, ports, files), ``packages`` (Debian packages),
+``rabbitmq`` (``RabbitNode``), ``postgres`` (``PostgresNode``), ``state`` (ports and
+passwords in ``infra.json``, the env file, the lock), ``stack`` (``up`` / ``down`` /
+``status`` / ``destroy`` of both).
+
+Layout of the base folder::
+
+    infra.json          chosen ports and generated passwords (reused by every later ``up``)
+    env                 ORCH_AMQP_URL=... / ORCH_DATABASE_URL=... (shell-sourceable)
+    rabbitmq/           RabbitNode.base: rabbitmq.conf, advanced.config, enabled_plugins,
+                        <name>.pid, .erlang.cookie, mnesia/, log/ (console.log, <node>.log)
+    postgres/pg/        PostgresNode: data/, run/ (unix socket), log/postgres.log; owned by the
+                        ``postgres`` user; a symlink to /var/tmp/orch-pg-<hash>/ when the
+                        ``postgres`` user cannot reach the base folder
+
+Progress messages go to stderr; ``up`` and ``env`` print the env lines on stdout.
+"""
+
+from tools.infra.packages import ensure_packages, no_service_starts
+from tools.infra.postgres import PostgresNode
+from tools.infra.rabbitmq import RabbitNode, epmd_names
+from tools.infra.stack import destroy, down, env_lines, postgres_node, rabbit_node, status, up
+from tools.infra.state import DEFAULT_AMQP_PORT, DEFAULT_BASE, DEFAULT_DIST_PORT, DEFAULT_PG_PORT
+from tools.infra.system import InfraError, port_is_free, run
+
+__all__ = [
+    "DEFAULT_AMQP_PORT",
+    "DEFAULT_BASE",
+    "DEFAULT_DIST_PORT",
+    "DEFAULT_PG_PORT",
+    "InfraError",
+    "PostgresNode",
+    "RabbitNode",
+    "destroy",
+    "down",
+    "ensure_packages",
+    "env_lines",
+    "epmd_names",
+    "no_service_starts",
+    "port_is_free",
+    "postgres_node",
+    "rabbit_node",
+    "run",
+    "status",
+    "up",
+]

@@ -1,0 +1,416 @@
+"""A RabbitMQ node run from the Debian package's scripts as a plain process, every file under
+one folder: config, pid file, Erlang cookie, mnesia data and logs. Several nodes (other names
+and ports) may run side by side, e.g. brokers of their own in tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from tools.infra.packages import RABBIT_SERVER, RABBITMQCTL
+from tools.infra.system import (
+    LOOPBACK,
+    InfraError,
+    child_pids,
+    cmdline,
+    log,
+    pid_alive,
+    port_accepts,
+    port_is_free,
+    run,
+    tail,
+    wait_gone,
+    write_private,
+)
+
+# Distribution (node to node, rabbitmqctl) on loopback only, like AMQP.
+_ERL_LOOPBACK_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
+# Characters allowed in user names and passwords written into rabbitmq.conf.
+_CONF_VALUE = re.compile(r"[A-Za-z0-9._~!$&*+,;=:@%^()\[\]{}|/?<>-]+")
+
+
+def epmd_names(port: int = 4369) -> dict[str, int]:
+    """Erlang node names registered with the local epmd, with their distribution ports."""
+    try:
+        with socket.create_connection((LOOPBACK, port), timeout=2.0) as sock:
+            sock.sendall(b"\x00\x01n")  # NAMES_REQ
+            chunks: list[bytes] = []
+            while chunk := sock.recv(4096):
+                chunks.append(chunk)
+    except OSError:
+        return {}
+    names: dict[str, int] = {}
+    for line in b"".join(chunks)[4:].decode(errors="replace").splitlines():
+        match = re.fullmatch(r"name (\S+) at port (\d+)", line.strip())
+        if match:
+            names[match.group(1)] = int(match.group(2))
+    return names
+
+
+@dataclass
+class RabbitNode:
+    """A RabbitMQ node run from the Debian package's scripts, with all files under ``base``."""
+
+    name: str
+    base: Path
+    port: int
+    dist_port: int
+    user: str
+    password: str = field(repr=False)
+    extra_conf: str = ""
+    lift_consumer_timeout: bool = True
+    # Erlang cookie; nodes meant to form a cluster need the same one. "" = generate once.
+    cookie: str = field(default="", repr=False)
+    start_timeout: float = 90.0
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
+
+    # ----- names and paths
+
+    @property
+    def node(self) -> str:
+        return f"{self.name}@localhost"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.base / f"{self.name}.pid"
+
+    @property
+    def mnesia_base(self) -> Path:
+        return self.base / "mnesia"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.base / "log"
+
+    @property
+    def console_log(self) -> Path:
+        return self.log_dir / "console.log"
+
+    @property
+    def node_log(self) -> Path:
+        return self.log_dir / f"{self.node}.log"
+
+    @property
+    def config_file(self) -> Path:
+        return self.base / "rabbitmq.conf"
+
+    @property
+    def advanced_config_file(self) -> Path:
+        return self.base / "advanced.config"
+
+    @property
+    def plugins_file(self) -> Path:
+        return self.base / "enabled_plugins"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://{quote(self.user, safe='')}:{quote(self.password, safe='')}@{LOOPBACK}:{self.port}/"
+
+    def url_for(self, vhost: str) -> str:
+        """AMQP URL for ``vhost`` (the default vhost "/" gives :attr:`url`)."""
+        if vhost == "/":
+            return self.url
+        return self.url + quote(vhost, safe="")
+
+    # ----- environment and files
+
+    def _env(self) -> dict[str, str]:
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("RABBITMQ_", "ERL_"))}
+        env.update(
+            HOME=str(self.base),
+            LANG="C.UTF-8",
+            LC_ALL="C.UTF-8",
+            RABBITMQ_NODENAME=self.node,
+            RABBITMQ_NODE_IP_ADDRESS=LOOPBACK,
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(self.mnesia_base),
+            RABBITMQ_LOG_BASE=str(self.log_dir),
+            RABBITMQ_CONFIG_FILE=str(self.config_file),
+            RABBITMQ_ADVANCED_CONFIG_FILE=str(self.advanced_config_file),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.plugins_file),
+            RABBITMQ_PID_FILE=str(self.pid_file),
+            # Skip /etc/rabbitmq/rabbitmq-env.conf: it could rename the node or move ports.
+            RABBITMQ_CONF_ENV_FILE=str(self.base / "rabbitmq-env.conf"),
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=_ERL_LOOPBACK_ARGS,
+            RABBITMQ_CTL_ERL_ARGS=_ERL_LOOPBACK_ARGS,
+            ERL_EPMD_ADDRESS=LOOPBACK,
+            ERL_CRASH_DUMP=str(self.log_dir / "erl_crash.dump"),
+        )
+        return env
+
+    def _write_files(self) -> None:
+        for value, what in ((self.user, "user"), (self.password, "password")):
+            if not _CONF_VALUE.fullmatch(value):
+                raise InfraError(f"RabbitMQ {what} must match {_CONF_VALUE.pattern}")
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(exist_ok=True)
+        self.mnesia_base.mkdir(exist_ok=True)
+        conf = [
+            "# Written by tools/infra/rabbitmq.py on every start; edit RabbitNode instead.",
+            f"listeners.tcp.1 = {LOOPBACK}:{self.port}",
+            f"default_user = {self.user}",
+            f"default_pass = {self.password}",
+            "default_user_tags.administrator = true",
+            "loopback_users = none",
+            "log.file.level = info",
+        ]
+        if self.extra_conf.strip():
+            conf += ["", "# extra_conf", self.extra_conf.strip()]
+        write_private(self.config_file, "\n".join(conf) + "\n")
+        advanced = (
+            "%% Written by tools/infra/rabbitmq.py. The orchestrator holds deliveries unacked for the\n"
+            "%% whole life of a job: lift the delivery acknowledgement timeout.\n"
+            "[{rabbit, [{consumer_timeout, undefined}]}].\n"
+            if self.lift_consumer_timeout
+            else "%% Written by tools/infra/rabbitmq.py (plain broker settings).\n[].\n"
+        )
+        write_private(self.advanced_config_file, advanced)
+        write_private(self.plugins_file, "[].\n")
+        write_private(self.base / "rabbitmq-env.conf", "# Intentionally empty (tools/infra/rabbitmq.py).\n")
+        cookie = self.base / ".erlang.cookie"
+        if self.cookie:
+            if not cookie.exists() or cookie.read_text() != self.cookie:
+                write_private(cookie, self.cookie, 0o400)
+        elif not cookie.exists():
+            alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+            write_private(cookie, "".join(secrets.choice(alphabet) for _ in range(20)), 0o400)
+
+    # ----- process state
+
+    def _pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _live_pid(self) -> int | None:
+        """PID of our beam process if alive (it must name our node on its command line)."""
+        pid = self._pid()
+        if pid is None or not pid_alive(pid):
+            return None
+        if "beam" not in cmdline(pid):
+            return None
+        # The broker's environment names its pid file (unique per node and base).
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return pid
+        if f"RABBITMQ_PID_FILE={self.pid_file}".encode() not in environ:
+            return None
+        return pid
+
+    def is_running(self) -> bool:
+        """Our beam process is alive and accepts AMQP connections (cheap: no rabbitmqctl)."""
+        return self._live_pid() is not None and port_accepts(self.port)
+
+    def _reap(self) -> None:
+        if self._proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+            if self._proc.poll() is not None:
+                self._proc = None
+
+    # ----- rabbitmqctl
+
+    def ctl(self, *args: str, timeout: float = 120.0) -> str:
+        """Run ``rabbitmqctl -n NODE *args`` with this node's HOME/env; return stdout."""
+        return run(
+            [str(RABBITMQCTL), "-n", self.node, *args],
+            env=self._env(),
+            timeout=timeout,
+            cwd=self.base if self.base.is_dir() else "/",
+        )
+
+    def add_vhost(self, vhost: str) -> None:
+        """Create ``vhost`` (no error if it exists) and give ``user`` full permissions on it."""
+        try:
+            self.ctl("add_vhost", vhost)
+        except InfraError as exc:
+            if "already" not in str(exc) and "exists" not in str(exc):
+                raise
+        self.ctl("set_permissions", "-p", vhost, self.user, ".*", ".*", ".*")
+
+    def delete_vhost(self, vhost: str) -> None:
+        """Delete ``vhost`` with everything in it (no error if missing)."""
+        try:
+            self.ctl("delete_vhost", vhost)
+        except InfraError as exc:
+            if "not_found" not in str(exc) and "does not exist" not in str(exc):
+                raise
+
+    # ----- lifecycle
+
+    def start(self) -> None:
+        """Start the node, or reuse it if it is already running. Blocks until it is ready."""
+        if self.is_running():
+            log(f"rabbitmq {self.node} already running on {LOOPBACK}:{self.port} (reused)")
+            return
+        if not RABBIT_SERVER.exists():
+            raise InfraError(f"{RABBIT_SERVER} missing: run tools.infra.ensure_packages()")
+        began = time.monotonic()
+        pid = self._live_pid()
+        if pid is not None:
+            log(f"rabbitmq {self.node} (pid {pid}) is booting; waiting for it")
+            try:
+                self._wait_ready(pid)
+            except InfraError:
+                log(f"rabbitmq {self.node} (pid {pid}) did not become ready; killing it")
+                self.kill()
+            else:
+                self._ensure_user(fresh=False)
+                return
+        registered = epmd_names().get(self.name)
+        if registered is not None:
+            raise InfraError(
+                f"rabbitmq: node name {self.name!r} is already registered with epmd "
+                f"(distribution port {registered}) by another node; pick another name"
+            )
+        for port, what in ((self.port, "AMQP"), (self.dist_port, "distribution")):
+            if not port_is_free(port):
+                raise InfraError(f"rabbitmq {self.node}: {what} port {port} is in use")
+        self._write_files()
+        fresh = not (self.mnesia_base / self.node).exists()
+        self.pid_file.unlink(missing_ok=True)
+        with self.console_log.open("ab") as console:
+            console.write(f"\n==== start {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
+            console.flush()
+            self._proc = subprocess.Popen(
+                [str(RABBIT_SERVER)],
+                env=self._env(),
+                cwd=self.base,
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready(None)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.kill()
+            raise
+        self._ensure_user(fresh=fresh)
+        log(f"rabbitmq {self.node} started on {LOOPBACK}:{self.port} in {time.monotonic() - began:.1f}s")
+
+    def _wait_ready(self, pid: int | None) -> None:
+        """Wait (rabbitmqctl wait) for the boot to finish; fail fast if the server dies."""
+        argv = [str(RABBITMQCTL), "-n", self.node, "wait", str(self.pid_file)]
+        argv += ["--timeout", str(int(self.start_timeout))]
+        if pid is not None:
+            argv = [str(RABBITMQCTL), "-n", self.node, "wait", "--pid", str(pid)]
+            argv += ["--timeout", str(int(self.start_timeout))]
+        waiter = subprocess.Popen(
+            argv,
+            env=self._env(),
+            cwd=self.base,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + self.start_timeout + 15
+        failure: str | None = None
+        while True:
+            code = waiter.poll()
+            if code is not None:
+                output = waiter.stdout.read() if waiter.stdout else ""
+                if code != 0:
+                    failure = f"rabbitmqctl wait exited with {code}: {output.strip()}"
+                break
+            if self._proc is not None and self._proc.poll() is not None:
+                failure = f"rabbitmq-server exited with {self._proc.returncode} while booting"
+                break
+            if time.monotonic() > deadline:
+                failure = f"not ready after {self.start_timeout:.0f}s"
+                break
+            time.sleep(0.1)
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+        if waiter.stdout:
+            waiter.stdout.close()
+        if failure is None and not port_accepts(self.port):
+            failure = f"booted but nothing accepts connections on {LOOPBACK}:{self.port}"
+        if failure is not None:
+            raise InfraError(
+                f"rabbitmq {self.node}: {failure}\n--- {self.console_log}:\n"
+                f"{tail(self.console_log)}\n--- {self.node_log}:\n{tail(self.node_log)}"
+            )
+
+    def _ensure_user(self, *, fresh: bool) -> None:
+        """Make ``user``/``password`` valid even if the data predates the current password."""
+        marker = self.base / ".credentials"
+        digest = hashlib.sha256(f"{self.user}\0{self.password}".encode()).hexdigest()
+        if not fresh and marker.exists() and marker.read_text().strip() == digest:
+            return
+        if not fresh:
+            log(f"rabbitmq {self.node}: (re)setting credentials of user {self.user}")
+            try:
+                self.ctl("add_user", self.user, self.password)
+            except InfraError as exc:
+                if "already" not in str(exc) and "exists" not in str(exc):
+                    raise
+                self.ctl("change_password", self.user, self.password)
+            self.ctl("set_user_tags", self.user, "administrator")
+            self.ctl("set_permissions", "-p", "/", self.user, ".*", ".*", ".*")
+        write_private(marker, digest + "\n")
+
+    def stop(self) -> None:
+        """Stop gracefully (``rabbitmqctl stop PIDFILE``); data stays. No error if not running."""
+        pid = self._live_pid()
+        if pid is None:
+            self._reap()
+            log(f"rabbitmq {self.node} not running")
+            return
+        began = time.monotonic()
+        try:
+            self.ctl("stop", str(self.pid_file), timeout=150)
+        except InfraError as exc:
+            log(f"rabbitmqctl stop failed ({exc}); sending SIGTERM to {pid}")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        if not wait_gone([pid], 60):
+            log(f"rabbitmq {self.node} (pid {pid}) still alive after stop; SIGKILL")
+            self.kill()
+            return
+        self._reap()
+        log(f"rabbitmq {self.node} stopped in {time.monotonic() - began:.1f}s")
+
+    def kill(self) -> None:
+        """SIGKILL the beam process (a crash: no clean shutdown). No error if not running."""
+        if self._proc is not None and self._proc.poll() is None:
+            # Started here and maybe still booting (no pid file yet): kill its process group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        pid = self._live_pid()
+        if pid is None:
+            self._reap()
+            return
+        children = child_pids(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        if not wait_gone([pid, *children], 30):
+            raise InfraError(f"rabbitmq {self.node} (pid {pid}) survived SIGKILL")
+        self._reap()
+        log(f"rabbitmq {self.node} killed (pid {pid})")
+
+    def destroy(self) -> None:
+        """Kill the node and delete ``base`` with all its data."""
+        self.kill()
+        shutil.rmtree(self.base, ignore_errors=True)

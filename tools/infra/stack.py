@@ -1,0 +1,171 @@
+"""Both servers of one base folder together: ``up`` (install, start or reuse, write the env
+file), ``down``, ``destroy``, ``status``, and the nodes as ``infra.json`` describes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TextIO
+
+from tools.infra.packages import ensure_packages
+from tools.infra.postgres import PostgresNode
+from tools.infra.rabbitmq import RabbitNode
+from tools.infra.state import (
+    DEFAULT_AMQP_PORT,
+    DEFAULT_DIST_PORT,
+    DEFAULT_PG_PORT,
+    DEFAULT_USER,
+    env_file,
+    int_field,
+    load_state,
+    locked,
+    move_port,
+    new_password,
+    resolve_base,
+    save_state,
+    str_field,
+    write_env,
+)
+from tools.infra.system import LOOPBACK, log
+
+
+def nodes(base: Path, *, allocate: bool) -> tuple[RabbitNode, PostgresNode]:
+    """Nodes described by ``<base>/infra.json``; with ``allocate``, fix ports and save."""
+    state = load_state(base)
+    rabbit_state = state.get("rabbitmq", {})
+    pg_state = state.get("postgres", {})
+    # Erlang node names are machine-wide (epmd): one per base folder.
+    default_name = "orch-" + hashlib.sha256(str(base).encode()).hexdigest()[:6]
+    rabbit = RabbitNode(
+        name=str_field(rabbit_state, "name", default_name),
+        base=base / "rabbitmq",
+        port=int_field(rabbit_state, "port", DEFAULT_AMQP_PORT),
+        dist_port=int_field(rabbit_state, "dist_port", DEFAULT_DIST_PORT),
+        user=str_field(rabbit_state, "user", DEFAULT_USER),
+        password=str_field(rabbit_state, "password", "") or new_password(),
+    )
+    pg = PostgresNode(
+        base=base / "postgres",
+        port=int_field(pg_state, "port", DEFAULT_PG_PORT),
+        user=str_field(pg_state, "user", DEFAULT_USER),
+        password=str_field(pg_state, "password", "") or new_password(),
+    )
+    if not allocate:
+        return rabbit, pg
+    taken: set[int] = set()
+    if rabbit.is_running():
+        taken |= {rabbit.port, rabbit.dist_port}
+    if pg.is_running():
+        taken.add(pg.port)
+    else:
+        pg.port = move_port(pg.port, taken, "postgres")
+        taken.add(pg.port)
+    if not rabbit.is_running():
+        rabbit.port = move_port(rabbit.port, taken, "rabbitmq AMQP")
+        taken.add(rabbit.port)
+        rabbit.dist_port = move_port(rabbit.dist_port, taken, "rabbitmq distribution")
+    new_state = {
+        "rabbitmq": {
+            "name": rabbit.name,
+            "port": rabbit.port,
+            "dist_port": rabbit.dist_port,
+            "user": rabbit.user,
+            "password": rabbit.password,
+        },
+        "postgres": {"port": pg.port, "user": pg.user, "password": pg.password},
+    }
+    if new_state != state:
+        save_state(base, new_state)
+    return rabbit, pg
+
+
+def rabbit_node(base: Path | None = None) -> RabbitNode:
+    """The project's RabbitMQ node under ``base`` (ports/password from ``infra.json``)."""
+    base = resolve_base(base)
+    with locked(base):
+        return nodes(base, allocate=True)[0]
+
+
+def postgres_node(base: Path | None = None) -> PostgresNode:
+    """The project's PostgreSQL node under ``base`` (port/password from ``infra.json``)."""
+    base = resolve_base(base)
+    with locked(base):
+        return nodes(base, allocate=True)[1]
+
+
+def env_lines(rabbit: RabbitNode, pg: PostgresNode, database: str = "orch") -> list[str]:
+    return [
+        f"ORCH_AMQP_URL={shlex.quote(rabbit.url)}",
+        f"ORCH_DATABASE_URL={shlex.quote(pg.url(database))}",
+    ]
+
+
+def up(base: Path | None = None, *, install: bool = True) -> dict[str, str]:
+    """Start (or reuse) both servers, create database ``orch``, write ``<base>/env``."""
+    base = resolve_base(base)
+    began = time.monotonic()
+    if install:
+        ensure_packages()
+    with locked(base):
+        rabbit, pg = nodes(base, allocate=True)
+        # RabbitMQ boots in several seconds: start PostgreSQL meanwhile.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabbitmq-start") as pool:
+            rabbit_started = pool.submit(rabbit.start)
+            pg.start()
+            pg.create_database("orch")
+            rabbit_started.result()
+        lines = env_lines(rabbit, pg)
+        write_env(base, lines)
+    log(f"up in {time.monotonic() - began:.1f}s; env written to {env_file(base)}")
+    return dict(line.split("=", 1) for line in lines)
+
+
+def down(base: Path | None = None) -> None:
+    """Stop both servers gracefully (data stays)."""
+    base = resolve_base(base)
+    if not (base / "infra.json").exists():
+        log(f"nothing to stop: no {base / 'infra.json'}")
+        return
+    with locked(base):
+        rabbit, pg = nodes(base, allocate=False)
+        rabbit.stop()
+        pg.stop()
+
+
+def destroy(base: Path | None = None) -> None:
+    """Kill both servers and delete ``base`` (all data, ports, passwords)."""
+    base = resolve_base(base)
+    if (base / "infra.json").exists():
+        with locked(base):
+            rabbit, pg = nodes(base, allocate=False)
+            rabbit.destroy()
+            pg.destroy()
+    shutil.rmtree(base, ignore_errors=True)
+    log(f"removed {base}")
+
+
+def status(base: Path | None = None, out: TextIO | None = None) -> dict[str, bool]:
+    """Print and return whether each server runs."""
+    base = resolve_base(base)
+    out = out or sys.stdout
+    if not (base / "infra.json").exists():
+        print(f"rabbitmq: not running\npostgres: not running\n(no {base / 'infra.json'})", file=out)
+        return {"rabbitmq": False, "postgres": False}
+    rabbit, pg = nodes(base, allocate=False)
+    result = {"rabbitmq": rabbit.is_running(), "postgres": pg.is_running()}
+    print(
+        f"rabbitmq: {'running' if result['rabbitmq'] else 'not running'}"
+        f" (node {rabbit.node}, amqp {LOOPBACK}:{rabbit.port}, base {rabbit.base})",
+        file=out,
+    )
+    print(
+        f"postgres: {'running' if result['postgres'] else 'not running'} ({LOOPBACK}:{pg.port}, base {pg.base})",
+        file=out,
+    )
+    return result
