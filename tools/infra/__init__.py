@@ -13,9 +13,9 @@ CLI (``__main__``)::
     python -m tools.infra destroy  # stop both and delete all their data
 
 Modules: ``system`` (commands, processes, ports, files), ``packages`` (Debian packages),
-``rabbitmq`` (``RabbitNode``), ``postgres`` (``PostgresNode``), ``state`` (ports and
-passwords in ``infra.json``, the env file, the lock), ``stack`` (``up`` / ``down`` /
-``status`` / ``destroy`` of both).
+``rabbitmq`` (``RabbitNode``), ``postgres`` (``PostgresNode``), ``conflicts`` (who holds a
+node name or a port we need), ``state`` (ports and passwords in ``infra.json``, the env
+file, the lock), ``stack`` (``up`` / ``down`` / ``status`` / ``destroy`` of both).
 
 Layout of the base folder::
 
@@ -30,9 +30,10 @@ Layout of the base folder::
 Progress messages go to stderr; ``up`` and ``env`` print the env lines on stdout.
 """
 
+from tools.infra.conflicts import epmd_names
 from tools.infra.packages import ensure_packages, no_service_starts
 from tools.infra.postgres import PostgresNode
-from tools.infra.rabbitmq import RabbitNode, epmd_names
+from tools.infra.rabbitmq import RabbitNode
 from tools.infra.stack import destroy, down, env_lines, postgres_node, rabbit_node, status, up
 from tools.infra.state import DEFAULT_AMQP_PORT, DEFAULT_BASE, DEFAULT_DIST_PORT, DEFAULT_PG_PORT
 from tools.infra.system import InfraError, port_is_free, run

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from tools.infra import conflicts
 from tools.infra.packages import pg_bin_dir
 from tools.infra.state import DEFAULT_USER, new_password
 from tools.infra.system import (
@@ -300,7 +301,8 @@ class PostgresNode:
             log(f"postgres (pid {state[0]}) is {state[1] or 'busy'}; stopping it first")
             self.stop()
         if not port_is_free(self.port):
-            raise InfraError(f"postgres: port {self.port} is in use")
+            found = conflicts.listening_holder(self.port)
+            raise InfraError(conflicts.port_taken("postgres: port", self.port, found))
         # After a crash the lock file names a dead (or zombie: PID 1 may not reap) process;
         # postgres itself only checks kill(pid, 0), which succeeds on a zombie.
         (self.data_dir / "postmaster.pid").unlink(missing_ok=True)

@@ -12,13 +12,13 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from tools.infra import conflicts
 from tools.infra.packages import RABBIT_SERVER, RABBITMQCTL
 from tools.infra.system import (
     LOOPBACK,
@@ -39,24 +39,6 @@ from tools.infra.system import (
 _ERL_LOOPBACK_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
 # Characters allowed in user names and passwords written into rabbitmq.conf.
 _CONF_VALUE = re.compile(r"[A-Za-z0-9._~!$&*+,;=:@%^()\[\]{}|/?<>-]+")
-
-
-def epmd_names(port: int = 4369) -> dict[str, int]:
-    """Erlang node names registered with the local epmd, with their distribution ports."""
-    try:
-        with socket.create_connection((LOOPBACK, port), timeout=2.0) as sock:
-            sock.sendall(b"\x00\x01n")  # NAMES_REQ
-            chunks: list[bytes] = []
-            while chunk := sock.recv(4096):
-                chunks.append(chunk)
-    except OSError:
-        return {}
-    names: dict[str, int] = {}
-    for line in b"".join(chunks)[4:].decode(errors="replace").splitlines():
-        match = re.fullmatch(r"name (\S+) at port (\d+)", line.strip())
-        if match:
-            names[match.group(1)] = int(match.group(2))
-    return names
 
 
 @dataclass
@@ -272,15 +254,7 @@ class RabbitNode:
             else:
                 self._ensure_user(fresh=False)
                 return
-        registered = epmd_names().get(self.name)
-        if registered is not None:
-            raise InfraError(
-                f"rabbitmq: node name {self.name!r} is already registered with epmd "
-                f"(distribution port {registered}) by another node; pick another name"
-            )
-        for port, what in ((self.port, "AMQP"), (self.dist_port, "distribution")):
-            if not port_is_free(port):
-                raise InfraError(f"rabbitmq {self.node}: {what} port {port} is in use")
+        self._check_nothing_in_the_way()
         self._write_files()
         fresh = not (self.mnesia_base / self.node).exists()
         self.pid_file.unlink(missing_ok=True)
@@ -304,6 +278,21 @@ class RabbitNode:
             raise
         self._ensure_user(fresh=fresh)
         log(f"rabbitmq {self.node} started on {LOOPBACK}:{self.port} in {time.monotonic() - began:.1f}s")
+
+    def _check_nothing_in_the_way(self) -> None:
+        """Fail fast, naming the process and how to stop it, when our node name or a port is
+        held by a process our pid file does not name. A node left running by a checkout
+        deleted at this same path is one: it has the same derived name, and nothing here
+        knows it any more."""
+        registered = conflicts.epmd_names().get(self.name)
+        if registered is not None:
+            found = conflicts.listening_holder(registered)
+            raise InfraError(conflicts.node_name_taken(self.name, registered, self.pid_file, found))
+        for port, what in ((self.port, "AMQP"), (self.dist_port, "distribution")):
+            if not port_is_free(port):
+                found = conflicts.listening_holder(port)
+                label = f"rabbitmq {self.node}: {what} port"
+                raise InfraError(conflicts.port_taken(label, port, found, self.pid_file))
 
     def _wait_ready(self, pid: int | None) -> None:
         """Wait (rabbitmqctl wait) for the boot to finish; fail fast if the server dies."""

@@ -40,7 +40,8 @@ def nodes(base: Path, *, allocate: bool) -> tuple[RabbitNode, PostgresNode]:
     state = load_state(base)
     rabbit_state = state.get("rabbitmq", {})
     pg_state = state.get("postgres", {})
-    # Erlang node names are machine-wide (epmd): one per base folder.
+    # Erlang node names are machine-wide (epmd): one per base folder. A checkout deleted and
+    # cloned again at the same path gets the same name; RabbitNode.start names a leftover node.
     default_name = "orch-" + hashlib.sha256(str(base).encode()).hexdigest()[:6]
     rabbit = RabbitNode(
         name=str_field(rabbit_state, "name", default_name),
