@@ -143,7 +143,7 @@ class ObserverService:
             process_slots=self.settings.process_slots,
             pools=self.settings.pools,
             kinds=sorted(self.runner.kinds),
-            kind_infos=[k.kind.info() for k in self.runner.kinds.values()],
+            kind_infos=[k.kind.announced_info() for k in self.runner.kinds.values()],
             host=hostname(),
             pid=os.getpid(),
             version=__version__,

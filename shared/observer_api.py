@@ -26,6 +26,7 @@ observer of the service fails over).
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import uuid
@@ -71,6 +72,11 @@ class ObserverKind(Generic[ArgsT]):
     # loop). ``process``: a child process supervised by the service (tens of MiB each; may
     # block, hog the CPU or crash without hurting its neighbours). Observers may override it.
     isolation: Isolation = "async"
+    # Narrows the args schema to what *this host* accepts (e.g. the modules ``periodic`` may
+    # call here, from the service's environment). The service announces the narrowed schema
+    # and the manager checks new observers against every schema announced in their pool, so
+    # a host's own limits are answered with a 422 at create instead of a failure later.
+    announce: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     @functools.cached_property
     def _info(self) -> KindInfo:
@@ -82,9 +88,18 @@ class ObserverKind(Generic[ArgsT]):
         )
 
     def info(self) -> KindInfo:
-        """What a service announces about this kind (ServiceBorn, ``GET /api/kinds``).
-        Generated once: the manager asks for the built-ins' schemas on every catalog load."""
+        """The kind as its code defines it, whatever the host (the manager's view of a
+        built-in). Generated once: the manager asks for the built-ins' schemas on every
+        catalog load."""
         return self._info
+
+    def announced_info(self) -> KindInfo:
+        """What this host announces (ServiceBorn, then ``GET /api/kinds``): ``info()``
+        narrowed by ``announce`` when the kind has one. Not cached: ``announce`` may read the
+        environment, and a service calls this once, at start."""
+        if self.announce is None:
+            return self._info
+        return self._info.model_copy(update={"args_schema": self.announce(copy.deepcopy(self._info.args_schema))})
 
     def parse_args(self, raw: dict[str, Any]) -> ArgsT:
         """Validate raw JSON args; raises ``pydantic.ValidationError``."""
