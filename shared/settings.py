@@ -16,6 +16,7 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.event_loop import EventLoopChoice
+from shared.kinds.periodic import parse_modules
 from shared.messages import RetryPolicy
 
 AUTO = 0
@@ -64,6 +65,11 @@ class ServiceSettings(CommonSettings):
     # Where this service serves /metrics (0: nowhere).
     metrics_port: int = Field(default=0, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # Modules (and packages) whose functions the `periodic` kind may call; empty: none, since
+    # whoever may create observers picks the function. The kind reads the variable itself
+    # (it also runs in child processes and tests); parsed here too so that a malformed list
+    # stops the service at start.
+    periodic_modules: Annotated[tuple[str, ...], NoDecode] = ()
 
     @field_validator("workers_count", mode="before")
     @classmethod
@@ -74,6 +80,11 @@ class ServiceSettings(CommonSettings):
     @classmethod
     def _auto_slots(cls, value: object) -> object:
         return AUTO_SLOTS if value == "auto" else value
+
+    @field_validator("periodic_modules", mode="before")
+    @classmethod
+    def _split_modules(cls, value: object) -> object:
+        return parse_modules(value) if isinstance(value, str) else value
 
     @field_validator("pools", mode="before")
     @classmethod

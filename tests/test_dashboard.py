@@ -224,7 +224,7 @@ def test_a_token_is_asked_for_kept_and_used(system: System, watched: Watched) ->
 
 def test_a_failed_observer_shows_its_error_and_is_restarted_from_its_row(system: System, watched: Watched) -> None:
     system.start_manager()
-    system.start_service("svc-a", workers=5)
+    system.start_service("svc-a", workers=5, ORCH_PERIODIC_MODULES="tests.periodic_funcs")
     name = unique("fail")
     args = {"function": "tests.periodic_funcs:fail", "kwargs": {"message": "dashboard boom"}, "interval_s": 0.2}
     created = system.create(name, kind="periodic", args=args | {"max_consecutive_errors": 1}, retry={"max_attempts": 1})

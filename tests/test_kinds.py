@@ -16,16 +16,25 @@ from typing import Any
 
 import aio_pika
 import pytest
+from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ValidationError
 
 from shared import topology
 from shared.errors import LeaseLost
 from shared.kinds import BUILTIN_KINDS, http_poll, periodic, websocket
+from shared.messages import RetryPolicy, StartObserver
 from tests.harness import System, free_port, unique, wait_for
 from tests.local_servers import HttpServer, WsServer
 
 FUNCS = "tests.periodic_funcs"
 NO_RETRY = {"max_attempts": 1}  # a body that raises is Failed at once, not restarted
+
+
+@pytest.fixture(autouse=True)
+def _periodic_may_call_the_test_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process runs of ``periodic`` below call ``tests.periodic_funcs``; the services
+    of the end-to-end tests get the variable explicitly (the harness passes no ORCH_*)."""
+    monkeypatch.setenv(periodic.ALLOWED_MODULES_ENV, FUNCS)
 
 
 @pytest.fixture
@@ -190,7 +199,7 @@ async def test_periodic_errors_and_sync_timeouts_raise() -> None:
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("tests.no_such_module:f", "cannot import module 'tests.no_such_module'"),
+        (f"{FUNCS}.no_such:f", f"cannot import module '{FUNCS}.no_such'"),
         (f"{FUNCS}:missing", "has no attribute 'missing'"),
         (f"{FUNCS}:NOT_A_FUNCTION", "not a function"),
     ],
@@ -200,11 +209,54 @@ async def test_periodic_reports_a_function_it_cannot_load(ref: str, message: str
     assert isinstance(error, periodic.PeriodicError) and message in str(error)
 
 
-def test_periodic_module_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(periodic.ALLOWED_MODULES_ENV, "myjobs., tests.periodic_funcs")
-    assert periodic.resolve(f"{FUNCS}:add") is not None
-    with pytest.raises(periodic.PeriodicError, match="not allowed"):
+def test_periodic_calls_nothing_unless_the_operator_lists_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    for unset in ("", " , "):
+        monkeypatch.setenv(periodic.ALLOWED_MODULES_ENV, unset)
+        with pytest.raises(periodic.PeriodicError, match="calls no function: ORCH_PERIODIC_MODULES is unset"):
+            periodic.resolve(f"{FUNCS}:add")
+    monkeypatch.delenv(periodic.ALLOWED_MODULES_ENV)
+    with pytest.raises(periodic.PeriodicError, match="ORCH_PERIODIC_MODULES is unset"):
         periodic.resolve("os:getcwd")
+
+
+def test_periodic_module_allowlist(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(periodic.ALLOWED_MODULES_ENV, "myjobs., tests")
+    assert periodic.resolve(f"{FUNCS}:add") is not None  # a package allows its modules
+    with pytest.raises(periodic.PeriodicError, match="ORCH_PERIODIC_MODULES may be called: myjobs, tests"):
+        periodic.resolve("os:getcwd")
+    # Refused before the import: a module outside the list never runs its top-level code
+    with pytest.raises(periodic.PeriodicError, match="refused"):
+        periodic.resolve("no_such_module_anywhere:f")
+    # A name an allowed module only imported is not one of its functions
+    with pytest.raises(periodic.PeriodicError, match="defined in module 'pathlib'"):
+        periodic.resolve(f"{FUNCS}:Path")
+    # Module boundaries, not string prefixes
+    assert periodic.module_allowed("myjobs", ("myjobs",)) and periodic.module_allowed("myjobs.a.b", ("myjobs",))
+    assert not periodic.module_allowed("myjobs_evil", ("myjobs",)) and not periodic.module_allowed("my", ("myjobs",))
+    assert periodic.parse_modules(" a.b , c., a.b,") == ("a.b", "c")
+    with pytest.raises(ValueError, match="not module names: 'a-b', 'x:y'"):
+        periodic.parse_modules("ok, a-b, x:y")
+
+
+@pytest.mark.parametrize(
+    ("modules", "accepted", "refused"),
+    [
+        ("", [], [f"{FUNCS}:add", "os:getcwd"]),
+        ("tests.periodic_funcs,myjobs", [f"{FUNCS}:add", "myjobs.daily:run"], ["os:system", "myjobsx:run", "tests:f"]),
+    ],
+)
+def test_periodic_announces_its_allow_list_in_its_args_schema(
+    monkeypatch: pytest.MonkeyPatch, modules: str, accepted: list[str], refused: list[str]
+) -> None:
+    monkeypatch.setenv(periodic.ALLOWED_MODULES_ENV, modules)
+    kind = BUILTIN_KINDS["periodic"]
+    schema = kind.announced_info().args_schema
+    assert kind.info().args_schema["properties"]["function"]["pattern"] == periodic.FUNCTION_PATTERN  # untouched
+    function = schema["properties"]["function"]
+    assert "ORCH_PERIODIC_MODULES" in function["errorMessage"]
+    validator = Draft202012Validator(schema)
+    assert [f for f in accepted if not validator.is_valid({"function": f})] == []
+    assert [f for f in refused if validator.is_valid({"function": f})] == []
 
 
 async def test_http_poll_emits_first_and_changes_only(http_server: HttpServer) -> None:
@@ -286,7 +338,7 @@ class Events:
 def start(system: System, pattern: str, services: tuple[str, ...] = ("svc-a",)) -> Events:
     system.start_manager()
     for name in services:
-        system.start_service(name, workers=5)
+        system.start_service(name, workers=5, ORCH_PERIODIC_MODULES=FUNCS)
     return Events(system, pattern)
 
 
@@ -361,7 +413,7 @@ def read_calls(path: Path) -> list[tuple[str, float, float]]:
 
 def test_periodic_runs_once_cluster_wide_and_moves_on_kill_9(system: System, tmp_path: Path) -> None:
     system.start_manager()
-    procs = {name: system.start_service(name, workers=5) for name in ("svc-a", "svc-b")}
+    procs = {name: system.start_service(name, workers=5, ORCH_PERIODIC_MODULES=FUNCS) for name in ("svc-a", "svc-b")}
     log = tmp_path / "calls.log"
     args = {"function": f"{FUNCS}:record", "kwargs": {"path": str(log), "sleep_s": 0.3}, "interval_s": 0.5}
     created = system.create("singleton", kind="periodic", args=args)
@@ -409,3 +461,54 @@ def test_periodic_call_over_its_timeout_is_cancelled_and_counts_as_an_error(syst
     assert "2 consecutive errors" in failed["last_error"] and "timed out" in failed["last_error"], failed
     lines = log.read_text().split()
     assert "finished" not in lines and lines[:4] == ["start", "cancelled", "start", "cancelled"]
+
+
+def test_periodic_functions_outside_the_services_allow_list_are_refused_at_create(
+    system: System, tmp_path: Path
+) -> None:
+    system.start_manager()
+    system.start_service("svc-unset", workers=5)  # ORCH_PERIODIC_MODULES unset: calls nothing
+    system.start_service("svc-jobs", workers=5, ORCH_POOLS="jobs", ORCH_PERIODIC_MODULES=FUNCS)
+    add = {"function": f"{FUNCS}:add", "kwargs": {"a": 1, "b": 2}}
+
+    # Unset: every function is refused before anything is queued, and the answer says what to set
+    refused = system.post("/api/observers", {"name": "p-unset", "kind": "periodic", "args": add})
+    assert refused.status_code == 422, refused.text
+    assert "function: this service calls no function: ORCH_PERIODIC_MODULES is unset" in refused.json()["detail"]
+
+    # Set: outside the listed modules is refused, naming the variable and what it allows
+    for outside in ("os:getcwd", "tests.local_servers:HttpServer", "tests:periodic_funcs"):
+        body = {"name": "p-out", "kind": "periodic", "args": {"function": outside}, "pool": "jobs"}
+        refused = system.post("/api/observers", body)
+        assert refused.status_code == 422, refused.text
+        assert (
+            f"only functions defined in the modules of ORCH_PERIODIC_MODULES may be called: {FUNCS} "
+            f"(got '{outside}')" in refused.json()["detail"]
+        )
+    assert system.observers() == []
+
+    # Inside: created, and it runs
+    events = Events(system, "periodic.#")
+    created = system.create("p-in", kind="periodic", args=add | {"interval_s": 0.2}, pool="jobs")
+    system.wait_status(created["id"], "Processing")
+    assert events.wait(1, "a call")[0]["result"] == 3
+    listed = {k["name"]: k for k in system.get("/api/kinds").json()}["periodic"]
+    assert "allowed here" in listed["args_schema"]["properties"]["function"]["description"]
+
+
+def test_a_service_refuses_a_periodic_start_that_bypassed_the_manager(system: System) -> None:
+    """Defense in depth: a start message published straight to the broker (not through the
+    API) for a function the service does not allow is never called: it fails at once."""
+    system.start_manager()
+    system.start_service("svc-a", workers=5)  # ORCH_PERIODIC_MODULES unset
+    start = StartObserver(
+        observer_id=uuid.uuid4(),
+        name="smuggled",
+        kind="periodic",
+        args={"function": "os:getcwd"},
+        retry=RetryPolicy(max_attempts=1),
+    )
+    system.publish_raw(topology.start_queue_name("default"), start.encode())
+    error_queue = topology.error_queue_name(topology.start_queue_name("default"))
+    wait_for(lambda: system.queue_counts(error_queue)[0] == 1, 30, "the start to be dead-lettered")
+    assert "os:getcwd refused: this service calls no function: ORCH_PERIODIC_MODULES is unset" in system.logs()

@@ -106,6 +106,34 @@ def test_new_observers_are_validated_against_the_announced_kinds() -> None:
         validate(NewObserver("a", "ticker", {"interval_s": 0}), catalog, default)
 
 
+def test_args_must_suit_every_schema_announced_in_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service narrows ``periodic`` to its ORCH_PERIODIC_MODULES; any service of the pool may
+    take the start, so the manager holds args to each schema announced there."""
+    periodic = BUILTIN_KINDS["periodic"]
+    monkeypatch.setenv("ORCH_PERIODIC_MODULES", "")
+    calls_nothing = periodic.announced_info()
+    monkeypatch.setenv("ORCH_PERIODIC_MODULES", "myjobs")
+    calls_myjobs = periodic.announced_info()
+    offered = OfferedKind(calls_myjobs)
+    offered.announced_by(["jobs", "mixed"], calls_myjobs)
+    offered.announced_by(["mixed", "strict"], calls_nothing)
+    catalog, default = KindCatalog({"periodic": offered}, {"jobs", "mixed", "strict"}), RetryPolicy()
+
+    def create(function: str, pool: str) -> NewObserver:
+        return validate(NewObserver("p", "periodic", {"function": function}, pool=pool), catalog, default)
+
+    assert create("myjobs.daily:run", "jobs").args["function"] == "myjobs.daily:run"
+    with pytest.raises(
+        Invalid, match=r"function: only .* ORCH_PERIODIC_MODULES may be called: myjobs \(got 'os:system'\)"
+    ):
+        create("os:system", "jobs")
+    for pool in ("mixed", "strict"):
+        with pytest.raises(Invalid, match="function: this service calls no function: ORCH_PERIODIC_MODULES is unset"):
+            create("myjobs.daily:run", pool)
+    with pytest.raises(Invalid, match="interval_s"):  # the built-in's own model still answers first
+        validate(NewObserver("p", "periodic", {"function": "myjobs:f", "interval_s": 0}, pool="jobs"), catalog, default)
+
+
 async def test_the_watchdog_names_the_observer_that_blocks_the_loop(caplog: pytest.LogCaptureFixture) -> None:
     watchdog = LoopWatchdog(period_s=0.05, stall_s=0.3)
     watchdog.start()

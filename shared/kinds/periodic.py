@@ -19,9 +19,13 @@ sync functions under ``isolation: process``, where the child process that hosts 
 is killed. With ``async`` isolation, sync functions also share the service's default thread
 pool: prefer ``async def``.
 
-Security: anyone who can create observers can call any importable function. Set the service
-environment variable ``ORCH_PERIODIC_MODULES`` (comma-separated module prefixes, e.g.
-``myjobs.,reports.tasks``) to restrict which modules may be named.
+Security: whoever may create observers chooses the function and its keyword arguments, so a
+service calls only functions *defined* in the modules its operator lists in
+``ORCH_PERIODIC_MODULES`` (comma-separated module or package names, e.g.
+``myjobs,reports.tasks``: ``myjobs`` allows ``myjobs`` and ``myjobs.*``). Unset or empty, it
+calls none. The service announces its list in the kind's args schema, so the manager answers
+a function outside it with a 422 at create; the service checks again before importing
+anything (defense in depth: a start message may come from elsewhere than the manager).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import inspect
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,7 +46,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.errors import LeaseLost
 from shared.observer_api import ObserverContext, ObserverKind
 
-FUNCTION_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_MODULE = rf"{_IDENTIFIER}(\.{_IDENTIFIER})*"
+FUNCTION_PATTERN = rf"^{_MODULE}:{_IDENTIFIER}$"
 ALLOWED_MODULES_ENV = "ORCH_PERIODIC_MODULES"
 _MAX_REPR_CHARS = 2000
 
@@ -83,12 +90,60 @@ def next_slot(origin: float, interval: float, last: int, now: float) -> int:
     return max(last + 1, math.ceil((now - origin) / interval))
 
 
+def parse_modules(raw: str) -> tuple[str, ...]:
+    """``ORCH_PERIODIC_MODULES`` as module names: comma-separated, blanks ignored, a trailing
+    dot tolerated (``myjobs.`` = ``myjobs``); ``ValueError`` for anything that is not a
+    dotted module name, so a typo stops the service at start instead of refusing quietly."""
+    names = tuple(dict.fromkeys(p.strip().removesuffix(".") for p in raw.split(",") if p.strip()))
+    bad = [n for n in names if not re.fullmatch(_MODULE, n)]
+    if bad:
+        raise ValueError(f"{ALLOWED_MODULES_ENV}: not module names: {', '.join(map(repr, bad))}")
+    return names
+
+
+def allowed_modules() -> tuple[str, ...]:
+    """This process's allow list (read at each call: a start or the announcement)."""
+    return parse_modules(os.environ.get(ALLOWED_MODULES_ENV, ""))
+
+
+def module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
+    """``module`` is one of ``allowed`` or inside one of them (a package boundary: ``myjobs``
+    allows ``myjobs.daily`` but not ``myjobs_evil``)."""
+    return any(module == a or module.startswith(a + ".") for a in allowed)
+
+
+def refusal(allowed: tuple[str, ...]) -> str:
+    """Why a function outside ``allowed`` is refused, naming what the operator can change."""
+    if not allowed:
+        return (
+            f"this service calls no function: {ALLOWED_MODULES_ENV} is unset; its operator may "
+            "list the modules periodic may call (comma-separated module or package names)"
+        )
+    return f"only functions defined in the modules of {ALLOWED_MODULES_ENV} may be called: {', '.join(allowed)}"
+
+
+def announce(schema: dict[str, Any]) -> dict[str, Any]:
+    """The args schema narrowed to this service's allow list: ``function`` must match a
+    pattern built from it (one that matches nothing when the list is empty), with the
+    reason the manager shows in its 422 (``errorMessage``, the ajv-errors convention)."""
+    allowed = allowed_modules()
+    modules = "|".join(re.escape(a) for a in allowed)
+    function = schema["properties"]["function"]
+    function["pattern"] = rf"^(?:{modules})(\.{_IDENTIFIER})*:{_IDENTIFIER}$" if allowed else "^(?!)"
+    function["errorMessage"] = refusal(allowed)
+    function["description"] = f"{function.get('description', '')}; allowed here: {', '.join(allowed) or 'none'}"
+    return schema
+
+
 def resolve(ref: str) -> Callable[..., Any]:
-    """Import ``module.path:function``; a clear ``PeriodicError`` if that is not possible."""
+    """Import ``module.path:function``; a clear ``PeriodicError`` if that is not possible or
+    not allowed. The allow list is checked before the import (importing runs the module's
+    code) and again on the object found, which must be *defined* in an allowed module: a
+    name an allowed module merely imported (``from os import system``) does not count."""
     module_name, _, attribute = ref.partition(":")
-    allowed = [p.strip() for p in os.environ.get(ALLOWED_MODULES_ENV, "").split(",") if p.strip()]
-    if allowed and not any(module_name == p.rstrip(".") or module_name.startswith(p) for p in allowed):
-        raise PeriodicError(f"module {module_name!r} is not allowed on this service ({ALLOWED_MODULES_ENV})")
+    allowed = allowed_modules()
+    if not module_allowed(module_name, allowed):
+        raise PeriodicError(f"{ref} refused: {refusal(allowed)}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -98,6 +153,9 @@ def resolve(ref: str) -> Callable[..., Any]:
         raise PeriodicError(f"module {module_name!r} has no attribute {attribute!r}")
     if not callable(fn):
         raise PeriodicError(f"{ref} is a {type(fn).__name__}, not a function")
+    defined_in = getattr(fn, "__module__", None)
+    if not isinstance(defined_in, str) or not module_allowed(defined_in, allowed):
+        raise PeriodicError(f"{ref} refused: it is defined in module {defined_in!r}; {refusal(allowed)}")
     return fn  # type: ignore[no-any-return]
 
 
@@ -168,4 +226,5 @@ KIND: ObserverKind[PeriodicArgs] = ObserverKind(
     args_model=PeriodicArgs,
     run=run,
     description="calls function every interval_s (no overlap, hard timeout): a cluster-wide singleton cron job",
+    announce=announce,
 )
