@@ -49,6 +49,14 @@ def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
+def with_test_plugin(system: System, plugin_path: Path) -> System:
+    """Every process ``system`` starts gets the test plug-in, whose ``probe`` kind leaves a
+    line per tick (``tests.harness.probe_args``, ``read_ticks``): which host acted when."""
+    system.env["PYTHONPATH"] = str(plugin_path)
+    return system
+
+
+@pytest.fixture
 def vhost(rabbit: infra.RabbitNode) -> Iterator[str]:
     name = unique("t")
     rabbit.add_vhost(name)

@@ -224,8 +224,14 @@ class System:
         self.amqp(publish)
 
 
+def probe_args(log: Path, interval_s: float = 0.2, **more: Any) -> dict[str, Any]:
+    """Args of the test plug-in's ``probe`` kind (the ``with_test_plugin`` fixture installs it):
+    a ticker that appends a line per tick to ``log``, read back by ``read_ticks``."""
+    return {"interval_s": interval_s, "log_file": str(log)} | more
+
+
 def read_ticks(path: Path) -> list[tuple[str, str, int, float]]:
-    """Lines the ticker wrote: (observer id, service id, pid, unix time)."""
+    """Lines a ``probe`` wrote: (observer id, service id, pid, unix time)."""
     if not path.exists():
         return []
     ticks = []

@@ -16,7 +16,7 @@ import pytest
 
 from shared import topology
 from shared.messages import StartObserver
-from tests.harness import Proc, System, free_port, read_ticks, wait_for
+from tests.harness import Proc, System, free_port, probe_args, read_ticks, wait_for
 from tools import infra
 
 HOLD_S = 150
@@ -42,7 +42,7 @@ def has_text(proc: Proc, text: str) -> bool:
 
 
 @pytest.mark.slow
-def test_observer_outlives_the_consumer_timeout(tmp_path: Path) -> None:
+def test_observer_outlives_the_consumer_timeout(tmp_path: Path, plugin_path: Path) -> None:
     lifted = broker(tmp_path, "acklifted", lift=True)
     plain = broker(tmp_path, "ackplain", lift=False)
     systems = {
@@ -52,14 +52,15 @@ def test_observer_outlives_the_consumer_timeout(tmp_path: Path) -> None:
     try:
         logs = {}
         for label, system in systems.items():
-            service = system.start_service(f"svc-{label}", workers=2)
+            # The test plug-in's probe: a ticker that logs each tick
+            service = system.start_service(f"svc-{label}", workers=2, PYTHONPATH=str(plugin_path))
             wait_for(functools.partial(has_text, service, "broker session open"), 30, "session")
             logs[label] = tmp_path / f"{label}.ticks"
             start = StartObserver(
                 observer_id=uuid.uuid4(),
                 name=f"long-{label}",
-                kind="ticker",
-                args={"interval_s": 1, "log_file": str(logs[label])},
+                kind="probe",
+                args=probe_args(logs[label], 1),
             )
             system.publish_raw(topology.start_queue_name("default"), start.encode())
         began = time.monotonic()

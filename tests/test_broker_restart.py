@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from tests.harness import System, wait_for
 from tools import infra
 
 
-def start_fleet(system: System, tmp_path: Path, count: int) -> list[str]:
+def start_fleet(system: System, count: int) -> list[str]:
     system.start_manager()
     system.start_service("svc-a", workers=count)
     system.start_service("svc-b", workers=count)
-    args = {"interval_s": 0.2, "log_file": str(tmp_path / "ticks.log")}
+    args = {"interval_s": 0.2}
     ids = [system.create(f"o-{i}", args=args)["id"] for i in range(count)]
     for oid in ids:
         system.wait_status(oid, "Processing")
@@ -25,8 +23,8 @@ def all_processing_on_alive(system: System, ids: list[str]) -> bool:
     return all(observers[i]["status"] == "Processing" and observers[i]["service_id"] in alive for i in ids)
 
 
-def test_broker_restart_loses_no_observer(system: System, tmp_path: Path, rabbit: infra.RabbitNode) -> None:
-    ids = start_fleet(system, tmp_path, 6)
+def test_broker_restart_loses_no_observer(system: System, rabbit: infra.RabbitNode) -> None:
+    ids = start_fleet(system, 6)
     services = list(system.procs[1:])
 
     rabbit.stop()
@@ -44,10 +42,8 @@ def test_broker_restart_loses_no_observer(system: System, tmp_path: Path, rabbit
     assert system.get("/api/observers", name="during-outage").json()["items"] == []
 
 
-def test_blackout_everything_comes_back(
-    system: System, tmp_path: Path, rabbit: infra.RabbitNode, postgres: infra.PostgresNode
-) -> None:
-    ids = start_fleet(system, tmp_path, 5)
+def test_blackout_everything_comes_back(system: System, rabbit: infra.RabbitNode, postgres: infra.PostgresNode) -> None:
+    ids = start_fleet(system, 5)
 
     # Power cut: every process dies at once
     system.stop_all()

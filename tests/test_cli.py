@@ -18,6 +18,8 @@ from typing import Any, get_args
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+import pytest
+
 from tests.harness import REPO, System, free_port, unique, wait_for
 
 
@@ -36,6 +38,7 @@ def cli_json(url: str, *args: str) -> Any:
     return json.loads(result.stdout)
 
 
+@pytest.mark.usefixtures("with_test_plugin")  # its probe kind has a string arg
 def test_create_list_show_stop_and_errors(system: System, tmp_path: Path) -> None:
     system.start_manager()
     system.start_service("svc-a", workers=5)
@@ -43,7 +46,7 @@ def test_create_list_show_stop_and_errors(system: System, tmp_path: Path) -> Non
     name = unique("cli")
 
     # create: --arg values are JSON when they parse (0.5 is a number), else strings (the path)
-    created = cli_json(url, "create", name, "ticker", "--arg", "interval_s=0.5", "--arg", f"log_file={tmp_path}/t.log")
+    created = cli_json(url, "create", name, "probe", "--arg", "interval_s=0.5", "--arg", f"log_file={tmp_path}/t.log")
     assert created["name"] == name
     assert created["args"]["interval_s"] == 0.5 and created["args"]["log_file"] == f"{tmp_path}/t.log"
     observer_id = created["id"]
@@ -62,7 +65,7 @@ def test_create_list_show_stop_and_errors(system: System, tmp_path: Path) -> Non
     assert name in listed.stdout and "Processing" in listed.stdout
     assert name in cli(url, "list", "--status", "processing", "--service", "svc-a", "--search", name[-6:]).stdout
     assert cli_json(url, "list", "--status", "Failed")["items"] == []
-    assert [o["id"] for o in cli_json(url, "list", "--kind", "ticker", "--limit", "1", "--all")["items"]] == [
+    assert [o["id"] for o in cli_json(url, "list", "--kind", "probe", "--limit", "1", "--all")["items"]] == [
         observer_id
     ]
 

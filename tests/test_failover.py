@@ -5,13 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from shared import topology
-from tests.harness import System, read_ticks, wait_for
+from tests.harness import System, probe_args, read_ticks, wait_for
+
+# Observers are the test plug-in's probes: each tick leaves a line naming its host.
+pytestmark = pytest.mark.usefixtures("with_test_plugin")
 
 
 def create_many(system: System, tmp_path: Path, count: int, prefix: str = "obs") -> list[str]:
-    args = {"interval_s": 0.2, "log_file": str(tmp_path / "ticks.log")}
-    return [system.create(f"{prefix}-{i}", args=args)["id"] for i in range(count)]
+    args = probe_args(tmp_path / "ticks.log")
+    return [system.create(f"{prefix}-{i}", kind="probe", args=args)["id"] for i in range(count)]
 
 
 def hosts(system: System) -> dict[str, str | None]:
@@ -118,7 +123,7 @@ def test_stop_during_redistribution_ends_deleted(system: System, tmp_path: Path)
     blocker = system.create("blocker", args={"interval_s": 1})
     assert system.wait_status(blocker["id"], "Processing")["service_name"] == "svc-b"
     a = system.start_service("svc-a", workers=2)
-    moving = system.create("moving", args={"interval_s": 0.2, "log_file": str(tmp_path / "ticks.log")})
+    moving = system.create("moving", kind="probe", args=probe_args(tmp_path / "ticks.log"))
     assert system.wait_status(moving["id"], "Processing")["service_name"] == "svc-a"
 
     # When svc-a dies, the observer waits in the queue, and a stop is sent meanwhile

@@ -1,6 +1,7 @@
 """Fencing: an observer never acts on two hosts at the same moment. (Issue #2 test 12.)
 
-Observers append "observer service pid time" to a shared file after ``ctx.ensure_lease()``.
+Observers (the test plug-in's ``probe``) append "observer service pid time" to a shared file
+after ``ctx.ensure_lease()``.
 Per observer, the ticks of one host that follow each other closely form an interval of
 activity; intervals of different hosts must never overlap."""
 
@@ -12,10 +13,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from tests.harness import FAST_ENV, System, read_ticks, wait_for
+import pytest
+
+from tests.harness import FAST_ENV, System, probe_args, read_ticks, wait_for
 from tools import infra
 
 INTERVAL_S = 0.05
+pytestmark = pytest.mark.usefixtures("with_test_plugin")
 
 
 def activity_intervals(log: Path) -> dict[str, list[tuple[str, float, float]]]:
@@ -57,7 +61,7 @@ def run_fleet(system: System, tmp_path: Path, count: int) -> tuple[list[str], Pa
     system.start_manager()
     system.start_service("svc-a", workers=count)
     log = tmp_path / "ticks.log"
-    ids = [system.create(f"f-{i}", args={"interval_s": INTERVAL_S, "log_file": str(log)})["id"] for i in range(count)]
+    ids = [system.create(f"f-{i}", kind="probe", args=probe_args(log, INTERVAL_S))["id"] for i in range(count)]
     for oid in ids:
         system.wait_status(oid, "Processing")
     system.start_service("svc-b", workers=count)

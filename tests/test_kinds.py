@@ -96,6 +96,7 @@ async def run_until(
 @pytest.mark.parametrize(
     ("kind", "args", "field"),
     [
+        ("ticker", {"log_file": "/tmp/ticks.log"}, "log_file"),  # no path on the host is the caller's
         ("periodic", {"function": "no_colon"}, "function"),
         ("periodic", {"function": "a.b:c:d"}, "function"),
         ("periodic", {"function": "1mod:f"}, "function"),

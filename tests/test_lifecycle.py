@@ -9,15 +9,13 @@ import uuid
 from pathlib import Path
 
 import aio_pika
+import pytest
 
 from shared import topology
-from tests.harness import System, read_ticks, wait_for
+from tests.harness import System, probe_args, read_ticks, wait_for
 
 
-def ticker_args(tmp_path: Path, interval_s: float = 0.2) -> dict[str, object]:
-    return {"interval_s": interval_s, "log_file": str(tmp_path / "ticks.log")}
-
-
+@pytest.mark.usefixtures("with_test_plugin")
 def test_create_runs_on_a_live_service_and_is_visible(system: System, tmp_path: Path) -> None:
     # Given a manager and one service, and a queue listening to the observers' events
     system.start_manager()
@@ -25,12 +23,12 @@ def test_create_runs_on_a_live_service_and_is_visible(system: System, tmp_path: 
 
     async def bind(channel: aio_pika.abc.AbstractChannel) -> None:
         queue = await channel.declare_queue("test.events", durable=False, auto_delete=False)
-        await queue.bind(topology.EVENTS_EXCHANGE, routing_key="ticker.#")
+        await queue.bind(topology.EVENTS_EXCHANGE, routing_key="probe.#")
 
     system.amqp(bind)
 
     # When an observer is created
-    created = system.create("watch-1", args=ticker_args(tmp_path))
+    created = system.create("watch-1", kind="probe", args=probe_args(tmp_path / "ticks.log"))
     assert created["status"] in ("Created", "Processing")
 
     # Then it is Processing on the live service, everywhere the API shows it
@@ -59,14 +57,14 @@ def test_create_runs_on_a_live_service_and_is_visible(system: System, tmp_path: 
         raise AssertionError("no event published")
 
     event = system.amqp(one_event)
-    assert event["observer_id"] == created["id"] and event["kind"] == "ticker"
+    assert event["observer_id"] == created["id"] and event["kind"] == "probe"
     assert event["service_id"] == obs["service_id"]
 
 
-def test_bad_requests_get_clear_errors(system: System, tmp_path: Path) -> None:
+def test_bad_requests_get_clear_errors(system: System) -> None:
     system.start_manager()
     system.start_service("svc-a", workers=2)
-    first = system.create("dup", args=ticker_args(tmp_path))
+    first = system.create("dup", args={"interval_s": 0.2})
 
     duplicate = system.post("/api/observers", {"name": "dup", "kind": "ticker"})
     assert duplicate.status_code == 409 and "dup" in duplicate.json()["detail"]
@@ -84,7 +82,7 @@ def test_bad_requests_get_clear_errors(system: System, tmp_path: Path) -> None:
     assert missing.status_code == 404 and "no observer" in missing.json()["detail"]
     assert system.delete(f"/api/observers/{uuid.uuid4()}").status_code == 404
 
-    system.create("second", args=ticker_args(tmp_path))
+    system.create("second", args={"interval_s": 0.2})
     full = system.post("/api/observers", {"name": "third", "kind": "ticker"})
     assert full.status_code == 503 and "full" in full.json()["detail"]
 
@@ -98,10 +96,11 @@ def test_bad_requests_get_clear_errors(system: System, tmp_path: Path) -> None:
     assert {o["name"] for o in system.observers()} == {"dup", "second"}
 
 
+@pytest.mark.usefixtures("with_test_plugin")
 def test_stop_cancels_the_body_and_removes_the_start_message(system: System, tmp_path: Path) -> None:
     system.start_manager()
     system.start_service("svc-a", workers=3)
-    created = system.create("to-stop", args=ticker_args(tmp_path, 0.1))
+    created = system.create("to-stop", kind="probe", args=probe_args(tmp_path / "ticks.log", 0.1))
     system.wait_status(created["id"], "Processing")
     wait_for(lambda: len(read_ticks(tmp_path / "ticks.log")) >= 2, 15, "ticks")
 
@@ -122,11 +121,12 @@ def test_stop_cancels_the_body_and_removes_the_start_message(system: System, tmp
     wait_for(lambda: system.get(f"/api/services/{service['id']}").json()["running"] == 0, 10, "running 0")
 
 
+@pytest.mark.usefixtures("with_test_plugin")
 def test_stop_of_a_created_observer_while_no_service_runs(system: System, tmp_path: Path) -> None:
     # Given an observer whose only service left (handing it back to the queue)
     system.start_manager()
     svc = system.start_service("svc-a", workers=3)
-    created = system.create("orphan", args=ticker_args(tmp_path, 0.1))
+    created = system.create("orphan", kind="probe", args=probe_args(tmp_path / "ticks.log", 0.1))
     system.wait_status(created["id"], "Processing")
     assert svc.terminate() == 0
     system.wait_status(created["id"], "Created")

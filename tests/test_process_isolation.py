@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import System, read_ticks, wait_for
+from tests.harness import System, probe_args, read_ticks, wait_for
 
 FAST_RETRY = {"initial_delay_s": 0.2, "factor": 1.0, "jitter": 0.0, "max_attempts": None}
 
@@ -22,8 +22,9 @@ def plugged(system: System, plugin_path: Path) -> System:
 
 
 def sibling_ticker(system: System, tmp_path: Path) -> tuple[dict[str, object], Path]:
+    """An ``async`` ticker beside the misbehaving observer (a probe: its ticks are logged)."""
     log = tmp_path / "ticks.log"
-    created = system.create("sibling", args={"interval_s": 0.2, "log_file": str(log), "emit": False})
+    created = system.create("sibling", kind="probe", args=probe_args(log, 0.2, emit=False))
     return system.wait_status(str(created["id"]), "Processing"), log
 
 

@@ -9,13 +9,14 @@ import uuid
 from pathlib import Path
 
 import aio_pika
+import pytest
 
 from shared import topology
 from shared.messages import StartObserver
-from tests.harness import System, read_ticks, wait_for
+from tests.harness import System, probe_args, read_ticks, wait_for
 
 
-def test_garbage_is_dead_lettered_and_consumers_keep_working(system: System, tmp_path: Path) -> None:
+def test_garbage_is_dead_lettered_and_consumers_keep_working(system: System) -> None:
     system.start_manager()
     service = system.start_service("svc-a", workers=3)
 
@@ -33,15 +34,15 @@ def test_garbage_is_dead_lettered_and_consumers_keep_working(system: System, tmp
     assert "dead-lettering a malformed start message" in service.text()
 
     # Both consumers keep going
-    created = system.create("after-garbage", args={"interval_s": 0.2, "log_file": str(tmp_path / "t.log")})
+    created = system.create("after-garbage", args={"interval_s": 0.2})
     system.wait_status(created["id"], "Processing")
     assert system.manager.alive() and service.alive()
 
 
-def test_inventory_repairs_a_lost_observer_started(system: System, tmp_path: Path) -> None:
+def test_inventory_repairs_a_lost_observer_started(system: System) -> None:
     manager = system.start_manager()
     a = system.start_service("svc-a", workers=3)
-    created = system.create("repaired", args={"interval_s": 0.2, "log_file": str(tmp_path / "t.log")})
+    created = system.create("repaired", args={"interval_s": 0.2})
     system.wait_status(created["id"], "Processing")
     dead = system.service_by_name("svc-a")
     assert dead is not None
@@ -83,11 +84,12 @@ def drop_state_messages(system: System, message_type: str) -> int:
     return system.amqp(filter_queue)
 
 
+@pytest.mark.usefixtures("with_test_plugin")
 def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Path) -> None:
     system.start_manager()
     system.start_service("svc-a", workers=1)
     log = tmp_path / "t.log"
-    created = system.create("single", args={"interval_s": 0.1, "log_file": str(log)})
+    created = system.create("single", kind="probe", args=probe_args(log, 0.1))
     first = system.wait_status(created["id"], "Processing")
     b = system.start_service("svc-b", workers=3)
 
@@ -95,11 +97,11 @@ def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Pa
     duplicate = StartObserver(
         observer_id=uuid.UUID(created["id"]),
         name="single",
-        kind="ticker",
-        args={"interval_s": 0.1, "log_file": str(log)},
+        kind="probe",
+        args=probe_args(log, 0.1),
     )
     system.publish_raw(topology.start_queue_name("default"), duplicate.encode())
-    wait_for(lambda: "(ticker single) started" in b.text(), 20, "the duplicate to start on svc-b")
+    wait_for(lambda: "(probe single) started" in b.text(), 20, "the duplicate to start on svc-b")
 
     # The manager stops the copy (targeted at svc-b): afterwards only the original host ticks
     wait_for(lambda: "stopped (duplicate start message)" in b.text(), 20, "the copy stopped")

@@ -1,13 +1,14 @@
 """``ticker``: emits a tick every ``interval_s``. Enough for demos and tests; a template
-for real kinds (lease check before every effect, cooperative cancellation)."""
+for real kinds (lease check before every effect, cooperative cancellation).
+
+Its args name nothing on the host: a ``log_file`` argument once let any API caller append
+to any file the service could write; tests that need per-tick evidence use the test
+plug-in's ``probe`` kind instead."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import time
-from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,16 +20,6 @@ class TickerArgs(BaseModel):
 
     interval_s: float = Field(default=1.0, gt=0, le=86_400)
     emit: bool = Field(default=True, description="publish each tick to observers.events")
-    log_file: str | None = Field(
-        default=None,
-        description="append one line per tick (service id, pid, unix time) to this file; "
-        "used to prove that an observer never acts on two hosts at once",
-    )
-
-
-def _append(path: str, line: str) -> None:
-    with Path(path).open("a", encoding="utf-8") as f:
-        f.write(line)
 
 
 async def run(args: TickerArgs, ctx: ObserverContext) -> None:
@@ -39,9 +30,6 @@ async def run(args: TickerArgs, ctx: ObserverContext) -> None:
     while True:
         tick += 1
         ctx.ensure_lease()
-        if args.log_file:
-            # One short write with O_APPEND is atomic enough for lines from several hosts.
-            _append(args.log_file, f"{ctx.observer_id} {ctx.service_id} {os.getpid()} {time.time():.6f}\n")
         if args.emit:
             await ctx.emit({"tick": tick})
         else:

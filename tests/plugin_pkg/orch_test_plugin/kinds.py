@@ -1,11 +1,16 @@
-"""Test kinds: a well-behaved plug-in (``echo``) and misbehaving ones for the runtime's
-retry, isolation and quarantine tests. Each appends a line per run to ``log_file`` when
-given: "<observer id> <service id> <pid> <unix time>"."""
+"""Test kinds: a well-behaved plug-in (``echo``), a ticker that leaves evidence of every tick
+(``probe``) and misbehaving ones for the runtime's retry, isolation and quarantine tests.
+Each appends a line per run (``probe``: per tick) to ``log_file`` when given:
+"<observer id> <service id> <pid> <unix time>".
+
+Writing to a path named in the args is fine for a test plug-in and nothing else: whoever may
+create observers picks the path (the built-in ``ticker`` lost its ``log_file`` for that)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import time
 from pathlib import Path
@@ -36,6 +41,25 @@ async def echo(args: EchoArgs, ctx: ObserverContext) -> None:
     _log_run(args, ctx)
     while True:
         await ctx.emit({"echo": args.message})
+        await asyncio.sleep(args.interval_s)
+
+
+class ProbeArgs(_Args):
+    interval_s: float = Field(default=1.0, gt=0, le=86_400)
+    emit: bool = Field(default=True, description="publish each tick to observers.events")
+
+
+async def probe(args: ProbeArgs, ctx: ObserverContext) -> None:
+    """The built-in ticker plus one line per tick in ``log_file``: which host acted when, the
+    evidence of the failover and fencing tests (an observer never acts on two hosts at once)."""
+    tick = 0
+    await asyncio.sleep(random.uniform(0, args.interval_s))  # a random phase, as the ticker
+    while True:
+        tick += 1
+        ctx.ensure_lease()
+        _log_run(args, ctx)  # one short O_APPEND write: lines of several hosts do not mix
+        if args.emit:
+            await ctx.emit({"tick": tick})
         await asyncio.sleep(args.interval_s)
 
 
@@ -93,6 +117,7 @@ async def memory_hog(args: MemoryArgs, ctx: ObserverContext) -> None:
 
 
 ECHO = ObserverKind(name="echo", args_model=EchoArgs, run=echo, description="emits its message every interval_s")
+PROBE = ObserverKind(name="probe", args_model=ProbeArgs, run=probe, description="a ticker that logs every tick")
 FLAKY = ObserverKind(name="flaky", args_model=FlakyArgs, run=flaky, description="fails its first runs")
 HOST_KILLER = ObserverKind(name="host_killer", args_model=DelayArgs, run=host_killer, description="kills its host")
 CRASHER = ObserverKind(name="crasher", args_model=DelayArgs, run=crasher, description="os._exit(3)")
