@@ -80,6 +80,13 @@ class ObserverService:
             loop.add_signal_handler(sig, self.shutdown.set)
         self.outbox.put(self._born())
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
+        # What API callers may make this host do (docs/threat-model.md), said once at start.
+        logger.info(
+            "periodic may call functions of: %s; http_poll/websocket may connect to: %s, never to: %s",
+            ", ".join(self.settings.periodic_modules) or "nothing (ORCH_PERIODIC_MODULES unset)",
+            ", ".join(map(str, self.settings.egress_allow)) or "anywhere",
+            ", ".join(map(str, self.settings.egress_deny)) or "-",
+        )
         self.watchdog.start()
         self.gc_pauses.install()
         metrics.RUNNING.set_function(lambda: len(self.runner.running))

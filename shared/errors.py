@@ -4,7 +4,8 @@ OrchestratorError
 ├── DecodeError            a message body that is not a valid contract
 ├── LeaseLost              an observer tried to act after its host lost the lease (fencing)
 ├── UnknownKind            no observer kind with that name is installed
-└── BrokerUnavailable      the broker could not be reached or did not confirm a publish
+├── BrokerUnavailable      the broker could not be reached or did not confirm a publish
+└── EgressDenied           a kind was about to connect where the service's egress policy forbids
 """
 
 
@@ -31,3 +32,10 @@ class UnknownKind(OrchestratorError):
 
 class BrokerUnavailable(OrchestratorError):
     """The broker is unreachable or did not confirm a publish."""
+
+
+class EgressDenied(OrchestratorError):
+    """A network kind (``http_poll``, ``websocket``) was about to connect to an address the
+    service's ``ORCH_EGRESS_ALLOW`` / ``ORCH_EGRESS_DENY`` refuse (``shared.egress``). Not a
+    network failure: the kind lets it propagate, so the retry policy and then ``Failed``
+    (with this message as the reason) answer it."""

@@ -12,9 +12,10 @@ import socket
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from shared.egress import DEFAULT_DENY, DENY_ENV, Network, parse_networks
 from shared.event_loop import EventLoopChoice
 from shared.kinds.periodic import parse_modules
 from shared.messages import RetryPolicy
@@ -70,6 +71,11 @@ class ServiceSettings(CommonSettings):
     # (it also runs in child processes and tests); parsed here too so that a malformed list
     # stops the service at start.
     periodic_modules: Annotated[tuple[str, ...], NoDecode] = ()
+    # Networks http_poll and websocket may (allow; empty: any) and may never (deny) connect
+    # to, checked on the resolved addresses at connect time (shared.egress, which reads the
+    # variables itself for the same reason as above). Deny unset = link-local + cloud metadata.
+    egress_allow: Annotated[tuple[Network, ...], NoDecode] = ()
+    egress_deny: Annotated[tuple[Network, ...], NoDecode] = parse_networks(DEFAULT_DENY, DENY_ENV)
 
     @field_validator("workers_count", mode="before")
     @classmethod
@@ -85,6 +91,11 @@ class ServiceSettings(CommonSettings):
     @classmethod
     def _split_modules(cls, value: object) -> object:
         return parse_modules(value) if isinstance(value, str) else value
+
+    @field_validator("egress_allow", "egress_deny", mode="before")
+    @classmethod
+    def _split_networks(cls, value: object, info: ValidationInfo) -> object:
+        return parse_networks(value, f"ORCH_{str(info.field_name).upper()}") if isinstance(value, str) else value
 
     @field_validator("pools", mode="before")
     @classmethod

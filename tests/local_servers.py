@@ -16,11 +16,12 @@ T = TypeVar("T")
 
 
 class HttpServer:
-    """Answers every GET with ``status`` and ``body`` (change them at any time)."""
+    """Answers every GET with ``status``, ``body`` and extra ``headers`` (change them at any time)."""
 
     def __init__(self) -> None:
         self.status = 200
         self.body = b""
+        self.headers: dict[str, str] = {}
         self.requests = 0
         owner = self
 
@@ -29,6 +30,8 @@ class HttpServer:
                 owner.requests += 1
                 status, body = owner.status, owner.body
                 self.send_response(status)
+                for name, value in owner.headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "text/plain; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -46,8 +49,8 @@ class HttpServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/status"
 
-    def set(self, status: int, body: bytes) -> None:
-        self.status, self.body = status, body
+    def set(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.status, self.body, self.headers = status, body, headers or {}
 
     def close(self) -> None:
         self._server.shutdown()

@@ -19,8 +19,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ValidationError
 
-from shared import topology
-from shared.errors import LeaseLost
+from shared import egress, topology
+from shared.errors import EgressDenied, LeaseLost
 from shared.kinds import BUILTIN_KINDS, http_poll, periodic, websocket
 from shared.messages import RetryPolicy, StartObserver
 from tests.harness import System, free_port, unique, wait_for
@@ -277,6 +277,38 @@ async def test_http_poll_raises_after_consecutive_errors() -> None:
     assert isinstance(error, http_poll.HttpPollError) and "3 consecutive errors, last: ConnectError" in str(error)
 
 
+async def test_http_poll_connects_only_where_the_egress_policy_allows(
+    http_server: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(egress.DENY_ENV, "127.0.0.0/8, ::1")
+    error = await run_until("http_poll", {"url": http_server.url, "interval_s": 0.05}, FakeContext())
+    assert isinstance(error, EgressDenied), error  # at once: not one of the connection errors it tolerates
+    assert "127.0.0.1 is in 127.0.0.0/8, denied by ORCH_EGRESS_DENY" in str(error)
+    # A host name is judged by what it resolves to, when connecting
+    by_name = http_server.url.replace("127.0.0.1", "localhost")
+    error = await run_until("http_poll", {"url": by_name, "interval_s": 0.05}, FakeContext())
+    assert isinstance(error, EgressDenied) and "localhost resolves to" in str(error), error
+    assert http_server.requests == 0
+
+
+async def test_http_poll_checks_every_redirect(http_server: HttpServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(egress.DENY_ENV, "127.0.0.2")
+    http_server.set(302, b"", {"Location": "http://127.0.0.2:9/internal"})
+    args = {"url": http_server.url, "interval_s": 0.05, "follow_redirects": True}
+    error = await run_until("http_poll", args, FakeContext())
+    assert isinstance(error, EgressDenied) and "127.0.0.2 is in 127.0.0.2/32" in str(error), error
+    assert http_server.requests == 1  # the allowed first hop was asked, the denied one never
+
+
+async def test_websocket_connects_only_where_the_egress_policy_allows(
+    ws_server: WsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(egress.ALLOW_ENV, "10.0.0.0/8")
+    error = await run_until("websocket", {"url": ws_server.url, "initial_backoff_s": 0.01}, FakeContext())
+    assert isinstance(error, EgressDenied) and "127.0.0.1 is outside ORCH_EGRESS_ALLOW (10.0.0.0/8)" in str(error)
+    assert ws_server.connections == 0
+
+
 async def test_websocket_raises_after_consecutive_failed_connections() -> None:
     args = {"url": f"ws://127.0.0.1:{free_port()}/", "initial_backoff_s": 0.01, "max_consecutive_failures": 3}
     error = await run_until("websocket", args, FakeContext())
@@ -513,3 +545,16 @@ def test_a_service_refuses_a_periodic_start_that_bypassed_the_manager(system: Sy
     error_queue = topology.error_queue_name(topology.start_queue_name("default"))
     wait_for(lambda: system.queue_counts(error_queue)[0] == 1, 30, "the start to be dead-lettered")
     assert "os:getcwd refused: this service calls no function: ORCH_PERIODIC_MODULES is unset" in system.logs()
+
+
+def test_a_service_never_connects_where_its_operator_denied(
+    system: System, http_server: HttpServer, ws_server: WsServer
+) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=5, ORCH_EGRESS_DENY="127.0.0.0/8,::1")
+    poll = system.create("to-loopback", kind="http_poll", args={"url": http_server.url}, retry=NO_RETRY)
+    feed = system.create("ws-loopback", kind="websocket", args={"url": ws_server.url}, retry=NO_RETRY)
+    for created in (poll, feed):
+        failed = system.wait_status(created["id"], "Failed", timeout=60)
+        assert "127.0.0.1 is in 127.0.0.0/8, denied by ORCH_EGRESS_DENY" in failed["last_error"], failed
+    assert http_server.requests == 0 and ws_server.connections == 0

@@ -9,6 +9,12 @@ policy then restarts or fails it). A response resets the count.
 
 Per observer only the last status and hash are kept; the body is streamed through the hash
 and at most ``max_body_bytes`` of it are held.
+
+Every connection, redirects included, goes only where the service's egress policy allows
+(``ORCH_EGRESS_ALLOW`` / ``ORCH_EGRESS_DENY``, ``shared.egress``): a refused address raises
+``EgressDenied`` at once, not counted among the connection errors. Environment proxies and
+``.netrc`` are not used (``trust_env=False``): through a proxy the policy would see only the
+proxy, and a caller-chosen URL must not pick up the host's stored credentials.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from typing import Any
 import httpx
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
+from shared.egress import current_policy
+from shared.kinds.checked_http import checked_transport
 from shared.kinds.periodic import next_slot
 from shared.observer_api import ObserverContext, ObserverKind
 
@@ -108,7 +116,11 @@ async def run(args: HttpPollArgs, ctx: ObserverContext) -> None:
     last: tuple[int, str] | None = None  # (status, sha256): all that is kept between polls
     errors, slot = 0, 0
     async with httpx.AsyncClient(
-        headers=args.headers, follow_redirects=args.follow_redirects, timeout=args.timeout_s, verify=_ssl_context()
+        headers=args.headers,
+        follow_redirects=args.follow_redirects,
+        timeout=args.timeout_s,
+        transport=checked_transport(current_policy(), _ssl_context()),
+        trust_env=False,
     ) as client:
         # A random phase, so that thousands of pollers created at once do not fire together;
         # at most a few seconds, so that a new poller answers soon even with a long interval.

@@ -8,6 +8,11 @@ doubling up to ``max_backoff_s``). After ``max_consecutive_failures`` failures i
 observer raises ``WebSocketError`` (the retry policy then restarts or fails it). A connection
 that stayed open for ``stable_after_s`` resets the count and the backoff. Pings (websockets'
 defaults, every 20 s) detect a silently dead peer.
+
+The TCP connection is opened here, to an address the service's egress policy allows
+(``ORCH_EGRESS_ALLOW`` / ``ORCH_EGRESS_DENY``, ``shared.egress``), and handed to websockets:
+a refused address raises ``EgressDenied`` at once. Hence no proxy from the environment, and
+a redirect of the handshake is not followed (a failed connection that names the target).
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ import asyncio
 import functools
 import json
 import random
+import socket
 import ssl
 from typing import Any, Self
 
 from pydantic import AnyWebsocketUrl, BaseModel, ConfigDict, Field, model_validator
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import WebSocketException
+from websockets.exceptions import InvalidStatus, WebSocketException
 
+from shared.egress import EgressPolicy, connect_socket, current_policy
 from shared.observer_api import ObserverContext, ObserverKind
 
 
@@ -94,18 +101,30 @@ async def _session(ws: ClientConnection, args: WebSocketArgs, ctx: ObserverConte
     return f"closed by the server (code {ws.close_code}, reason {ws.close_reason!r})"
 
 
+async def _open_socket(args: WebSocketArgs, policy: EgressPolicy, deadline: float) -> socket.socket:
+    host, port = args.url.host, args.url.port
+    if host is None or port is None:  # the URL type guarantees both; this tells mypy
+        raise ValueError(f"{args.url} names no host and port")
+    async with asyncio.timeout_at(deadline):
+        return await connect_socket(host, port, policy)
+
+
 async def run(args: WebSocketArgs, ctx: ObserverContext) -> None:
     loop = asyncio.get_running_loop()
     url = str(args.url)
+    policy = current_policy()
     failures = 0
     while True:
         opened_at: float | None = None
         ctx.ensure_lease()
         try:
+            # One open_timeout_s for the TCP connection and the handshake together.
+            deadline = loop.time() + args.open_timeout_s
             async with connect(
                 url,
+                sock=await _open_socket(args, policy, deadline),
                 additional_headers=args.headers,
-                open_timeout=args.open_timeout_s,
+                open_timeout=max(0.001, deadline - loop.time()),
                 max_size=args.max_message_bytes,
                 ssl=_ssl_context() if url.startswith("wss:") else None,
             ) as ws:
@@ -114,6 +133,12 @@ async def run(args: WebSocketArgs, ctx: ObserverContext) -> None:
                 reason = await _session(ws, args, ctx)
         except (OSError, TimeoutError, WebSocketException) as e:
             reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        except ValueError as e:
+            if not isinstance(e.__cause__, InvalidStatus):
+                raise
+            # websockets cannot follow a redirect on a socket it was given; each hop would
+            # also need the egress check: a failed connection, with the target named.
+            reason = f"{e} (redirects are not followed: use the final URL)"
         if opened_at is not None and loop.time() - opened_at >= args.stable_after_s:
             failures = 0
         failures += 1
