@@ -3,10 +3,14 @@ refuses to connect to, and why. Pure logic, plus name resolution of ``localhost`
 
 from __future__ import annotations
 
+import ssl
+
+import httpcore
 import pytest
 
 from shared import egress
 from shared.errors import EgressDenied
+from shared.kinds.checked_http import CheckedBackend, checked_transport
 from shared.settings import ServiceSettings
 
 
@@ -90,3 +94,11 @@ async def test_a_name_is_refused_when_it_resolves_to_a_refused_address() -> None
     with pytest.raises(EgressDenied, match=r"connection to \[::1\]:80 refused .*: ::1 is in ::1/128"):
         await egress.checked_addresses("[::1]", 80, no_loopback)
     assert {info[4][0] for info in await egress.checked_addresses("127.0.0.1", 80, policy())} == {"127.0.0.1"}
+
+
+def test_the_checked_http_transport_keeps_httpx_connection_limits() -> None:
+    """The pool that replaces httpx's keeps its limits: above all, an idle keep-alive
+    connection closes after 5 s instead of staying open per poller (httpcore's own default)."""
+    pool = checked_transport(policy(), ssl.create_default_context())._pool
+    assert isinstance(pool, httpcore.AsyncConnectionPool) and isinstance(pool._network_backend, CheckedBackend)
+    assert (pool._keepalive_expiry, pool._max_connections, pool._max_keepalive_connections) == (5.0, 100, 20)

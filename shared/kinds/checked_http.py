@@ -62,9 +62,18 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
 
 def checked_transport(policy: EgressPolicy, verify: ssl.SSLContext) -> httpx.AsyncHTTPTransport:
     """An ``AsyncHTTPTransport`` connecting through ``CheckedBackend``. httpx has no option
-    for httpcore's network backend, so its pool is replaced by one built with it (the options
-    left out are httpx's defaults for a poller: HTTP/1.1, no proxy, no unix socket);
-    ``tests/test_egress.py`` proves through httpx that the check applies."""
-    transport = httpx.AsyncHTTPTransport(verify=verify)
-    transport._pool = httpcore.AsyncConnectionPool(ssl_context=verify, network_backend=CheckedBackend(policy))
+    for httpcore's network backend, so its pool is replaced by one built with it and with
+    httpx's own defaults (limits, HTTP/1.1, no proxy). ``tests/test_kinds.py`` proves
+    through httpx that the check applies."""
+    # httpx's default limits (its transport's default argument): a poller makes one request
+    # at a time, but an idle connection must close after 5 s, not stay open per poller.
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=5.0)
+    transport = httpx.AsyncHTTPTransport(verify=verify, limits=limits)
+    transport._pool = httpcore.AsyncConnectionPool(
+        ssl_context=verify,
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=CheckedBackend(policy),
+    )
     return transport
