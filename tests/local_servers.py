@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TypeVar
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request, Response
 
 T = TypeVar("T")
 
@@ -60,9 +62,12 @@ class HttpServer:
 
 class WsServer:
     """Records the first message of each connection (the subscription); ``send`` goes to
-    every open connection, ``drop`` closes them all (code 1012, "service restart")."""
+    every open connection, ``drop`` closes them all (code 1012, "service restart"). With
+    ``redirect_to`` set, handshakes are answered with a 302 to it instead."""
 
     def __init__(self) -> None:
+        self.redirect_to: str | None = None
+        self.handshakes = 0
         self.connections = 0
         self.subscriptions: list[str] = []
         self._open: set[ServerConnection] = set()
@@ -73,7 +78,15 @@ class WsServer:
         self._server = self._run(self._start())
 
     async def _start(self) -> Server:
-        return await serve(self._handler, "127.0.0.1", 0)
+        return await serve(self._handler, "127.0.0.1", 0, process_request=self._redirect)
+
+    def _redirect(self, ws: ServerConnection, request: Request) -> Response | None:
+        self.handshakes += 1
+        if self.redirect_to is None:
+            return None
+        response = ws.respond(HTTPStatus.FOUND, "")
+        response.headers["Location"] = self.redirect_to
+        return response
 
     async def _handler(self, ws: ServerConnection) -> None:
         self.connections += 1

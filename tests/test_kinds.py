@@ -309,6 +309,16 @@ async def test_websocket_connects_only_where_the_egress_policy_allows(
     assert ws_server.connections == 0
 
 
+async def test_websocket_does_not_follow_a_handshake_redirect(ws_server: WsServer) -> None:
+    """A redirect would lead past the egress check: a failed connection that says so."""
+    ws_server.redirect_to = "ws://169.254.169.254/latest/meta-data/"
+    args = {"url": ws_server.url, "initial_backoff_s": 0.01, "max_consecutive_failures": 2}
+    error = await run_until("websocket", args, FakeContext())
+    assert isinstance(error, websocket.WebSocketError), error
+    assert "cannot follow redirect to ws://169.254.169.254/" in str(error) and "not followed" in str(error)
+    assert ws_server.handshakes == 2 and ws_server.connections == 0
+
+
 async def test_websocket_raises_after_consecutive_failed_connections() -> None:
     args = {"url": f"ws://127.0.0.1:{free_port()}/", "initial_backoff_s": 0.01, "max_consecutive_failures": 3}
     error = await run_until("websocket", args, FakeContext())
