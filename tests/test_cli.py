@@ -15,10 +15,9 @@ import uuid
 from pathlib import Path
 from typing import Any, get_args
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-
-import pytest
 
 from tests.harness import REPO, System, free_port, unique, wait_for
 
