@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.commands import start_message
 from manager.db.counts import fold_deltas
+from manager.db.errors import is_transient
 from manager.db.models import AppliedStateMessage, Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import STOP_RESENDS
@@ -78,8 +79,14 @@ class BackgroundLoops:
                 except BrokerUnavailable as e:
                     logger.warning("%s: broker unavailable (%s)", step.__name__, e)
                     break
-                except Exception:
-                    logger.exception("background step %s failed", step.__name__)
+                except Exception as e:
+                    if not is_transient(e):
+                        logger.exception("background step %s failed", step.__name__)
+                        continue
+                    # Unreachable or a lost race: the other steps need the database too, so
+                    # wait for the next pass, with one line rather than a traceback per step.
+                    logger.warning("%s: database unavailable or busy (%s); trying again next pass", step.__name__, e)
+                    break
 
     async def restop(self) -> None:
         now = datetime.now(UTC)

@@ -11,7 +11,8 @@ second instead of paying a transaction per message.
   (``applied_state_messages``), so a batch delivered again (the manager killed after its
   commit and before its ack, or its channel lost in between) is skipped. Replayed, a start
   report of an old host would be judged a move and stop the only live copy.
-* The database unreachable (or a deadlock): the batch is retried as a whole, nothing acked.
+* The database unreachable, not serving, or a lost race (``manager.db.errors.is_transient``):
+  the batch is retried as a whole, nothing acked.
 * Any other failure: the batch is applied again one message per transaction, and the
   message that fails is dead-lettered, so one bad report never blocks the others.
 """
@@ -27,10 +28,10 @@ from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
+from manager.db.errors import is_transient
 from manager.metrics import STATE_APPLIED
 from manager.state.rules import Outgoing, StateRules
 from shared.errors import BrokerUnavailable, DecodeError
@@ -48,7 +49,6 @@ from shared.messages import (
 logger = logging.getLogger(__name__)
 
 _DB_RETRY_S = 1.0
-_RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock detected, serialization failure
 
 Delivery = tuple[AbstractIncomingMessage, StateMessage]
 
@@ -135,7 +135,7 @@ class StateConsumer:
                     await self.rules.flush(session)
                 return outgoing
             except Exception as e:
-                if not _is_transient(e):
+                if not is_transient(e):
                     raise
                 logger.warning("applying %d report(s) failed (%s); retrying", len(reports), e)
                 await asyncio.sleep(_DB_RETRY_S)
@@ -185,14 +185,3 @@ async def _first_time(session: AsyncSession, reports: Sequence[StateMessage]) ->
     if len(fresh) < len(reports):
         logger.warning("skipped %d state message(s) applied before (delivered again)", len(reports) - len(fresh))
     return fresh
-
-
-def _is_transient(error: Exception) -> bool:
-    """True when the database is unreachable or the transaction lost a race (retry), False
-    for a deterministic failure."""
-    if isinstance(error, OSError | TimeoutError | InterfaceError | OperationalError):
-        return True
-    if isinstance(error, DBAPIError):
-        sqlstate = getattr(error.orig, "sqlstate", None) or getattr(error.orig, "pgcode", None)
-        return bool(error.connection_invalidated) or sqlstate in _RETRYABLE_SQLSTATES
-    return False

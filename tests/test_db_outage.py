@@ -1,0 +1,102 @@
+"""PostgreSQL refuses connections or is down while services report and die: no report is
+dead-lettered, and the manager converges by itself once the database is back. (Issue #11,
+reliability.)"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from shared import topology
+from tests.harness import Proc, System, wait_for
+from tools import infra
+
+STATE_ERRORS = topology.error_queue_name(topology.STATE_QUEUE)
+
+
+@contextlib.contextmanager
+def refusing_connections(postgres: infra.PostgresNode, database_url: str) -> Iterator[None]:
+    """The test's database accepts no new connection and its sessions are terminated (the
+    server stays up: as when a database is being restored or moved)."""
+    name = make_url(database_url).database
+    assert name
+    postgres.psql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    try:
+        postgres.psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+        yield
+    finally:
+        postgres.psql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+
+def create_many(system: System, tmp_path: Path, count: int, prefix: str = "obs", **extra: Any) -> list[str]:
+    args = {"interval_s": 0.2, "log_file": str(tmp_path / "ticks.log")}
+    return [system.create(f"{prefix}-{i}", args=args, **extra)["id"] for i in range(count)]
+
+
+def observers_by_id(system: System) -> dict[str, dict[str, Any]]:
+    return {o["id"]: o for o in system.observers()}
+
+
+def started_in(proc: Proc, observer_id: str) -> bool:
+    return any(f"observer {observer_id} (" in line and "started" in line for line in proc.text().splitlines())
+
+
+def assert_outage_felt(manager: Proc) -> None:
+    """The state consumer met the outage and waited (rather than the test missing it)."""
+    assert "report(s) failed" in manager.text() and "retrying" in manager.text()
+
+
+def test_reports_wait_while_the_database_refuses_connections(
+    system: System, tmp_path: Path, postgres: infra.PostgresNode
+) -> None:
+    # Given svc-a hosting four observers, svc-b with room, and "x" in pool "spare" stopped
+    # while no service hosts it (its start waits in the queue)
+    manager = system.start_manager()
+    a = system.start_service("svc-a", workers=10)
+    ids = create_many(system, tmp_path, 4)
+    wait_for(lambda: all(o["status"] == "Processing" for o in system.observers()), 30, "Processing on svc-a")
+    b = system.start_service("svc-b", workers=10)
+    c = system.start_service("svc-c", workers=2, ORCH_POOLS="spare")
+    x = system.create("x", pool="spare", args={"interval_s": 0.2})["id"]
+    system.wait_status(x, "Processing")
+    assert c.terminate() == 0
+    wait_for(lambda: (o := system.observer(x))["status"] == "Created" and o["service_id"] is None, 30, "x hostless")
+    assert system.delete(f"/api/observers/{x}").status_code == 202
+    old_a = system.service_by_name("svc-a")
+    assert old_a is not None
+
+    # When the database refuses connections while svc-a is killed and restarted under its
+    # name and svc-c comes back and takes x: every one of these is a report to apply
+    began = time.monotonic()
+    with refusing_connections(postgres, system.database_url):
+        a.kill9()
+        new_a = system.start_service("svc-a", workers=10, wait=False)
+        new_c = system.start_service("svc-c", workers=2, wait=False, ORCH_POOLS="spare")
+        wait_for(lambda: all(started_in(b, i) for i in ids), 30, "the moved observers started on svc-b")
+        wait_for(lambda: started_in(new_c, x), 30, "x started on the new svc-c")
+        wait_for(lambda: "broker session open" in new_a.text(), 30, "the new svc-a connected")
+        time.sleep(max(0.0, 10 - (time.monotonic() - began)))  # let the manager try a while
+
+    # Then no report was dead-lettered, and the state converges once connections are allowed
+    assert system.queue_counts(STATE_ERRORS)[0] == 0
+    assert_outage_felt(manager)
+
+    def converged() -> bool:
+        observers = observers_by_id(system)
+        svc_a = system.service_by_name("svc-a", pid=new_a.popen.pid)
+        return (
+            observers[x]["status"] == "Deleted"
+            and all(observers[i]["status"] == "Processing" and observers[i]["service_id"] != old_a["id"] for i in ids)
+            and svc_a is not None
+            and system.service_by_name("svc-c", pid=new_c.popen.pid) is not None
+        )
+
+    wait_for(converged, 60, "the restarted services alive, the moved observers Processing, x Deleted")
+    assert system.get(f"/api/services/{old_a['id']}").json()["status"] == "deleted"
+    assert system.queue_counts(STATE_ERRORS)[0] == 0
+    assert "dead-lettering" not in manager.text()
