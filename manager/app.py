@@ -17,7 +17,6 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import generate_latest
-from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from manager.api import dashboard, health, kinds, metrics, observers, services
@@ -26,7 +25,8 @@ from manager.api.limits import BodySizeLimit
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
 from manager.db.engine import check_schema, make_engine, make_sessionmaker
-from manager.errors import ManagerError
+from manager.db.errors import DATABASE_ERRORS, is_transient
+from manager.errors import RETRY_AFTER_S, ManagerError
 from manager.metrics import STATE_REGISTRY
 from manager.state_process import StateChild, StateSide, free_port
 from shared import __version__
@@ -37,6 +37,21 @@ logger = logging.getLogger(__name__)
 
 async def _local_state_metrics() -> str:
     return generate_latest(STATE_REGISTRY).decode()
+
+
+async def _database_error(_: Request, exc: Exception) -> JSONResponse:
+    """The database down, refusing connections or busy answers like a service that is down
+    (503, Retry-After); the pool (pre-ping, invalidation on disconnect) reconnects by itself.
+    Any other database failure is a bug: a JSON 500, never the server's plain-text one."""
+    if is_transient(exc):
+        logger.warning("database unavailable: %s", exc)
+        return JSONResponse(
+            {"detail": "the database is unreachable or busy; retry later"},
+            status_code=503,
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+    logger.error("database error", exc_info=exc)
+    return JSONResponse({"detail": "internal error: a database operation failed"}, status_code=500)
 
 
 def create_app(settings: ManagerSettings | None = None) -> FastAPI:
@@ -96,6 +111,8 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
     @app.exception_handler(ManagerError)
     async def _domain_error(_: Request, exc: ManagerError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if exc.status_code == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
@@ -110,9 +127,9 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
 
-    @app.exception_handler(DBAPIError)
-    async def _database_error(_: Request, exc: DBAPIError) -> JSONResponse:
-        logger.error("database error: %s", exc)
-        return JSONResponse({"detail": "the database is unavailable; retry later"}, status_code=503)
+    # A refused connection is a bare OSError and a full pool is not a DBAPIError: register
+    # every family a database call raises, not only DBAPIError.
+    for family in DATABASE_ERRORS:
+        app.add_exception_handler(family, _database_error)
 
     return app

@@ -24,6 +24,11 @@ class Invalid(ManagerError):
 
 
 class Unavailable(ManagerError):
-    """No capacity, or the broker is unreachable: try again later."""
+    """No capacity, or the broker or the database is unreachable: try again later."""
 
     status_code = 503
+
+
+# Seconds a client is told to wait (``Retry-After``) with every 503: about what the manager
+# needs to notice that the broker or the database is back (both reconnect within seconds).
+RETRY_AFTER_S = 5

@@ -1,6 +1,6 @@
 """PostgreSQL refuses connections or is down while services report and die: no report is
-dead-lettered, and the manager converges by itself once the database is back. (Issue #11,
-reliability.)"""
+dead-lettered, the API answers 503 with Retry-After meanwhile, and the manager converges by
+itself once the database is back. (Issue #11, reliability.)"""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from sqlalchemy.engine import make_url
 
 from shared import topology
@@ -31,6 +32,17 @@ def refusing_connections(postgres: infra.PostgresNode, database_url: str) -> Ite
         yield
     finally:
         postgres.psql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+
+@contextlib.contextmanager
+def postgres_down(postgres: infra.PostgresNode) -> Iterator[None]:
+    """The whole PostgreSQL server stopped; started again on the way out, whatever happened,
+    so that later tests find it running."""
+    postgres.stop()
+    try:
+        yield
+    finally:
+        postgres.start()
 
 
 def create_many(system: System, tmp_path: Path, count: int, prefix: str = "obs", **extra: Any) -> list[str]:
@@ -98,5 +110,66 @@ def test_reports_wait_while_the_database_refuses_connections(
 
     wait_for(converged, 60, "the restarted services alive, the moved observers Processing, x Deleted")
     assert system.get(f"/api/services/{old_a['id']}").json()["status"] == "deleted"
+    assert system.queue_counts(STATE_ERRORS)[0] == 0
+    assert "dead-lettering" not in manager.text()
+
+
+def assert_unavailable(response: httpx.Response) -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["detail"]
+    assert int(response.headers["retry-after"]) > 0
+
+
+def test_postgres_down_answers_503_and_the_manager_recovers(
+    system: System, tmp_path: Path, postgres: infra.PostgresNode
+) -> None:
+    # Given svc-a hosting six observers and svc-b with room
+    manager = system.start_manager()
+    a = system.start_service("svc-a", workers=10)
+    ids = create_many(system, tmp_path, 6)
+    wait_for(lambda: all(o["status"] == "Processing" for o in system.observers()), 30, "Processing on svc-a")
+    b = system.start_service("svc-b", workers=10)
+    old_a = system.service_by_name("svc-a")
+    assert old_a is not None
+    to_stop = ids[:2]
+
+    # When PostgreSQL is down for about 20 s while svc-a is killed and stops are requested
+    began = time.monotonic()
+    with postgres_down(postgres):
+        a.kill9()
+        # Then every route that needs the database answers like a service that is down
+        ready = system.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["database"].startswith("unreachable")
+        assert_unavailable(system.post("/api/observers", {"name": "during-outage", "kind": "ticker"}))
+        assert_unavailable(system.delete(f"/api/observers/{to_stop[0]}"))
+        assert_unavailable(system.post("/api/observers/bulk-stop", {"ids": to_stop}))
+        assert_unavailable(system.get(f"/api/observers/{ids[0]}"))
+        assert_unavailable(system.get("/api/observers"))
+        assert_unavailable(system.get("/api/services"))
+        assert_unavailable(system.get("/api/stats"))
+        wait_for(lambda: all(started_in(b, i) for i in ids), 30, "the moved observers started on svc-b")
+        time.sleep(max(0.0, 20 - (time.monotonic() - began)))
+    assert_outage_felt(manager)
+
+    # And once it is back the manager reconnects by itself: the stops are accepted and end
+    # Deleted, svc-a's observers run on svc-b, the counts agree, no report was lost
+    wait_for(lambda: system.get("/api/observers").status_code == 200, 60, "the API to answer again")
+    for oid in to_stop:
+        assert system.delete(f"/api/observers/{oid}").status_code == 202
+    rest = ids[2:]
+
+    def converged() -> bool:
+        observers = observers_by_id(system)
+        return all(observers[i]["status"] == "Deleted" for i in to_stop) and all(
+            observers[i]["status"] == "Processing" and observers[i]["service_name"] == "svc-b" for i in rest
+        )
+
+    wait_for(converged, 60, "stops Deleted and svc-a's observers Processing on svc-b")
+    assert system.get("/readyz").status_code == 200
+    wait_for(lambda: system.get("/api/stats").json()["observers"].get("Processing") == len(rest), 30, "stats")
+    assert system.get("/api/stats").json()["observers"].get("Deleted") == len(to_stop)
+    wait_for(lambda: (svc := system.service_by_name("svc-b")) and svc["running"] == len(rest), 30, "svc-b's count")
+    assert system.get("/api/observers", name="during-outage").json()["items"] == []
     assert system.queue_counts(STATE_ERRORS)[0] == 0
     assert "dead-lettering" not in manager.text()

@@ -243,6 +243,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         409: "conflicts with the current state (name in use, already final, not Failed)",
         413: "request body over ORCH_MAX_BODY_BYTES",
         422: "invalid request: the detail names every field to fix",
-        503: "no capacity, no live service in the pool, or the broker/database is unreachable",
+        503: "no capacity, no live service in the pool, or the broker/database is unreachable "
+        "(with a Retry-After header)",
     }.items()
 }
