@@ -25,7 +25,7 @@ from manager.api.limits import BodySizeLimit
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
 from manager.db.engine import check_schema, make_engine, make_sessionmaker
-from manager.db.errors import DATABASE_ERRORS, is_transient
+from manager.db.errors import DATABASE_ERRORS, describe, is_transient
 from manager.errors import RETRY_AFTER_S, ManagerError
 from manager.metrics import STATE_REGISTRY
 from manager.state_process import StateChild, StateSide, free_port
@@ -44,7 +44,7 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
     (503, Retry-After); the pool (pre-ping, invalidation on disconnect) reconnects by itself.
     Any other database failure is a bug: a JSON 500, never the server's plain-text one."""
     if is_transient(exc):
-        logger.warning("database unavailable: %s", exc)
+        logger.warning("database unavailable: %s", describe(exc))
         return JSONResponse(
             {"detail": "the database is unreachable or busy; retry later"},
             status_code=503,

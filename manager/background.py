@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.commands import start_message
 from manager.db.counts import fold_deltas
-from manager.db.errors import is_transient
+from manager.db.errors import describe, is_transient
 from manager.db.models import AppliedStateMessage, Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import STOP_RESENDS
@@ -85,7 +85,9 @@ class BackgroundLoops:
                         continue
                     # Unreachable or a lost race: the other steps need the database too, so
                     # wait for the next pass, with one line rather than a traceback per step.
-                    logger.warning("%s: database unavailable or busy (%s); trying again next pass", step.__name__, e)
+                    logger.warning(
+                        "%s: database unavailable or busy (%s); trying again next pass", step.__name__, describe(e)
+                    )
                     break
 
     async def restop(self) -> None:

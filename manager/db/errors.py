@@ -43,6 +43,13 @@ _CONNECT_SQLSTATES = frozenset({"55000"})
 DATABASE_ERRORS: tuple[type[Exception], ...] = (SQLAlchemyError, OSError)
 
 
+def describe(error: BaseException) -> str:
+    """One line for a log: a DBAPIError's text goes on with its SQL and parameters (10,000
+    ids in a bulk statement)."""
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
 def sqlstates(error: BaseException) -> Iterator[str]:
     """The SQLSTATEs an error carries: its own, its DBAPI error's (``orig``) and the driver
     exception below that (``orig.__cause__``: the adapted error wraps asyncpg's)."""
