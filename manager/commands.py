@@ -19,12 +19,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic_core
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import Executable, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db.counts import live_in_pool_query
+from manager.db.errors import describe, is_transient
 from manager.db.models import (
     FINAL_STATUSES,
     EventType,
@@ -34,6 +35,7 @@ from manager.db.models import (
     Service,
     ServiceStatus,
 )
+from manager.db.retry import retry_lost_races
 from manager.db.sql import id_in
 from manager.errors import Conflict, Invalid, NotFound, Unavailable
 from manager.history import NewEvent, insert_events
@@ -126,15 +128,23 @@ class ObserverCommands:
         try:
             await self.broker.publish_starts(starts)
         except BrokerUnavailable as e:
-            async with self.sessions.begin() as session:
-                await session.execute(delete(Observer).where(id_in(Observer.id, ids)))
+            await self._execute("deleting the unpublished observers", delete(Observer).where(id_in(Observer.id, ids)))
             raise Unavailable(
                 f"the message broker is unreachable or overloaded, nothing was created; retry later ({e})"
             ) from e
         finally:
             self.in_flight.difference_update(ids)
-        async with self.sessions.begin() as session:
-            await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))
+        try:
+            await self._execute(
+                "marking starts published", delete(PendingStart).where(id_in(PendingStart.observer_id, ids))
+            )
+        except Exception as e:
+            if not is_transient(e):
+                raise
+            # Rows committed and starts confirmed: the observers exist, and a 503 would make
+            # the client create them again (409). The sweeper publishes the pending starts
+            # again; the rules absorb the duplicates.
+            logger.warning("%d start(s) published but still marked pending: %s", len(ids), describe(e))
         # The rows as inserted: nothing else can have changed them before their start was
         # confirmed, and reading 1,000 rows back cost more than the insert.
         return [_created_row(s, created_at) for s in starts]
@@ -153,7 +163,8 @@ class ObserverCommands:
         """Insert the rows (Created), their pending starts and their history in one round
         trip; returns their ``created_at``. Capacity is checked under a per-pool lock."""
         pools = Counter(s.pool for s in starts)
-        try:
+
+        async def transaction() -> datetime:
             async with self.sessions.begin() as session:
                 for pool in sorted(pools):
                     # Serialise creates per pool so two requests cannot both take the last slot.
@@ -161,6 +172,9 @@ class ObserverCommands:
                     await self._check_capacity(session, pool, pools[pool])
                 created_at: datetime = (await session.execute(_INSERT_CREATED, _insert_params(starts))).scalar_one()
                 return created_at
+
+        try:
+            return await retry_lost_races(transaction, "create")
         except IntegrityError as e:
             taken = await self._live_names([s.name for s in starts])
             raise Conflict(
@@ -168,6 +182,16 @@ class ObserverCommands:
                 if taken
                 else f"conflicting observer: {e.orig}"
             ) from e
+
+    async def _execute(self, what: str, *statements: Executable) -> None:
+        """``statements`` in one transaction, run again if it loses a race."""
+
+        async def transaction() -> None:
+            async with self.sessions.begin() as session:
+                for statement in statements:
+                    await session.execute(statement)
+
+        await retry_lost_races(transaction, what)
 
     async def _live_names(self, names: list[str]) -> list[str]:
         async with self.sessions() as session:
@@ -202,7 +226,8 @@ class ObserverCommands:
             if found is None:
                 raise NotFound(f"no observer with id {observer_id}")
             name = found.name
-        try:
+
+        async def transaction() -> StartObserver:
             async with self.sessions.begin() as session:
                 obs = await session.get_one(Observer, observer_id, with_for_update=True)
                 if obs.status != ObserverStatus.FAILED:
@@ -216,7 +241,10 @@ class ObserverCommands:
                 session.add(PendingStart(observer_id=observer_id))
                 await session.flush()
                 await insert_events(session, [NewEvent(observer_id, EventType.RESTARTED, now, detail=obs.last_error)])
-                start = start_message(obs)
+                return start_message(obs)
+
+        try:
+            start = await retry_lost_races(transaction, "restart")
         except IntegrityError as e:
             raise Conflict(
                 f"observer {observer_id} cannot be restarted: its name {name!r} is now used by another "
@@ -252,27 +280,32 @@ class ObserverCommands:
 
     async def stop_many(self, observer_ids: list[uuid.UUID]) -> StopResult:
         wanted = sorted(set(observer_ids))
-        async with self.sessions.begin() as session:
-            # Lock in id order, like the state consumer, so the two never deadlock.
-            found = dict(
-                (
-                    await session.execute(
-                        select(Observer.id, Observer.status)
-                        .where(id_in(Observer.id, wanted))
-                        .order_by(Observer.id)
-                        .with_for_update()
-                    )
-                ).all()
-            )
-            to_stop = [i for i, s in found.items() if s in (ObserverStatus.CREATED, ObserverStatus.PROCESSING)]
-            if to_stop:
-                now = datetime.now(UTC)
-                await session.execute(
-                    update(Observer)
-                    .where(id_in(Observer.id, to_stop))
-                    .values(status=ObserverStatus.ON_DELETING, modified_at=now)
+
+        async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID]]:
+            async with self.sessions.begin() as session:
+                # Lock in id order, like the state consumer, so the two never deadlock.
+                found = dict(
+                    (
+                        await session.execute(
+                            select(Observer.id, Observer.status)
+                            .where(id_in(Observer.id, wanted))
+                            .order_by(Observer.id)
+                            .with_for_update()
+                        )
+                    ).all()
                 )
-                await insert_events(session, [NewEvent(i, EventType.STOP_REQUESTED, now) for i in to_stop])
+                to_stop = [i for i, s in found.items() if s in (ObserverStatus.CREATED, ObserverStatus.PROCESSING)]
+                if to_stop:
+                    now = datetime.now(UTC)
+                    await session.execute(
+                        update(Observer)
+                        .where(id_in(Observer.id, to_stop))
+                        .values(status=ObserverStatus.ON_DELETING, modified_at=now)
+                    )
+                    await insert_events(session, [NewEvent(i, EventType.STOP_REQUESTED, now) for i in to_stop])
+                return found, to_stop
+
+        found, to_stop = await retry_lost_races(transaction, "stop")
         for message in stop_messages(to_stop, "stop requested"):
             try:
                 await self.broker.publish_control(message)
