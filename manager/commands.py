@@ -280,6 +280,10 @@ class ObserverCommands:
 
     async def stop_many(self, observer_ids: list[uuid.UUID]) -> StopResult:
         wanted = sorted(set(observer_ids))
+        if not self.broker.is_connected():
+            # Like a create: refused before anything changes, so the client knows to retry.
+            # (If the broker goes away after the rows changed, the re-stop loop broadcasts.)
+            raise Unavailable("the message broker is unreachable, nothing was stopped; retry later")
 
         async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID]]:
             async with self.sessions.begin() as session:

@@ -28,11 +28,20 @@ def test_broker_restart_loses_no_observer(system: System, rabbit: infra.RabbitNo
     services = list(system.procs[1:])
 
     rabbit.stop()
-    # While the broker is down a create is refused and leaves nothing behind
-    wait_for(lambda: system.get("/readyz").status_code == 503, 30, "readyz to report the broker down")
-    refused = system.post("/api/observers", {"name": "during-outage", "kind": "ticker"})
-    assert refused.status_code == 503 and "broker" in refused.json()["detail"]
-    rabbit.start()
+    try:
+        # While the broker is down a create is refused and leaves nothing behind, and stops
+        # are refused before anything changes (503 with Retry-After, like the database down)
+        wait_for(lambda: system.get("/readyz").status_code == 503, 30, "readyz to report the broker down")
+        refused = [
+            system.post("/api/observers", {"name": "during-outage", "kind": "ticker"}),
+            system.delete(f"/api/observers/{ids[0]}"),
+            system.post("/api/observers/bulk-stop", {"ids": ids[:2]}),
+        ]
+        for response in refused:
+            assert response.status_code == 503 and "broker" in response.json()["detail"], response.text
+            assert int(response.headers["retry-after"]) > 0
+    finally:
+        rabbit.start()  # even on failure: later tests need the broker
 
     # Services reconnect by themselves and every observer runs again
     wait_for(lambda: all(p.text().count("broker session open") >= 2 for p in services), 60, "reconnected")
