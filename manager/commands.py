@@ -227,7 +227,7 @@ class ObserverCommands:
                 raise NotFound(f"no observer with id {observer_id}")
             name = found.name
 
-        async def transaction() -> StartObserver:
+        async def transaction() -> tuple[StartObserver, datetime]:
             async with self.sessions.begin() as session:
                 obs = await session.get_one(Observer, observer_id, with_for_update=True)
                 if obs.status != ObserverStatus.FAILED:
@@ -241,30 +241,60 @@ class ObserverCommands:
                 session.add(PendingStart(observer_id=observer_id))
                 await session.flush()
                 await insert_events(session, [NewEvent(observer_id, EventType.RESTARTED, now, detail=obs.last_error)])
-                return start_message(obs)
+                return start_message(obs), now
 
         try:
-            start = await retry_lost_races(transaction, "restart")
+            start, restarted_at = await retry_lost_races(transaction, "restart")
         except IntegrityError as e:
             raise Conflict(
                 f"observer {observer_id} cannot be restarted: its name {name!r} is now used by another "
                 "observer that is not Deleted/Failed"
             ) from e
         self.in_flight.add(observer_id)
+        published = False
         try:
             await self.broker.publish_starts([start])
+            published = True
         except BrokerUnavailable as e:
-            async with self.sessions.begin() as session:
-                await session.execute(
-                    update(Observer).where(Observer.id == observer_id).values(status=ObserverStatus.FAILED)
-                )
-                await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
-            raise Unavailable(f"the message broker is unreachable, the observer stays Failed; retry later ({e})") from e
+            if await self._undo_restart(observer_id, restarted_at):
+                raise Unavailable(
+                    f"the message broker is unreachable, the observer stays Failed; retry later ({e})"
+                ) from e
+            # A report changed the row meanwhile (the start arrived although its confirm did
+            # not, or a stop was requested): that is the truth now, and the restart stands.
+            logger.warning("restart of %s: start not confirmed (%s), but the observer moved on", observer_id, e)
         finally:
             self.in_flight.discard(observer_id)
         async with self.sessions.begin() as session:
-            await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
+            if published:  # else its pending start stays for the sweeper, like after a crash
+                await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
             return await session.get_one(Observer, observer_id)
+
+    async def _undo_restart(self, observer_id: uuid.UUID, restarted_at: datetime) -> bool:
+        """Failed again after the restart's start could not be published: a compare-and-set,
+        only if the row is still as the restart left it (a report may have moved it on
+        meanwhile). Returns whether it was."""
+
+        async def transaction() -> bool:
+            async with self.sessions.begin() as session:
+                undone = (
+                    await session.execute(
+                        update(Observer)
+                        .where(
+                            Observer.id == observer_id,
+                            Observer.status == ObserverStatus.CREATED,
+                            Observer.service_id.is_(None),
+                            Observer.modified_at == restarted_at,
+                        )
+                        .values(status=ObserverStatus.FAILED, modified_at=datetime.now(UTC))
+                        .returning(Observer.id)
+                    )
+                ).first()
+                if undone is not None:
+                    await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
+                return undone is not None
+
+        return await retry_lost_races(transaction, "undoing a restart")
 
     # --- stop ------------------------------------------------------------------------------
 

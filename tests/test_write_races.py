@@ -1,13 +1,24 @@
 """The API's writes against concurrent transactions on a real PostgreSQL: a stop that loses
-a deadlock is run again. (Issue #11, reliability.)"""
+a deadlock is run again, and a restart whose start could not be published does not undo a
+report that landed meanwhile. (Issue #11, reliability.)"""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from manager.broker import BrokerLink
+from manager.commands import ObserverCommands
+from manager.db.engine import make_engine, make_sessionmaker
+from manager.db.models import Observer, ObserverStatus, PendingStart
+from manager.errors import Unavailable
+from shared.messages import RetryPolicy, StartObserver
+from shared.settings import ManagerSettings
 from tests.harness import System
 
 _LOCK_ROW = text("SELECT id FROM observers WHERE id = :id FOR UPDATE")
@@ -63,3 +74,99 @@ async def test_a_stop_that_loses_a_deadlock_is_run_again(system: System) -> None
     assert "stop lost a race" in manager.text() and "40P01" not in response.text
     for oid in (first, second):
         system.wait_status(oid, "Deleted")
+
+
+# --- restart: the failure path is a compare-and-set ----------------------------------------
+
+
+class BrokerDownWhileAReportLands(BrokerLink):
+    """The real link, never connected (so publishing fails as while the broker is down);
+    ``meanwhile`` runs first, as a report applied by the state consumer during the publish."""
+
+    def __init__(self, settings: ManagerSettings, meanwhile: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(settings)
+        self.meanwhile = meanwhile
+
+    async def publish_starts(self, starts: Sequence[StartObserver]) -> None:
+        await self.meanwhile()
+        await super().publish_starts(starts)
+
+
+@pytest.fixture
+async def sessions(database: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = make_engine(database)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
+
+
+async def failed_observer(sessions: async_sessionmaker[AsyncSession]) -> tuple[uuid.UUID, uuid.UUID]:
+    """(a Failed observer, a live service with room in its pool)."""
+    oid, sid = uuid.uuid4(), uuid.uuid4()
+    async with sessions.begin() as session:
+        await session.execute(
+            text(
+                "INSERT INTO services (id, name, workers_count, pools, status) "
+                "VALUES (:sid, 'svc', 5, '[\"default\"]', 'alive')"
+            ),
+            {"sid": sid},
+        )
+        await session.execute(
+            text("INSERT INTO observers (id, name, kind, status) VALUES (:oid, 'o', 'ticker', 'Failed')"), {"oid": oid}
+        )
+    return oid, sid
+
+
+async def row(sessions: async_sessionmaker[AsyncSession], oid: uuid.UUID) -> tuple[Observer, bool]:
+    """The observer and whether its start is still pending."""
+    async with sessions() as session:
+        observer = await session.get_one(Observer, oid)
+        pending = (
+            await session.scalar(select(PendingStart.observer_id).where(PendingStart.observer_id == oid))
+        ) is not None
+        return observer, pending
+
+
+async def test_a_restart_that_cannot_publish_stays_failed(
+    sessions: async_sessionmaker[AsyncSession], database: str
+) -> None:
+    oid, _ = await failed_observer(sessions)
+
+    async def nothing() -> None:
+        pass
+
+    broker = BrokerDownWhileAReportLands(ManagerSettings(database_url=database), nothing)
+    commands = ObserverCommands(sessions, broker, RetryPolicy())
+    with pytest.raises(Unavailable, match="stays Failed"):
+        await commands.restart(oid)
+    observer, pending = await row(sessions, oid)
+    assert observer.status == ObserverStatus.FAILED and not pending
+
+
+async def test_a_restart_that_cannot_publish_keeps_a_report_that_landed_meanwhile(
+    sessions: async_sessionmaker[AsyncSession], database: str
+) -> None:
+    # Given a Failed observer whose restart's start is not confirmed, while a service
+    # reports it started (its start reached the service although the confirm did not)
+    oid, sid = await failed_observer(sessions)
+
+    async def started_on_the_service() -> None:
+        async with sessions.begin() as session:
+            await session.execute(
+                text(
+                    "UPDATE observers SET status = 'Processing', service_id = :sid, modified_at = now() "
+                    "WHERE id = :oid AND status = 'Created'"
+                ),
+                {"sid": sid, "oid": oid},
+            )
+
+    broker = BrokerDownWhileAReportLands(ManagerSettings(database_url=database), started_on_the_service)
+    commands = ObserverCommands(sessions, broker, RetryPolicy())
+
+    # When the restart's failure path runs
+    answered = await commands.restart(oid)
+
+    # Then the report stands (not overwritten with Failed); the pending start stays for the
+    # sweeper, as after a crash between commit and publish
+    observer, pending = await row(sessions, oid)
+    assert answered.status == observer.status == ObserverStatus.PROCESSING and observer.service_id == sid
+    assert pending
