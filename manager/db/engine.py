@@ -18,6 +18,9 @@ class SchemaOutdated(RuntimeError):
 
 
 def make_engine(url: str) -> AsyncEngine:
+    # pool_pre_ping: a pooled connection that died with the server (restart, failover,
+    # pg_terminate_backend) is replaced at checkout rather than failing its next user; a
+    # disconnect seen mid-query also invalidates the rest of the pool (SQLAlchemy does it).
     return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
 
 
