@@ -170,6 +170,8 @@ def test_postgres_down_answers_503_and_the_manager_recovers(
     wait_for(lambda: system.get("/api/stats").json()["observers"].get("Processing") == len(rest), 30, "stats")
     assert system.get("/api/stats").json()["observers"].get("Deleted") == len(to_stop)
     wait_for(lambda: (svc := system.service_by_name("svc-b")) and svc["running"] == len(rest), 30, "svc-b's count")
+    # Heartbeats are judged again once the backlog is applied: the killed svc-a is lost
+    wait_for(lambda: system.get(f"/api/services/{old_a['id']}").json()["status"] == "lost", 30, "svc-a lost")
     assert system.get("/api/observers", name="during-outage").json()["items"] == []
     assert system.queue_counts(STATE_ERRORS)[0] == 0
     assert "dead-lettering" not in manager.text()

@@ -5,11 +5,12 @@ Transient: the database cannot be reached or is not serving right now, or the tr
 lost a race; the same work succeeds later. Anything else (a constraint, a bug in a query) is
 deterministic: retrying it cannot help.
 
-How the faults arrive here (asyncpg 0.32 under SQLAlchemy 2.1, checked against PostgreSQL 15
-with ``tests/test_db_errors.py``): a server error is a ``DBAPIError`` whose ``orig`` is
-SQLAlchemy's adapted error carrying the ``sqlstate``, whose ``__cause__`` is the asyncpg
-exception. A refused TCP connection (server down) is a bare ``ConnectionRefusedError``, and a
-full pool is ``sqlalchemy.exc.TimeoutError``; neither is a ``DBAPIError``.
+How the faults arrive here (asyncpg 0.32 under SQLAlchemy 2.1 and PostgreSQL 15, checked by
+``tests/test_db_errors.py``; 57P03 seen while ``tests/test_db_outage.py`` stops the server):
+a server error is a ``DBAPIError`` whose ``orig`` is SQLAlchemy's adapted error carrying the
+``sqlstate``, whose ``__cause__`` is the asyncpg exception. A refused TCP connection (server
+down) is a bare ``ConnectionRefusedError``, and a full pool is ``sqlalchemy.exc.TimeoutError``;
+neither is a ``DBAPIError``.
 
 * ``ALTER DATABASE ... ALLOW_CONNECTIONS false``: 55000 "database ... is not currently
   accepting connections" (``ObjectNotInPrerequisiteStateError``) when connecting.
