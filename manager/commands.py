@@ -238,6 +238,8 @@ class ObserverCommands:
                 await self._check_capacity(session, obs.pool, 1)
                 now = datetime.now(UTC)
                 obs.status, obs.service_id, obs.attempts, obs.modified_at = ObserverStatus.CREATED, None, 0, now
+                # Probation is kept: a restarted poison is isolated again as soon as it starts.
+                obs.host_session_id = None
                 session.add(PendingStart(observer_id=observer_id))
                 await session.flush()
                 await insert_events(session, [NewEvent(observer_id, EventType.RESTARTED, now, detail=obs.last_error)])
