@@ -46,7 +46,7 @@ def postgres_down(postgres: infra.PostgresNode) -> Iterator[None]:
 
 
 def create_many(system: System, tmp_path: Path, count: int, prefix: str = "obs", **extra: Any) -> list[str]:
-    args = {"interval_s": 0.2, "log_file": str(tmp_path / "ticks.log")}
+    args = {"interval_s": 0.2}
     return [system.create(f"{prefix}-{i}", args=args, **extra)["id"] for i in range(count)]
 
 
