@@ -29,6 +29,7 @@ from manager.db.errors import describe, is_transient
 from manager.db.models import AppliedStateMessage, Observer, ObserverStatus, PendingStart, Service, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import STOP_RESENDS
+from manager.rebuild import rebuild
 from manager.state.probation import end_probations, host_died
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
@@ -59,6 +60,7 @@ class BackgroundLoops:
         self.broker = broker
         self.rules = rules
         self.backlog_drained = False
+        self._marker_checked = 0  # broker.connects when the rebuild marker was last checked
 
     async def run(self) -> None:
         while True:
@@ -66,6 +68,7 @@ class BackgroundLoops:
             if not self.broker.ready.is_set():
                 continue
             for step in (
+                self.rebuild_broker,
                 self.restop,
                 self.judge_heartbeats,
                 self.republish_unenqueued,
@@ -89,6 +92,17 @@ class BackgroundLoops:
                         "%s: database unavailable or busy (%s); trying again next pass", step.__name__, describe(e)
                     )
                     break
+
+    async def rebuild_broker(self) -> None:
+        """After each (re)connection: a broker without the marker lost its data; publish
+        every start again from the database (``manager/rebuild.py``)."""
+        connects = self.broker.connects
+        if connects == self._marker_checked:
+            return
+        if not await self.broker.marker_present():
+            await rebuild(self.sessions, self.broker)
+            await self.broker.declare_marker()
+        self._marker_checked = connects
 
     async def restop(self) -> None:
         now = datetime.now(UTC)

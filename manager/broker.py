@@ -44,6 +44,9 @@ class BrokerLink:
         self._declare_lock = asyncio.Lock()
         self._connect_task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
+        # Counts connections and reconnections: after each one the broker may be a new,
+        # empty one (manager/rebuild.py checks the marker then).
+        self.connects = 0
 
     def start(self, on_state: StateHandler | None) -> None:
         """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
@@ -63,6 +66,8 @@ class BrokerLink:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         self._connection = connection
+        connection.reconnect_callbacks.add(self._on_reconnect)
+        self.connects += 1
         self._pub = await connection.channel(publisher_confirms=True)
         await topology.declare_common(self._pub)
         if on_state is not None:
@@ -74,6 +79,40 @@ class BrokerLink:
             await topology.declare_state_queue(self._pub)
         self.ready.set()
         logger.info("connected to the broker%s", f"; consuming {topology.STATE_QUEUE}" if on_state else "")
+
+    def _on_reconnect(self, *_: object) -> None:
+        self.connects += 1
+        self._declared_pools.clear()  # a new broker may lack them
+
+    async def marker_present(self) -> bool:
+        """Whether the rebuild marker queue exists. On a connection of its own: a passive
+        declare of a missing queue closes its channel, and a robust channel would
+        re-declare what it declared before (so the marker is never declared through it)."""
+        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+        try:
+            connection = await aio_pika.connect(url, client_properties={"connection_name": "manager marker check"})
+        except Exception as e:
+            raise BrokerUnavailable(f"cannot check the rebuild marker: {e!r}") from e
+        try:
+            channel = await connection.channel()
+            try:
+                await channel.declare_queue(topology.REBUILD_MARKER, passive=True)
+            except aio_pika.exceptions.ChannelNotFoundEntity:
+                return False
+            return True
+        finally:
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+    async def declare_marker(self) -> None:
+        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+        try:
+            connection = await aio_pika.connect(url, client_properties={"connection_name": "manager marker"})
+            async with connection:
+                channel = await connection.channel()
+                await channel.declare_queue(topology.REBUILD_MARKER, durable=True)
+        except Exception as e:
+            raise BrokerUnavailable(f"cannot declare the rebuild marker: {e!r}") from e
 
     async def close(self) -> None:
         if self._connect_task is not None:

@@ -7,6 +7,9 @@
                                         exclusive queue orch.control.<service_id>
     events        observers.events      topic; ctx.emit() publishes <kind>.<observer name>
     dead letters  orch.dead             direct; <queue> -> <queue>.error for every queue above
+    marker        orch.manager.marker   durable, empty, declared only by the manager's state side
+                                        once the broker holds every start: missing on connect
+                                        means the broker lost its data (manager/rebuild.py)
 
 Both the manager and the services declare what they use with the same arguments, so
 either can start first. Queue arguments must never change for an existing queue
@@ -27,6 +30,7 @@ CONTROL_EXCHANGE = "orch.control"
 CONTROL_ERROR_KEY = "orch.control"
 EVENTS_EXCHANGE = "observers.events"
 DEAD_LETTER_EXCHANGE = "orch.dead"
+REBUILD_MARKER = "orch.manager.marker"
 
 # Sent as a consumer argument on start queues. RabbitMQ 3.12+ honours it per consumer and
 # it overrides the node-wide consumer_timeout that would otherwise close the channel of

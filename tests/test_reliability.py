@@ -4,25 +4,19 @@ published to the state queue."""
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 import time
 import uuid
 from pathlib import Path
 
-import pytest
-
 from shared import topology
 from shared.messages import ObserverStarted
-from tests.harness import System, read_ticks, wait_for
+from tests.harness import System, probe_args, read_ticks, wait_for
+from tests.test_fencing import assert_never_on_two_hosts
 from tests.test_manager_repairs import sql
 from tools import infra
-
-
-@pytest.fixture
-def plugged(system: System, plugin_path: Path) -> System:
-    system.env["PYTHONPATH"] = str(plugin_path)
-    return system
 
 
 def event_names(system: System, observer_id: str) -> list[str]:
@@ -165,7 +159,8 @@ def test_a_stop_is_reported_before_its_start_is_acked(system: System, rabbit: in
     system.wait_status(oid, "Deleted", timeout=60)
 
 
-def test_a_body_that_swallows_cancellation_cannot_act_after_its_stop(plugged: System, tmp_path: Path) -> None:
+def test_a_body_that_swallows_cancellation_cannot_act_after_its_stop(with_test_plugin: System, tmp_path: Path) -> None:
+    plugged = with_test_plugin
     plugged.start_manager()
     plugged.start_service("svc-a", workers=5)
     log = tmp_path / "ticks.log"
@@ -198,3 +193,54 @@ def test_a_service_the_manager_forgot_introduces_itself_again(system: System) ->
     wait_for(lambda: system.service_by_name("svc-a") is not None, 30, "svc-a known again")
     obs = system.wait_status(oid, "Processing")
     assert obs["service_id"] == svc["id"]
+
+
+def test_the_broker_rebuilt_from_the_database(
+    with_test_plugin: System, rabbit: infra.RabbitNode, vhost: str, tmp_path: Path
+) -> None:
+    """200 observers on 3 services; the broker loses everything (the test's vhost deleted
+    and made again: every queue, message and connection gone, as on a reset node). The
+    manager finds its marker missing and publishes every start again from the database:
+    each runs again on one host, stops requested meanwhile reach Deleted, counts match."""
+    system = with_test_plugin
+    system.start_manager()
+    for name in ("svc-a", "svc-b", "svc-c"):
+        system.start_service(name, workers=100)
+    log = tmp_path / "ticks.log"
+    ids = [system.create(f"kept-{i}", kind="probe", args=probe_args(log, interval_s=1.0))["id"] for i in range(200)]
+    for oid in ids:
+        system.wait_status(oid, "Processing", timeout=60)
+
+    rabbit.delete_vhost(vhost)
+    rabbit.add_vhost(vhost)
+    lost = time.monotonic()
+    stopped = ids[:20]
+
+    def stop_accepted(oid: str) -> bool:  # answered 503 until the manager is connected again
+        return system.delete(f"/api/observers/{oid}").status_code == 202
+
+    for oid in stopped:
+        wait_for(functools.partial(stop_accepted, oid), 60, f"the stop of {oid} accepted")
+
+    manager = system.manager
+    assert manager is not None
+    wait_for(
+        lambda: "published 200 start(s) again" in manager.text() or "start(s) again" in manager.text(), 60, "a rebuild"
+    )
+    kept = ids[20:]
+    wait_for(
+        lambda: (
+            all(system.observer(oid)["status"] == "Deleted" for oid in stopped)
+            and all(system.observer(oid)["status"] == "Processing" for oid in kept)
+        ),
+        120,
+        "every observer back, every stop done",
+    )
+    print(f"converged {time.monotonic() - lost:.1f}s after the broker lost its data")
+    wait_for(
+        lambda: sum(s["running"] for s in system.services() if s["status"] == "alive") == len(kept), 30, "inventories"
+    )
+    stats = system.get("/api/stats").json()
+    assert stats["observers"]["Processing"] == len(kept) and stats["observers"]["Deleted"] == len(stopped)
+    time.sleep(2)  # a few ticks of everyone on its new host
+    assert_never_on_two_hosts(log)

@@ -1,0 +1,87 @@
+"""The broker rebuilt from the database (issue 11): PostgreSQL is the truth.
+
+A broker that lost its data (a fresh node, ``rabbitmqctl reset``, its vhost deleted and made
+again) has lost every start message, held or waiting, so nothing would ever run again.
+
+* **Detection.** The manager's state side declares a durable, empty marker queue
+  (``topology.REBUILD_MARKER``) once the broker holds every start. After each connection
+  and reconnection it checks, on a connection of its own, that the marker is still there;
+  missing means the broker is not the one the starts were published to. Nobody else
+  declares the marker (services declare the start queues themselves, so a start queue that
+  exists proves nothing).
+* **Rebuild.** (1) Every observer held by a host is released: Processing → Created, and
+  OnDeleting keeps its status; no host. The broker closed every connection when it lost its
+  data, so every service fenced its observers; a host that still ran one would list it in
+  its next inventory and take it back, and its duplicate is then stopped by the rules.
+  (2) A start is published for every Created and OnDeleting observer (an OnDeleting one is
+  stopped by the service that takes it: the rules answer its start report with a stop).
+  (3) The marker is declared. A crash before (3) rebuilds again on the next start: the
+  duplicate starts that makes are absorbed by the rules.
+* A first start on an empty broker finds no marker either: with an empty database there is
+  nothing to publish; with rows (a move to a new broker) they are published, as they should.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, delete, select, text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.broker import BrokerLink
+from manager.commands import start_message
+from manager.db.models import EventType, Observer, ObserverStatus, PendingStart
+from manager.db.sql import id_in
+
+logger = logging.getLogger(__name__)
+
+_BATCH = 5_000
+_DETAIL = "the broker lost its data: released, its start published again"
+
+
+async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink) -> int:
+    """Release every hosted observer and publish a start for every live one; returns how
+    many starts were published. The caller declares the marker afterwards."""
+    now = datetime.now(UTC)
+    async with sessions.begin() as session:
+        released = await session.execute(
+            text(
+                """
+                WITH released AS (
+                    UPDATE observers AS o
+                    SET status = CASE WHEN o.status = 'Processing' THEN 'Created'::observer_status ELSE o.status END,
+                        service_id = NULL, host_session_id = NULL, modified_at = :now
+                    FROM (SELECT id, service_id FROM observers
+                          WHERE status IN ('Processing', 'OnDeleting') ORDER BY id FOR UPDATE) AS old
+                    WHERE o.id = old.id
+                    RETURNING o.id, old.service_id AS host
+                )
+                INSERT INTO observer_events (observer_id, at, event, from_service_id, detail)
+                SELECT id, :now, :event, host, :detail FROM released
+                """
+            ),
+            {"now": now, "event": EventType.RELEASED.value, "detail": _DETAIL},
+        )
+    count = cast("CursorResult[Any]", released).rowcount
+    logger.warning("the broker lost its data: released %d hosted observer(s)", count)
+    published = 0
+    after: uuid.UUID | None = None
+    while True:
+        async with sessions() as session:
+            query = select(Observer).where(Observer.status.in_((ObserverStatus.CREATED, ObserverStatus.ON_DELETING)))
+            if after is not None:
+                query = query.where(Observer.id > after)
+            rows = list(await session.scalars(query.order_by(Observer.id).limit(_BATCH)))
+        if not rows:
+            break
+        await broker.publish_starts([start_message(obs) for obs in rows])
+        ids = [obs.id for obs in rows]
+        async with sessions.begin() as session:  # confirmed: nothing left for the sweeper
+            await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))
+        published += len(rows)
+        after = rows[-1].id
+    logger.warning("the broker lost its data: published %d start(s) again from the database", published)
+    return published
