@@ -47,6 +47,7 @@ class BrokerLink:
         # Counts connections and reconnections: after each one the broker may be a new,
         # empty one (manager/rebuild.py checks the marker then).
         self.connects = 0
+        self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
 
     def start(self, on_state: StateHandler | None) -> None:
         """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
@@ -104,6 +105,27 @@ class BrokerLink:
             with contextlib.suppress(Exception):
                 await connection.close()
 
+    async def checked(self) -> bool:
+        """Whether the broker of this connection was checked for lost data (and rebuilt)."""
+        try:
+            await self._ensure_marker()
+        except BrokerUnavailable:
+            return False
+        return True
+
+    async def _ensure_marker(self) -> None:
+        """Starts go only to a broker the state side has checked (once per connection): on
+        a broker that lost its data they would be mixed up with the rebuild, which releases
+        every hosted observer (``manager/rebuild.py``)."""
+        if self._marker_seen == self.connects:
+            return
+        connects = self.connects
+        if not await self.marker_present():
+            raise BrokerUnavailable(
+                "the broker is new or lost its data and is being rebuilt from the database; retry in a few seconds"
+            )
+        self._marker_seen = connects
+
     async def declare_marker(self) -> None:
         url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
         try:
@@ -131,7 +153,7 @@ class BrokerLink:
             raise BrokerUnavailable("the broker is unreachable")
         return self._pub
 
-    async def publish_starts(self, starts: Sequence[StartObserver]) -> None:
+    async def publish_starts(self, starts: Sequence[StartObserver], *, rebuilding: bool = False) -> None:
         """Publish persistent start messages to their pools' queues and wait until the broker
         confirmed every one (one deadline for the whole batch). Raises ``BrokerUnavailable``
         if any was not confirmed; some of the others may have been.
@@ -144,6 +166,8 @@ class BrokerLink:
         if not starts:
             return
         channel = await self._channel()
+        if not rebuilding:
+            await self._ensure_marker()
         deadline = _PUBLISH_TIMEOUT_S + _PUBLISH_TIMEOUT_PER_MESSAGE_S * len(starts)
         try:
             for pool in sorted({s.pool for s in starts} - self._declared_pools):

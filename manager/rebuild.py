@@ -77,7 +77,7 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
             rows = list(await session.scalars(query.order_by(Observer.id).limit(_BATCH)))
         if not rows:
             break
-        await broker.publish_starts([start_message(obs) for obs in rows])
+        await broker.publish_starts([start_message(obs) for obs in rows], rebuilding=True)
         ids = [obs.id for obs in rows]
         async with sessions.begin() as session:  # confirmed: nothing left for the sweeper
             await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))

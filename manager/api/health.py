@@ -1,4 +1,5 @@
-"""/healthz (the process is up) and /readyz (database and broker reachable)."""
+"""/healthz (the process is up) and /readyz (database and broker reachable, and the broker
+checked for lost data: creates are refused until then, ``manager/rebuild.py``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ async def readyz(request: Request) -> JSONResponse:
         checks["database"] = "ok"
     except Exception as e:  # noqa: BLE001 - report, never raise
         checks["database"] = f"unreachable: {type(e).__name__}"
-    checks["broker"] = "ok" if request.app.state.broker.is_connected() else "unreachable"
+    broker = request.app.state.broker
+    if not broker.is_connected():
+        checks["broker"] = "unreachable"
+    else:
+        checks["broker"] = "ok" if await broker.checked() else "being rebuilt from the database"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse({"status": "ok" if ready else "unavailable", **checks}, status_code=200 if ready else 503)
