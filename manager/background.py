@@ -6,7 +6,7 @@
   state backlog is drained (after a manager restart, or a burst of reports), so a heartbeat
   still waiting in the queue is not judged as silence;
 * publish again the starts a crash left unconfirmed (``pending_starts``);
-* stop observers reported running that have no row, after ``unknown_grace_s``;
+* adopt observers reported running that have no row, after ``unknown_grace_s``;
 * fold the observer count deltas the triggers appended into the counts (``db/counts``).
 """
 
@@ -26,7 +26,15 @@ from manager.broker import BrokerLink
 from manager.commands import start_message
 from manager.db.counts import fold_deltas
 from manager.db.errors import describe, is_transient
-from manager.db.models import AppliedStateMessage, Observer, ObserverStatus, PendingStart, Service, ServiceStatus
+from manager.db.models import (
+    AbandonedObserver,
+    AppliedStateMessage,
+    Observer,
+    ObserverStatus,
+    PendingStart,
+    Service,
+    ServiceStatus,
+)
 from manager.db.sql import id_in
 from manager.metrics import STOP_RESENDS
 from manager.rebuild import rebuild
@@ -34,13 +42,15 @@ from manager.state.probation import end_probations, host_died
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
-from shared.messages import InventoryRequest, IsolateObservers, stop_messages
+from shared.messages import STOPS_PER_MESSAGE, DescribeRequest, InventoryRequest, IsolateObservers, stop_messages
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
 
 # How long the ids of applied state messages are kept to skip a redelivered batch.
 APPLIED_RETENTION = timedelta(hours=1)
+# How long observers whose create was answered 503 are stopped, not adopted, if found running.
+ABANDONED_RETENTION = timedelta(days=1)
 
 
 class BackgroundLoops:
@@ -72,7 +82,7 @@ class BackgroundLoops:
                 self.restop,
                 self.judge_heartbeats,
                 self.republish_unenqueued,
-                self.stop_unknown,
+                self.describe_unknown,
                 self.end_probations,
                 self.forget_applied,
                 self.fold_counts,
@@ -180,6 +190,9 @@ class BackgroundLoops:
         async with self.sessions.begin() as session:
             oldest = select(AppliedStateMessage.message_id).where(AppliedStateMessage.applied_at < cutoff).limit(10_000)
             await session.execute(delete(AppliedStateMessage).where(AppliedStateMessage.message_id.in_(oldest)))
+            # A create answered 503 leaves its starts for minutes at most (a confirm late).
+            abandoned = AbandonedObserver.at < datetime.now(UTC) - ABANDONED_RETENTION
+            await session.execute(delete(AbandonedObserver).where(abandoned))
 
     async def end_probations(self) -> None:
         async with self.sessions.begin() as session:
@@ -213,7 +226,10 @@ class BackgroundLoops:
         async with self.sessions.begin() as session:
             await fold_deltas(session)
 
-    async def stop_unknown(self) -> None:
+    async def describe_unknown(self) -> None:
+        """Observers reported running that have no row, after ``unknown_grace_s`` (a create's
+        commit may be in flight): their host is asked for their starts, to adopt them
+        (``manager/state/adoption.py``)."""
         unknown = self.rules.suspicions.unknown
         due = [
             (oid, sid)
@@ -234,8 +250,15 @@ class BackgroundLoops:
                 orphans.setdefault(sid, []).append(oid)
         for sid in recheck:
             await self.broker.publish_control(InventoryRequest(service_id=sid))
-        # Batched per host: a bulk create whose confirms came too late leaves thousands at once.
+        # Batched per host: a database restored from an older backup leaves thousands at once.
         for sid, oids in orphans.items():
-            logger.warning("%d observer(s) run on %s but have no row (e.g. %s): stopping them", len(oids), sid, oids[0])
-            for message in stop_messages(oids, "unknown observer", sid):
-                await self.broker.publish_control(message)
+            logger.warning(
+                "%d observer(s) run on %s but have no row (e.g. %s): asking it to describe them, to adopt them",
+                len(oids),
+                sid,
+                oids[0],
+            )
+            for i in range(0, len(oids), STOPS_PER_MESSAGE):
+                await self.broker.publish_control(
+                    DescribeRequest(service_id=sid, observer_ids=oids[i : i + STOPS_PER_MESSAGE])
+                )

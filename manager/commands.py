@@ -128,7 +128,15 @@ class ObserverCommands:
         try:
             await self.broker.publish_starts(starts)
         except BrokerUnavailable as e:
-            await self._execute("deleting the unpublished observers", delete(Observer).where(id_in(Observer.id, ids)))
+            await self._execute(
+                "deleting the unpublished observers",
+                delete(Observer).where(id_in(Observer.id, ids)),
+                # Some starts may have been published: found running, they are stopped, not adopted.
+                text(
+                    "INSERT INTO abandoned_observers (observer_id) SELECT unnest(CAST(:ids AS uuid[])) "
+                    "ON CONFLICT DO NOTHING"
+                ).bindparams(ids=ids),
+            )
             raise Unavailable(
                 f"the message broker is unreachable or overloaded, nothing was created; retry later ({e})"
             ) from e

@@ -24,6 +24,7 @@ from shared.messages import (
     ObserverFailed,
     ObserverIsolated,
     ObserverRetrying,
+    ObserversDescribed,
     ObserverStarted,
     ObserverStopped,
     ReportBatch,
@@ -85,7 +86,7 @@ class Outbox:
         kept = collections.deque(
             item
             for item in self._items
-            if not (item[1] is session and isinstance(item[0], ObserverStarted | ServiceInventory))
+            if not (item[1] is session and isinstance(item[0], ObserverStarted | ServiceInventory | ObserversDescribed))
         )
         dropped = len(self._items) - len(kept)
         self._items = kept

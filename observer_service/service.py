@@ -33,9 +33,11 @@ from shared.errors import BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
 from shared.messages import (
+    DescribeRequest,
     IntroduceRequest,
     InventoryRequest,
     IsolateObservers,
+    ObserversDescribed,
     ServiceBorn,
     ServiceHeartbeat,
     ServiceInventory,
@@ -177,6 +179,8 @@ class ObserverService:
             self._send_inventory()
         elif isinstance(command, IsolateObservers) and command.service_id == self.service_id:
             self.runner.isolate(command.observer_ids, command.reason)
+        elif isinstance(command, DescribeRequest) and command.service_id == self.service_id:
+            self._describe(command.observer_ids)
         elif isinstance(command, IntroduceRequest) and command.service_id == self.service_id:
             # Our ServiceBorn never reached the manager's database (or the database was
             # restored from before it): introduce ourselves again, then say what we run.
@@ -185,6 +189,16 @@ class ObserverService:
             self._send_inventory()
 
     # --- periodic reports -----------------------------------------------------------------
+
+    def _describe(self, observer_ids: list[uuid.UUID]) -> None:
+        """The start messages of those we run, for the manager to adopt them (it lost their
+        rows). What we do not run we leave out: there is nothing to adopt."""
+        session = self.session
+        if session is None:
+            return
+        starts = [r.start for oid in observer_ids if (r := self.runner.running.get(oid)) and r.session is session]
+        logger.warning("the manager has no row for %d observer(s) running here: describing them", len(starts))
+        self.outbox.put(ObserversDescribed(service_id=self.service_id, session_id=session.id, starts=starts), session)
 
     def _send_inventory(self) -> None:
         session = self.session

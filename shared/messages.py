@@ -118,6 +118,15 @@ class IntroduceRequest(Message):
     service_id: uuid.UUID
 
 
+class DescribeRequest(Message):
+    """The manager found these observers running on the named service with no row (its
+    database was restored from an older backup): send their start messages, to adopt them."""
+
+    type: Literal["DescribeRequest"] = "DescribeRequest"
+    service_id: uuid.UUID
+    observer_ids: list[uuid.UUID]
+
+
 class InventoryRequest(Message):
     """Ask services (all, or the one named) to send their inventory now."""
 
@@ -185,6 +194,16 @@ class ObserverStarted(Message):
     # The broker session holding its start: stops about this copy name it.
     session_id: uuid.UUID | None = None
     isolation: Isolation = "async"
+
+
+class ObserversDescribed(Message):
+    """The start messages of the observers named in a ``DescribeRequest`` that this service
+    runs (the others it does not run: nothing to adopt)."""
+
+    type: Literal["ObserversDescribed"] = "ObserversDescribed"
+    service_id: uuid.UUID
+    session_id: uuid.UUID
+    starts: list[StartObserver]
 
 
 class ObserverIsolated(Message):
@@ -276,11 +295,13 @@ StateMessage = Annotated[
     | ObserverRetrying
     | ObserverFailed
     | ObserverIsolated
+    | ObserversDescribed
     | ReportBatch,
     Field(discriminator="type"),
 ]
 ControlMessage = Annotated[
-    StopObserver | StopObservers | InventoryRequest | IsolateObservers | IntroduceRequest, Field(discriminator="type")
+    StopObserver | StopObservers | InventoryRequest | IsolateObservers | IntroduceRequest | DescribeRequest,
+    Field(discriminator="type"),
 ]
 
 _state_adapter: TypeAdapter[StateMessage] = TypeAdapter(StateMessage)

@@ -32,16 +32,26 @@ def sql(database_url: str, query: str, *args: object) -> None:
     asyncio.run(run())
 
 
-def test_an_observer_with_no_row_is_stopped_after_a_grace(system: System, tmp_path: Path) -> None:
+def test_an_observer_with_no_row_is_adopted_unless_its_name_is_taken(system: System, tmp_path: Path) -> None:
     system.start_manager()
-    service = system.start_service("svc-a", workers=2)
+    service = system.start_service("svc-a", workers=4)
+    taken = system.create("taken", args={"interval_s": 0.5})
     orphan = StartObserver(observer_id=uuid.uuid4(), name="orphan", kind="ticker", args={"interval_s": 0.5})
+    impostor = StartObserver(observer_id=uuid.uuid4(), name="taken", kind="ticker", args={"interval_s": 0.5})
     system.publish_raw(topology.start_queue_name("default"), orphan.encode())
+    system.publish_raw(topology.start_queue_name("default"), impostor.encode())
 
-    wait_for(lambda: "(ticker orphan) started" in service.text(), 20, "the orphan to start")
-    wait_for(lambda: "observer(s) stopped (unknown observer)" in service.text(), 30, "the orphan to be stopped")
-    assert system.queue_counts(topology.start_queue_name("default"))[0] == 0
-    assert system.get(f"/api/observers/{orphan.observer_id}").status_code == 404
+    path = f"/api/observers/{orphan.observer_id}"
+    wait_for(lambda: system.get(path).status_code == 200, 30, "the orphan adopted")
+    adopted = system.wait_status(str(orphan.observer_id), "Processing")
+    assert adopted["name"] == "orphan" and adopted["service_name"] == "svc-a" and adopted["args"]["interval_s"] == 0.5
+    events = [e["event"] for e in system.get(f"/api/observers/{orphan.observer_id}/events").json()]
+    assert events == ["adopted"]
+    assert service.text().count("(ticker orphan) started") == 1  # adopted where it runs, never restarted
+    wait_for(lambda: "not adopted: its name 'taken' now belongs" in service.text(), 30, "the impostor stopped")
+    assert system.get(f"/api/observers/{impostor.observer_id}").status_code == 404
+    assert system.observer(taken["id"])["status"] == "Processing"
+    wait_for(lambda: system.queue_counts(topology.start_queue_name("default"))[0] == 0, 10, "nothing requeued")
 
 
 def test_a_row_left_unenqueued_by_a_crash_is_published_again(system: System) -> None:
@@ -120,13 +130,13 @@ def test_an_inventory_larger_than_the_sql_parameter_limit_is_applied(system: Sys
     manager = system.manager
     assert manager is not None
 
-    def stopped() -> int:
-        # A few lines and batched stops, not 40,000 of each: a sweep that ticks while the
+    def described() -> int:
+        # A few lines and batched requests, not 40,000 of each: a sweep that ticks while the
         # inventory is recorded takes the ids already due, the next one the rest.
         pattern = rf"(\d+) observer\(s\) run on {service['id']} but have no row"
         return sum(int(n) for n in re.findall(pattern, manager.text()))
 
-    wait_for(lambda: stopped() == 40_000, 30, "the unknown ids to be stopped")
+    wait_for(lambda: described() == 40_000, 30, "the host asked to describe the unknown ids")
     assert len(re.findall(r"but have no row", manager.text())) <= 5
     assert "could not be applied" not in manager.text()
     assert system.observer(created["id"])["status"] == "Processing"

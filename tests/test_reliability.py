@@ -244,3 +244,31 @@ def test_the_broker_rebuilt_from_the_database(
     assert stats["observers"]["Processing"] == len(kept) and stats["observers"]["Deleted"] == len(stopped)
     time.sleep(2)  # a few ticks of everyone on its new host
     assert_never_on_two_hosts(log)
+
+
+def test_a_database_restored_from_an_older_backup_loses_no_running_observer(system: System) -> None:
+    """Rows lost as by a restore from before they were created: the observers still run,
+    so they are adopted from their start messages where they run; one whose create the
+    client was told failed (abandoned) is stopped instead."""
+    system.start_manager()
+    service = system.start_service("svc-a", workers=5)
+    kept = system.create("kept-after-restore", args={"interval_s": 0.5, "emit": False})
+    abandoned = system.create("told-failed", args={"interval_s": 0.5, "emit": False})
+    for obs in (kept, abandoned):
+        system.wait_status(obs["id"], "Processing")
+    sql(
+        system.database_url,
+        "DELETE FROM observers WHERE id = ANY($1::uuid[])",
+        [uuid.UUID(kept["id"]), uuid.UUID(abandoned["id"])],
+    )
+    sql(system.database_url, "INSERT INTO abandoned_observers (observer_id) VALUES ($1)", uuid.UUID(abandoned["id"]))
+
+    wait_for(lambda: system.get(f"/api/observers/{kept['id']}").status_code == 200, 60, "adopted")
+    adopted = system.wait_status(kept["id"], "Processing")
+    assert adopted["service_name"] == "svc-a" and adopted["name"] == "kept-after-restore"
+    assert event_names(system, kept["id"]) == ["adopted"]
+    assert service.text().count(f"observer {kept['id']} (") == 1  # never restarted
+    wait_for(lambda: "its create was answered 503" in service.text(), 30, "the abandoned one stopped")
+    assert system.get(f"/api/observers/{abandoned['id']}").status_code == 404
+    stats = system.get("/api/stats").json()
+    assert stats["observers"]["Processing"] == 1

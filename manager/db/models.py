@@ -134,6 +134,7 @@ class EventType(enum.StrEnum):
     PROBATION = "probation"  # its hosts died too often while it ran: runs in a child process
     ISOLATED = "isolated"  # its host runs it in a child process now (probation)
     PROBATION_ENDED = "probation_ended"  # ran cleanly in a child for its reset_after_s
+    ADOPTED = "adopted"  # found running with no row (database restored from an older backup)
     RESTARTED = "restarted"
 
 
@@ -147,6 +148,18 @@ class AppliedStateMessage(Base):
     applied_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
 
     __table_args__ = (Index("ix_applied_state_messages_at", "applied_at"),)
+
+
+class AbandonedObserver(Base):
+    """An observer whose create was answered 503 (rows deleted) while some of its starts
+    may have reached the broker: found running, it is stopped, never adopted."""
+
+    __tablename__ = "abandoned_observers"
+
+    observer_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+    __table_args__ = (Index("ix_abandoned_observers_at", "at"),)
 
 
 class ObserverEvent(Base):

@@ -33,7 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.db.errors import is_transient
 from manager.metrics import STATE_APPLIED
-from manager.state.rules import Outgoing, StateRules
+from manager.state.outgoing import Outgoing
+from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.messages import (
     ObserverFailed,

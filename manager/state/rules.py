@@ -33,17 +33,17 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
 from manager.db.sql import id_in
+from manager.state.adoption import adopt
+from manager.state.outgoing import Outgoing
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, Row
 from shared.messages import (
-    IntroduceRequest,
     InventoryRequest,
-    IsolateObservers,
-    Message,
     ObserverFailed,
     ObserverIsolated,
     ObserverReport,
     ObserverRetrying,
+    ObserversDescribed,
     ObserverStarted,
     ObserverStopped,
     ReportBatch,
@@ -52,66 +52,12 @@ from shared.messages import (
     ServiceInventory,
     ServiceStopped,
     StateMessage,
-    StopObserver,
-    stop_messages,
 )
 
 logger = logging.getLogger(__name__)
 
 S = ObserverStatus
 STOPPING_OR_GONE = (S.ON_DELETING, S.DELETED, S.FAILED)
-
-
-@dataclass
-class Outgoing:
-    """Control messages to publish once the transaction committed."""
-
-    messages: list[Message] = field(default_factory=list)
-
-    def stop(
-        self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str, session_id: uuid.UUID | None = None
-    ) -> None:
-        """A stop; with ``service_id`` only that host acts, with ``session_id`` too only on
-        the copy it holds in that session."""
-        self.messages.append(
-            StopObserver(observer_id=observer_id, service_id=service_id, session_id=session_id, reason=reason)
-        )
-
-    def isolate(self, observer_id: uuid.UUID, service_id: uuid.UUID) -> None:
-        self.messages.append(IsolateObservers(observer_ids=[observer_id], service_id=service_id))
-
-    def introduce(self, service_id: uuid.UUID) -> None:
-        self.messages.append(IntroduceRequest(service_id=service_id))
-
-    def batched(self) -> list[Message]:
-        """Stops with the same target and reason merged into ``StopObservers``, isolations
-        per host merged, requests deduplicated; the order between targets does not matter."""
-        stops: dict[tuple[uuid.UUID | None, uuid.UUID | None, str], list[uuid.UUID]] = {}
-        isolations: dict[uuid.UUID, list[uuid.UUID]] = {}
-        others: list[Message] = []
-        asked: set[tuple[str, uuid.UUID | None]] = set()
-        for message in self.messages:
-            if isinstance(message, StopObserver):
-                key = (message.service_id, message.session_id, message.reason)
-                stops.setdefault(key, []).append(message.observer_id)
-            elif isinstance(message, IsolateObservers):
-                isolations.setdefault(message.service_id, []).extend(message.observer_ids)
-            elif isinstance(message, InventoryRequest | IntroduceRequest):
-                if (message.type, message.service_id) not in asked:
-                    asked.add((message.type, message.service_id))
-                    others.append(message)
-            else:
-                others.append(message)
-        merged: list[Message] = []
-        for (service_id, session_id, reason), ids in stops.items():
-            if len(ids) == 1:
-                merged.append(
-                    StopObserver(observer_id=ids[0], service_id=service_id, session_id=session_id, reason=reason)
-                )
-                continue
-            merged += stop_messages(ids, reason, service_id, session_id)
-        merged += [IsolateObservers(observer_ids=ids, service_id=sid) for sid, ids in isolations.items()]
-        return merged + others
 
 
 @dataclass
@@ -150,6 +96,8 @@ class StateRules:
                 await self._inventory(session, message, now, out)
             case ObserverStarted() | ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
                 await self._apply_observer_report(session, message, now, out)
+            case ObserversDescribed():
+                await self._described(session, message, now, out)
             case ReportBatch():
                 for report in message.reports:
                     await self._apply_observer_report(session, report, now, out)
@@ -337,6 +285,14 @@ class StateRules:
             return
         obs.probation_clean_since = now
         self._rows_of(session).event(obs.id, EventType.ISOLATED, now, service_id=m.service_id)
+
+    async def _described(self, session: AsyncSession, m: ObserversDescribed, now: datetime, out: Outgoing) -> None:
+        if not await self._service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
+            await self._introduce_if_unknown(session, m.service_id, out)
+            return
+        for start in m.starts:
+            self.suspicions.unknown.pop(start.observer_id, None)
+        await adopt(session, self._rows_of(session), m, now, out)
 
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the

@@ -9,6 +9,9 @@
 * ``applied_state_messages``: ids of the state messages already applied, written in the
   same transaction, so a batch delivered again (a manager killed after its commit, before
   its ack) is not applied twice.
+* ``abandoned_observers``: ids of observers whose create was answered 503 and whose rows
+  were deleted, while some of their starts may have been published: found running, they
+  are stopped, not adopted (``manager/state/adoption.py``).
 
 Revision ID: 0004
 Revises: 0003
@@ -43,9 +46,17 @@ def upgrade() -> None:
         sa.Column("applied_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
     )
     op.create_index("ix_applied_state_messages_at", "applied_state_messages", ["applied_at"])
+    op.create_table(
+        "abandoned_observers",
+        sa.Column("observer_id", postgresql.UUID(as_uuid=True), primary_key=True),
+        sa.Column("at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+    )
+    op.create_index("ix_abandoned_observers_at", "abandoned_observers", ["at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_abandoned_observers_at", table_name="abandoned_observers")
+    op.drop_table("abandoned_observers")
     op.drop_index("ix_applied_state_messages_at", table_name="applied_state_messages")
     op.drop_table("applied_state_messages")
     op.drop_index("ix_observers_probation", table_name="observers")
