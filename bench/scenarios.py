@@ -12,6 +12,7 @@ import random
 import signal
 import statistics
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,8 +25,9 @@ from bench import profile
 from bench.raw import arun_raw
 from shared import topology
 from tests.harness import Proc, System
+from tools import infra
 
-SCENARIOS = ("create", "create-single", "failover", "catch-up", "stop", "scale")
+SCENARIOS = ("create", "create-single", "failover", "catch-up", "stop", "broker-loss", "scale")
 # These work on the observers that ``create`` made.
 NEEDS_CREATE = {"failover", "catch-up", "stop"}
 BULK = 1000
@@ -110,6 +112,7 @@ class Bench:
         self.http = httpx.AsyncClient(base_url=system.base_url, timeout=120, limits=httpx.Limits(keepalive_expiry=1.0))
         self.services: list[Proc] = []
         self.retries: list[str] = []  # 503 answers a client retried
+        self.failover_moved: tuple[int, float] | None = None  # (observers, seconds) of the failover
         system.env |= BENCH_ENV
 
     # --- helpers -------------------------------------------------------------------------
@@ -184,6 +187,7 @@ class Bench:
             await self._run("failover", self.failover)
             await self._run("catch-up", self.catch_up)
             await self._run("stop", self.stop)
+            await self._run("broker-loss", self.broker_loss)
             await self._run("scale", self.scale_api)
         finally:
             await self.db.close()
@@ -340,6 +344,7 @@ class Bench:
                 target_text=f"<= 2 s and <= 4x raw ({target:.2f}s)",
             )
         )
+        self.failover_moved = (moved, elapsed)
         self.services.remove(victim)
         self.services.append(self.system.start_service(victim.name, workers=self.workers))
 
@@ -413,6 +418,48 @@ class Bench:
                 target_text=f"<= 5 s per 10,000 ({target:.2f}s)",
             )
         )
+
+    async def broker_loss(self) -> None:
+        """The broker loses its data while as many observers run as the failover moved (the
+        bench's vhost deleted and made again: every queue, message and connection gone, as
+        on a reset node); time from the empty broker being there until every one is
+        Processing again, each row touched after the loss (released, then started anew from
+        the start the manager published)."""
+        assert self.db is not None
+        count = self.failover_moved[0] if self.failover_moved else max(1, self.n // 3)
+        await self.bulk_create("loss", count, {"interval_s": 60})
+        await self.until(lambda: self._processing_is(count), 600, f"{count} Processing")
+        vhost = urllib.parse.unquote(urllib.parse.urlsplit(self.system.amqp_url).path.lstrip("/"))
+        rabbit = infra.rabbit_node()
+        lost_at = await self.db.fetchval("SELECT now()")
+        await asyncio.to_thread(rabbit.delete_vhost, vhost)
+        await asyncio.to_thread(rabbit.add_vhost, vhost)
+        began = time.monotonic()  # from the moment an empty broker is there again
+
+        async def rebuilt() -> bool:
+            back = await self.count(
+                "SELECT count(*) FROM observers "
+                "WHERE status = 'Processing' AND modified_at > $1 AND name LIKE 'loss-%'",
+                lost_at,
+            )
+            return back == count
+
+        await self.until(rebuilt, 600, "every observer back after the broker lost its data")
+        elapsed = time.monotonic() - began
+        target = 3 * self.failover_moved[1] if self.failover_moved else None
+        self.add(
+            Figure(
+                "broker-loss",
+                f"broker data lost under {count:,} -> Processing",
+                elapsed,
+                "s",
+                target=target,
+                higher_is_better=False,
+                target_text=f"<= 3x the failover of {count:,} ({target:.2f}s)" if target else "(failover not run)",
+            )
+        )
+        await self.bulk_stop(await self.ids("Processing"))
+        await self.until(self._none_live, 300, "all Deleted")
 
     async def scale_api(self) -> None:
         began = time.monotonic()
