@@ -36,6 +36,7 @@ from manager.db.models import (
     ServiceStatus,
 )
 from manager.db.sql import id_in
+from manager.lost_starts import LostStarts
 from manager.metrics import STOP_RESENDS
 from manager.rebuild import rebuild
 from manager.state.probation import end_probations, host_died
@@ -71,6 +72,7 @@ class BackgroundLoops:
         self.rules = rules
         self.backlog_drained = False
         self._marker_checked = 0  # broker.connects when the rebuild marker was last checked
+        self.lost_starts = LostStarts(sessions, broker, settings.lost_start_after_s)
 
     async def run(self) -> None:
         while True:
@@ -82,6 +84,7 @@ class BackgroundLoops:
                 self.restop,
                 self.judge_heartbeats,
                 self.republish_unenqueued,
+                self.republish_lost,
                 self.describe_unknown,
                 self.end_probations,
                 self.forget_applied,
@@ -221,6 +224,9 @@ class BackgroundLoops:
         async with self.sessions.begin() as session:
             await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_([o.id for o in rows])))
         logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))
+
+    async def republish_lost(self) -> None:
+        await self.lost_starts.sweep()
 
     async def fold_counts(self) -> None:
         async with self.sessions.begin() as session:

@@ -214,6 +214,19 @@ class BrokerLink:
         except Exception as e:
             raise BrokerUnavailable(f"control message not confirmed: {e!r}") from e
 
+    async def start_backlog(self, pool: str) -> int | None:
+        """Messages ready in a pool's start queue (declared if missing, with its arguments:
+        a passive declare of a missing queue would close the channel), or None if unknown."""
+        try:
+            channel = await self._channel()
+            raw = await channel.get_underlay_channel()  # the robust channel caches counts
+            result = await raw.queue_declare(
+                topology.start_queue_name(pool), durable=True, arguments=topology.start_queue_arguments(pool)
+            )
+        except Exception:  # noqa: BLE001
+            return None
+        return result.message_count
+
     async def state_backlog(self) -> int | None:
         """Messages ready in the state queue, or None if unknown."""
         try:

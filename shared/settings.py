@@ -122,6 +122,9 @@ class ManagerSettings(CommonSettings):
     unknown_grace_s: float = Field(default=10.0, ge=0)
     # A row whose start message was never confirmed is published again after this age.
     enqueue_sweep_after_s: float = Field(default=30.0, gt=0)
+    # A row with no host whose pool's start queue is empty for this long gets its start
+    # published again (manager/lost_starts.py).
+    lost_start_after_s: float = Field(default=60.0, gt=0)
     # Period of the background loops.
     sweep_interval_s: float = Field(default=1.0, gt=0)
     state_prefetch: int = Field(default=2000, ge=1, le=65535)

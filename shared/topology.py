@@ -81,7 +81,11 @@ async def declare_start_queue(channel: AbstractChannel, pool: str) -> AbstractQu
     name = start_queue_name(pool)
     dead = await channel.get_exchange(DEAD_LETTER_EXCHANGE, ensure=False)
     await _declare_error_queue(channel, dead, name)
-    return await channel.declare_queue(name, durable=True, arguments=_dead_letter_args(name))
+    return await channel.declare_queue(name, durable=True, arguments=start_queue_arguments(pool))
+
+
+def start_queue_arguments(pool: str) -> dict[str, Any]:
+    return _dead_letter_args(start_queue_name(pool))
 
 
 async def declare_control_queue(channel: AbstractChannel, service_id: uuid.UUID) -> AbstractQueue:

@@ -1,0 +1,92 @@
+"""Rows waiting for a start that is in no queue get it published again (issue 11).
+
+A Created observer without a host waits for its start message to be taken; an OnDeleting
+one without a host waits for a service to take its start and stop it. If that start is
+gone (acked by a stop aimed at the wrong copy before sessions named their copies, a queue
+deleted by an operator, a bug), nothing would ever happen: the row stays Created, or is
+re-stopped for ever. The queues cannot be searched for one message, but a pool whose start
+queue holds no ready message has none waiting; so a row seen hostless in such a pool at
+every sweep for ``ORCH_LOST_START_AFTER_S`` gets its start published again. If the start
+was in fact held by a service that had not reported it yet, or one that hands it back
+every few seconds (its kind missing, its process slots full: the queue is then empty most
+of the time), the duplicate is absorbed by the rules (a second start reported while the
+first host lives is stopped); the wait doubles after each attempt for the same row (up to
+64 times), so such a row does not pile up copies.
+
+The memory of when each row was first seen is in this process only: a manager restart
+starts the wait over, which only delays the repair.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import exists, or_, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.broker import BrokerLink
+from manager.commands import start_message
+from manager.db.models import Observer, ObserverStatus, PendingStart
+from manager.db.sql import id_in
+
+logger = logging.getLogger(__name__)
+
+_LIMIT = 10_000
+_MAX_DOUBLINGS = 6
+S = ObserverStatus
+
+
+class LostStarts:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, after_s: float) -> None:
+        self.sessions = sessions
+        self.broker = broker
+        self.after_s = after_s
+        self._seen: dict[uuid.UUID, float] = {}  # observer -> when first seen waiting in an empty pool
+        self._attempts: dict[uuid.UUID, int] = {}  # observer -> starts published again so far
+
+    async def sweep(self) -> int:
+        """Publish again the starts of rows that waited too long; returns how many."""
+        unchanged = datetime.now(UTC) - timedelta(seconds=self.after_s)
+        waiting = (
+            Observer.service_id.is_(None)
+            & ~exists().where(PendingStart.observer_id == Observer.id)  # the create sweeper's
+            & or_(
+                (Observer.status == S.CREATED) & (Observer.modified_at < unchanged),
+                Observer.status == S.ON_DELETING,  # re-stops touch modified_at: judged by _seen
+            )
+        )
+        async with self.sessions() as session:
+            rows = (await session.execute(select(Observer.id, Observer.pool).where(waiting).limit(_LIMIT))).all()
+        if not rows:
+            self._seen.clear()
+            self._attempts.clear()
+            return 0
+        backlog = {pool: await self.broker.start_backlog(pool) for pool in {pool for _, pool in rows}}
+        now = time.monotonic()
+        self._seen = {oid: self._seen.get(oid, now) for oid, pool in rows if backlog[pool] == 0}
+        self._attempts = {oid: n for oid, n in self._attempts.items() if oid in self._seen}
+        due = [
+            oid
+            for oid, seen in self._seen.items()
+            if now - seen >= self.after_s * 2 ** min(self._attempts.get(oid, 0), _MAX_DOUBLINGS)
+        ]
+        if not due:
+            return 0
+        async with self.sessions() as session:
+            observers = list(await session.scalars(select(Observer).where(id_in(Observer.id, due) & waiting)))
+        await self.broker.publish_starts([start_message(obs) for obs in observers])
+        for obs in observers:
+            self._seen[obs.id] = now  # a longer wait before the next attempt
+            self._attempts[obs.id] = self._attempts.get(obs.id, 0) + 1
+        if observers:
+            logger.warning(
+                "published again %d start(s) that were in no queue (e.g. %s, %s for %.0fs with no host)",
+                len(observers),
+                observers[0].id,
+                observers[0].status.value,
+                self.after_s,
+            )
+        return len(observers)
