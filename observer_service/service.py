@@ -184,7 +184,17 @@ class ObserverService:
         elif isinstance(command, IntroduceRequest) and command.service_id == self.service_id:
             # Our ServiceBorn never reached the manager's database (or the database was
             # restored from before it): introduce ourselves again, then say what we run.
-            logger.warning("the manager does not know this service: sending ServiceBorn again")
+            if command.name_taken:
+                name = f"{self.settings.service_name}-{self.service_id.hex[:8]}"
+                logger.error(
+                    "another live service has the name %r: this one is %r from now on (set ORCH_SERVICE_NAME "
+                    "to a name of its own per service)",
+                    self.settings.service_name,
+                    name,
+                )
+                self.settings = self.settings.model_copy(update={"service_name": name})
+            else:
+                logger.warning("the manager does not know this service: sending ServiceBorn again")
             self.outbox.put(self._born())
             self._send_inventory()
 

@@ -116,6 +116,9 @@ class IntroduceRequest(Message):
 
     type: Literal["IntroduceRequest"] = "IntroduceRequest"
     service_id: uuid.UUID
+    # True: another live service took its name (two services started with one name, e.g.
+    # the default host name on one host): it must take a name of its own.
+    name_taken: bool = False
 
 
 class DescribeRequest(Message):

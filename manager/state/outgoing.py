@@ -35,8 +35,8 @@ class Outgoing:
     def isolate(self, observer_id: uuid.UUID, service_id: uuid.UUID) -> None:
         self.messages.append(IsolateObservers(observer_ids=[observer_id], service_id=service_id))
 
-    def introduce(self, service_id: uuid.UUID) -> None:
-        self.messages.append(IntroduceRequest(service_id=service_id))
+    def introduce(self, service_id: uuid.UUID, *, name_taken: bool = False) -> None:
+        self.messages.append(IntroduceRequest(service_id=service_id, name_taken=name_taken))
 
     def batched(self) -> list[Message]:
         """Stops with the same target and reason merged into ``StopObservers``, isolations

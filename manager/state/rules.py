@@ -155,8 +155,11 @@ class StateRules:
             "kind_infos": [k.model_dump(mode="json") for k in m.kind_infos],
             "modified_at": now,
             "last_heartbeat_at": now,
+            # Born again under a name of its own after a name clash (``_introduce_if_unknown``).
+            "status": ServiceStatus.ALIVE,
+            "is_deleted": False,
         }
-        stmt = insert(Service).values(id=m.service_id, status=ServiceStatus.ALIVE, **values)
+        stmt = insert(Service).values(id=m.service_id, **values)
         await session.execute(stmt.on_conflict_do_update(index_elements=[Service.id], set_=values))
         self._services.pop(m.service_id, None)  # looked up afresh: it may be cached as absent
 
@@ -168,9 +171,24 @@ class StateRules:
         """A service speaks that has no row: its ServiceBorn was lost (dead-lettered while
         the database refused connections) or the database was restored from an older
         backup. Ask it to introduce itself again; until then its reports about observers
-        count as from a host that is not alive."""
+        count as from a host that is not alive.
+
+        A service that was deleted yet still heartbeats was replaced by another one born
+        under its name while it lived: two services share a name (the default is the host
+        name, so two on one host do). Its observers were released and would stay Created:
+        it is asked to take a name of its own and introduce itself again."""
         if not await self._known(session, service_id):
             out.introduce(service_id)
+            return
+        service = self._services.get(service_id)
+        if service is not None and service.status == ServiceStatus.DELETED:
+            logger.warning(
+                "service %s (%s) was replaced by another one born under its name but still runs: "
+                "asking it to take a name of its own (set ORCH_SERVICE_NAME per service)",
+                service.name,
+                service_id,
+            )
+            out.introduce(service_id, name_taken=True)
 
     async def _touch_service(
         self, session: AsyncSession, service_id: uuid.UUID, now: datetime, **extra: object
