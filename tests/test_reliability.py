@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from shared import topology
-from shared.messages import ObserverStarted
+from shared.messages import ObserverStarted, StopObserver
 from tests.harness import System, probe_args, read_ticks, wait_for
 from tests.test_fencing import assert_never_on_two_hosts
 from tests.test_manager_repairs import sql
@@ -272,3 +272,43 @@ def test_a_database_restored_from_an_older_backup_loses_no_running_observer(syst
     assert system.get(f"/api/observers/{abandoned['id']}").status_code == 404
     stats = system.get("/api/stats").json()
     assert stats["observers"]["Processing"] == 1
+
+
+def test_two_services_started_under_one_name_both_serve(system: System) -> None:
+    """The second one born under a live one's name replaces it in the manager's view (as a
+    restart would); the first still runs and heartbeats, so it is asked to take a name of
+    its own, and its observers come back to it instead of staying Created."""
+    system.start_manager()
+    first = system.start_service("same-host", workers=5)
+    ids = [system.create(f"on-first-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(3)]
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+    system.start_service("same-host", workers=5, wait=False)
+
+    def both_alive() -> bool:
+        return len([s for s in system.services() if s["status"] == "alive"]) == 2
+
+    wait_for(both_alive, 30, "both services alive")
+    names = sorted(s["name"] for s in system.services() if s["status"] == "alive")
+    assert names[0] == "same-host" and names[1].startswith("same-host-"), names
+    assert "this one is 'same-host-" in first.text()
+    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in ids), 30, "observers back")
+    assert {system.observer(oid)["service_name"] for oid in ids} == {names[1]}
+
+
+def test_a_row_whose_start_is_in_no_queue_gets_it_again(system: System) -> None:
+    """The only copy is stopped behind the manager's back (a stop the rules did not send:
+    the start is acked, the manager still thinks it should run): its inventory makes the row
+    Created, its pool's queue stays empty, so its start is published again."""
+    system.start_manager(ORCH_LOST_START_AFTER_S="3")
+    service = system.start_service("svc-a", workers=5)
+    oid = system.create("acked-away", args={"interval_s": 0.5, "emit": False})["id"]
+    obs = system.wait_status(oid, "Processing")
+    stop = StopObserver(observer_id=uuid.UUID(oid), service_id=uuid.UUID(obs["service_id"]), reason="test: gone")
+    system.publish_raw("", stop.encode(), exchange=topology.CONTROL_EXCHANGE)
+    wait_for(lambda: "stopped (test: gone)" in service.text(), 20, "the only copy stopped and acked")
+    system.wait_status(oid, "Created", timeout=20)  # its host's inventory no longer lists it
+    manager = system.manager
+    assert manager is not None
+    wait_for(lambda: "start(s) that were in no queue" in manager.text(), 30, "its start published again")
+    system.wait_status(oid, "Processing", timeout=30)

@@ -87,9 +87,9 @@ class BrokerDownWhileAReportLands(BrokerLink):
         super().__init__(settings)
         self.meanwhile = meanwhile
 
-    async def publish_starts(self, starts: Sequence[StartObserver]) -> None:
+    async def publish_starts(self, starts: Sequence[StartObserver], *, rebuilding: bool = False) -> None:
         await self.meanwhile()
-        await super().publish_starts(starts)
+        await super().publish_starts(starts, rebuilding=rebuilding)
 
 
 @pytest.fixture
