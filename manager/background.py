@@ -122,9 +122,9 @@ class BackgroundLoops:
         async with self.sessions.begin() as session:
             # Rows the state consumer holds are skipped (next pass), never waited for: waiting
             # in another lock order than the consumer's deadlocked the two over and over.
-            ids = list(
-                await session.scalars(
-                    select(Observer.id)
+            rows = (
+                await session.execute(
+                    select(Observer.id, Observer.life)
                     .where(
                         Observer.status == ObserverStatus.ON_DELETING,
                         Observer.modified_at < now - timedelta(seconds=self.settings.restop_after_s),
@@ -133,10 +133,11 @@ class BackgroundLoops:
                     .limit(10_000)
                     .with_for_update(skip_locked=True)
                 )
-            )
+            ).all()
+            ids = [i for i, _ in rows]
             if ids:
                 await session.execute(update(Observer).where(id_in(Observer.id, ids)).values(modified_at=now))
-        for message in stop_messages(ids, "stop requested (again)"):
+        for message in stop_messages(ids, "stop requested (again)", lives=[life for _, life in rows]):
             await self.broker.publish_control(message)
         if ids:
             STOP_RESENDS.inc(len(ids))

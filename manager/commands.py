@@ -66,6 +66,7 @@ def start_message(obs: Observer) -> StartObserver:
         retry=RetryPolicy.model_validate(obs.retry) if obs.retry is not None else RetryPolicy(),
         isolation=obs.isolation,
         memory_limit_mb=obs.memory_limit_mb,
+        life=obs.life,
     )
 
 
@@ -248,6 +249,7 @@ class ObserverCommands:
                 obs.status, obs.service_id, obs.attempts, obs.modified_at = ObserverStatus.CREATED, None, 0, now
                 # Probation is kept: a restarted poison is isolated again as soon as it starts.
                 obs.host_session_id = None
+                obs.life += 1  # a new life: stops of the old one must not eat its start
                 session.add(PendingStart(observer_id=observer_id))
                 await session.flush()
                 await insert_events(session, [NewEvent(observer_id, EventType.RESTARTED, now, detail=obs.last_error)])
@@ -325,20 +327,21 @@ class ObserverCommands:
             # (If the broker goes away after the rows changed, the re-stop loop broadcasts.)
             raise Unavailable("the message broker is unreachable, nothing was stopped; retry later")
 
-        async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID]]:
+        async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID], list[int]]:
             async with self.sessions.begin() as session:
                 # Lock in id order, like the state consumer, so the two never deadlock.
-                found = dict(
-                    (
-                        await session.execute(
-                            select(Observer.id, Observer.status)
-                            .where(id_in(Observer.id, wanted))
-                            .order_by(Observer.id)
-                            .with_for_update()
-                        )
-                    ).all()
-                )
-                to_stop = [i for i, s in found.items() if s in (ObserverStatus.CREATED, ObserverStatus.PROCESSING)]
+                rows = (
+                    await session.execute(
+                        select(Observer.id, Observer.status, Observer.life)
+                        .where(id_in(Observer.id, wanted))
+                        .order_by(Observer.id)
+                        .with_for_update()
+                    )
+                ).all()
+                found = {i: s for i, s, _ in rows}
+                stoppable = (ObserverStatus.CREATED, ObserverStatus.PROCESSING)
+                to_stop = [i for i, s, _ in rows if s in stoppable]
+                lives = [life for _, s, life in rows if s in stoppable]
                 if to_stop:
                     now = datetime.now(UTC)
                     await session.execute(
@@ -347,10 +350,10 @@ class ObserverCommands:
                         .values(status=ObserverStatus.ON_DELETING, modified_at=now)
                     )
                     await insert_events(session, [NewEvent(i, EventType.STOP_REQUESTED, now) for i in to_stop])
-                return found, to_stop
+                return found, to_stop, lives
 
-        found, to_stop = await retry_lost_races(transaction, "stop")
-        for message in stop_messages(to_stop, "stop requested"):
+        found, to_stop, lives = await retry_lost_races(transaction, "stop")
+        for message in stop_messages(to_stop, "stop requested", lives=lives):
             try:
                 await self.broker.publish_control(message)
             except BrokerUnavailable as e:

@@ -35,6 +35,7 @@ from shared.messages import (
     ObserverIsolated,
     ObserverStarted,
     ObserverStopped,
+    StartObserver,
     StopObserver,
     StopObservers,
     decode_start,
@@ -66,8 +67,9 @@ class Runner:
         self.outbox = outbox
         self.kinds = kinds
         self.running: dict[uuid.UUID, Running] = {}
-        # Stops for observers we did not host: id -> (expiry (monotonic), when the stop was sent).
-        self._stopped_ids: dict[uuid.UUID, tuple[float, datetime]] = {}
+        # Stops for observers we did not host: id -> (expiry (monotonic), when the stop was
+        # sent, the life it stopped or None).
+        self._stopped_ids: dict[uuid.UUID, tuple[float, datetime, int | None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._inbox: collections.deque[tuple[AbstractIncomingMessage, Session]] = collections.deque()
         self._draining = False
@@ -115,7 +117,7 @@ class Runner:
             await settle(message.reject(requeue=False))
             return
         oid = start.observer_id
-        if self._was_stopped(oid, start.sent_at):
+        if self._was_stopped(start):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
             report = ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start")
             self._spawn(_ack_once_confirmed(message, self.outbox.put_confirmed(report), session))
@@ -179,8 +181,11 @@ class Runner:
     # --- stop --------------------------------------------------------------------------
 
     async def on_stop(self, stop: StopObserver | StopObservers) -> None:
-        ids = [stop.observer_id] if isinstance(stop, StopObserver) else stop.observer_ids
-        await self.stop_many(ids, stop.service_id, stop.reason, stop.sent_at, stop.session_id)
+        if isinstance(stop, StopObserver):
+            ids, lives = [stop.observer_id], None if stop.life is None else [stop.life]
+        else:
+            ids, lives = stop.observer_ids, stop.lives
+        await self.stop_many(ids, stop.service_id, stop.reason, stop.sent_at, stop.session_id, lives)
 
     async def stop_many(
         self,
@@ -189,6 +194,7 @@ class Runner:
         reason: str,
         sent_at: datetime,
         target_session: uuid.UUID | None = None,
+        lives: list[int] | None = None,
     ) -> None:
         """Stop the observers named here: cancel them all, wait one bounded grace, report,
         and ack each start once the reports are confirmed. A stop targeted at another
@@ -196,7 +202,7 @@ class Runner:
         if target is not None and target != self.service_id:
             return
         ending: list[Running] = []
-        for observer_id in observer_ids:
+        for i, observer_id in enumerate(observer_ids):
             running = self.running.get(observer_id)
             if running is not None and target_session is not None and running.session.id != target_session:
                 logger.info("ignoring a stop of observer %s aimed at an older copy (%s)", observer_id, reason)
@@ -207,7 +213,7 @@ class Runner:
                 # Remember a broadcast stop: the start may be on its way here (redistribution).
                 # A targeted stop is about one delivery this host no longer holds; remembering
                 # it could later throw away a legitimate start of the observer.
-                self._remember_stop(observer_id, sent_at)
+                self._remember_stop(observer_id, sent_at, None if lives is None else lives[i])
         await self._end(ending)
         if not ending:
             return
@@ -379,23 +385,29 @@ class Runner:
         # Dead-lettered to the pool's error queue: kept for inspection, never run again.
         self._spawn(settle(running.message.reject(requeue=False)))
 
-    def _remember_stop(self, observer_id: uuid.UUID, sent_at: datetime) -> None:
+    def _remember_stop(self, observer_id: uuid.UUID, sent_at: datetime, life: int | None) -> None:
         # Re-insert so the dict stays ordered by expiry (the TTL is the same for all).
         self._stopped_ids.pop(observer_id, None)
-        self._stopped_ids[observer_id] = (time.monotonic() + self.settings.stopped_ids_ttl_s, sent_at)
+        self._stopped_ids[observer_id] = (time.monotonic() + self.settings.stopped_ids_ttl_s, sent_at, life)
 
-    def _was_stopped(self, observer_id: uuid.UUID, start_sent_at: datetime) -> bool:
-        """Whether a remembered stop is newer than this start. A start published after the
-        stop (``POST /restart`` of a Failed observer) is a new life of the observer and runs;
-        both timestamps come from the manager's clock."""
+    def _was_stopped(self, start: StartObserver) -> bool:
+        """Whether a remembered stop concerns this start's life. A restarted Failed observer
+        (``POST /restart``) is a new life and runs. Compared by life, which the manager keeps
+        on the row: the stop and the start may come from managers whose clocks differ; a stop
+        without a life (an older manager) is compared by ``sent_at``."""
         now = time.monotonic()
         while self._stopped_ids:
-            oldest, (expiry, _) = next(iter(self._stopped_ids.items()))
+            oldest, (expiry, _, _) = next(iter(self._stopped_ids.items()))
             if expiry >= now:
                 break
             del self._stopped_ids[oldest]
-        remembered = self._stopped_ids.pop(observer_id, None)
-        return remembered is not None and remembered[1] >= start_sent_at
+        remembered = self._stopped_ids.pop(start.observer_id, None)
+        if remembered is None:
+            return False
+        _, stop_sent_at, stopped_life = remembered
+        if stopped_life is not None:
+            return stopped_life >= start.life
+        return stop_sent_at >= start.sent_at
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -15,7 +15,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from shared.errors import DecodeError
 
@@ -80,6 +80,9 @@ class StartObserver(Message):
     isolation: Isolation | None = None
     # Process isolation only: the child is killed (and restarted under ``retry``) above this RSS.
     memory_limit_mb: float | None = None
+    # How many times it was restarted after Failed (``POST /restart``): a stop of an older life
+    # never throws this start away.
+    life: int = Field(default=0, ge=0)
 
 
 # --- control fanout --------------------------------------------------------------------
@@ -97,6 +100,8 @@ class StopObserver(Message):
     service_id: uuid.UUID | None = None
     session_id: uuid.UUID | None = None
     reason: str = "requested"
+    # The life it stops (see ``StartObserver.life``); None: compare by ``sent_at``.
+    life: int | None = None
 
 
 class IsolateObservers(Message):
@@ -265,6 +270,14 @@ class StopObservers(Message):
     service_id: uuid.UUID | None = None
     session_id: uuid.UUID | None = None
     reason: str = "requested"
+    # The life of each observer stopped, in the order of ``observer_ids`` (or None).
+    lives: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _lives_match(self) -> StopObservers:
+        if self.lives is not None and len(self.lives) != len(self.observer_ids):
+            raise ValueError("lives must list one life per observer id")
+        return self
 
 
 STOPS_PER_MESSAGE = 1000
@@ -275,6 +288,7 @@ def stop_messages(
     reason: str,
     service_id: uuid.UUID | None = None,
     session_id: uuid.UUID | None = None,
+    lives: list[int] | None = None,
 ) -> list[StopObservers]:
     """Stops for many observers, in messages of at most ``STOPS_PER_MESSAGE`` ids."""
     return [
@@ -283,6 +297,7 @@ def stop_messages(
             service_id=service_id,
             session_id=session_id,
             reason=reason,
+            lives=None if lives is None else lives[i : i + STOPS_PER_MESSAGE],
         )
         for i in range(0, len(observer_ids), STOPS_PER_MESSAGE)
     ]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aio_pika
 import pytest
 
 from shared import topology
+from shared.messages import StopObserver
 from tests.harness import System, read_ticks, unique, wait_for
 
 FAST_RETRY = {"initial_delay_s": 0.1, "factor": 1.0, "jitter": 0.0}
@@ -192,3 +195,23 @@ def test_pools_route_observers_and_capacity_comes_from_the_machine(system: Syste
     assert capacity["gpu"] == {"total": 2, "used": 2, "free": 0}
     assert capacity["default"] == {"total": 5, "used": 0, "free": 5}
     assert capacity["io"]["used"] == 1 and capacity["io"]["total"] == auto["workers_count"]
+
+
+def test_a_stop_from_a_manager_whose_clock_runs_ahead_does_not_eat_a_restart(plugged: System) -> None:
+    """A service remembers a broadcast stop for an observer it does not run (its start may be
+    on the way). Stamped by a manager whose clock is an hour ahead, that stop looked newer
+    than the start of a later restart, which was thrown away; stops and starts now carry
+    the observer's life (restarts after Failed), so the restart runs."""
+    plugged.start_manager()
+    service = plugged.start_service("svc-a", workers=5)
+    created = plugged.create("one-life", kind="flaky", args={"fail_runs": 1}, retry=FAST_RETRY | {"max_attempts": 1})
+    oid = created["id"]
+    plugged.wait_status(oid, "Failed")
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+    stale = StopObserver(observer_id=uuid.UUID(oid), reason="test: an old life's stop", life=0, sent_at=ahead)
+    plugged.publish_raw("", stale.encode(), exchange=topology.CONTROL_EXCHANGE)
+    time.sleep(1)  # delivered to the service, which remembers it
+    assert plugged.post(f"/api/observers/{oid}/restart", {}).status_code == 202
+    restarted = plugged.wait_status(oid, "Processing", timeout=30)
+    assert restarted["service_name"] == "svc-a"
+    assert "was stopped before its start arrived" not in service.text()

@@ -82,6 +82,9 @@ class Observer(Base):
     memory_limit_mb: Mapped[float | None] = mapped_column(Float)
     # The broker session of the host holding its start: a stop aimed at one copy names it.
     host_session_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # Restarts after Failed: starts and broadcast stops carry it (a stop of an older life
+    # never eats the start of a newer one, whatever the managers' clocks say).
+    life: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     # Probation (``manager/state/probation.py``): set while it must run in a child process;
     # clean_since is when its current clean run in one began (None: not isolated yet).
     probation_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

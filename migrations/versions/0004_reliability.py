@@ -9,6 +9,9 @@
 * ``applied_state_messages``: ids of the state messages already applied, written in the
   same transaction, so a batch delivered again (a manager killed after its commit, before
   its ack) is not applied twice.
+* ``observers.life``: how many times it was restarted after Failed. Starts and broadcast
+  stops carry it, so a service compares a remembered stop with a later start by life, not by
+  the wall clocks of possibly different managers.
 * ``abandoned_observers``: ids of observers whose create was answered 503 and whose rows
   were deleted, while some of their starts may have been published: found running, they
   are stopped, not adopted (``manager/state/adoption.py``).
@@ -32,6 +35,7 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     op.add_column("observers", sa.Column("host_session_id", postgresql.UUID(as_uuid=True), nullable=True))
+    op.add_column("observers", sa.Column("life", sa.Integer(), nullable=False, server_default="0"))
     op.add_column("observers", sa.Column("probation_since", sa.DateTime(timezone=True), nullable=True))
     op.add_column("observers", sa.Column("probation_clean_since", sa.DateTime(timezone=True), nullable=True))
     op.create_index(
@@ -62,4 +66,5 @@ def downgrade() -> None:
     op.drop_index("ix_observers_probation", table_name="observers")
     op.drop_column("observers", "probation_clean_since")
     op.drop_column("observers", "probation_since")
+    op.drop_column("observers", "life")
     op.drop_column("observers", "host_session_id")
