@@ -77,6 +77,7 @@ def test_host_deaths_never_fail_healthy_observers(system: System) -> None:
     for history, obs in zip(histories, observers, strict=True):
         assert ("probation" in history) == bool(obs["probation"]) or "probation_ended" in history
     assert system.get("/api/stats").json()["probation"] == len(on_probation)
+    assert f"orch_observers_on_probation {float(len(on_probation))}" in system.get("/metrics").text
 
 
 def test_a_late_stop_aimed_at_an_older_copy_is_ignored(system: System, rabbit: infra.RabbitNode) -> None:
