@@ -27,8 +27,8 @@ from typing import Any
 
 from bench import profile
 from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench, Figure
-from tests.harness import System
 from tools import infra
+from tools.harness import System
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -24,8 +24,8 @@ import httpx
 from bench import profile
 from bench.raw import arun_raw
 from shared import topology
-from tests.harness import Proc, System
 from tools import infra
+from tools.harness import Proc, System
 
 SCENARIOS = ("create", "create-single", "failover", "catch-up", "stop", "broker-loss", "scale")
 # These work on the observers that ``create`` made.

@@ -16,8 +16,8 @@ import pytest
 
 from shared import topology
 from shared.messages import StartObserver
-from tests.harness import Proc, System, free_port, probe_args, read_ticks, wait_for
 from tools import infra
+from tools.harness import Proc, System, free_port, probe_args, read_ticks, wait_for
 
 HOLD_S = 150
 

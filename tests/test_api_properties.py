@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.harness import REPO, System
+from tools.harness import REPO, System
 
 TOKEN = "property-token"
 

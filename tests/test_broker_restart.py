@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.harness import System, wait_for
 from tools import infra
+from tools.harness import System, wait_for
 
 
 def start_fleet(system: System, count: int) -> list[str]:

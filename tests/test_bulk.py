@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from shared import topology
-from tests.harness import System, wait_for
+from tools.harness import System, wait_for
 
 
 def specs(prefix: str, count: int) -> list[dict[str, object]]:

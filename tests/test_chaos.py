@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import Proc, System, probe_args, wait_for
 from tests.test_fencing import assert_never_on_two_hosts
 from tools import infra
+from tools.harness import Proc, System, probe_args, wait_for
 
 SERVICES = ("svc-a", "svc-b", "svc-c")
 INITIAL = 30

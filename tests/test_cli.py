@@ -19,7 +19,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.harness import REPO, System, free_port, unique, wait_for
+from tools.harness import REPO, System, free_port, unique, wait_for
 
 
 def cli(

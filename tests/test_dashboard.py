@@ -16,8 +16,8 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Locator, Page, Route, expect, sync_playwright
 
 from manager.dashboard import STATIC_DIR
-from tests.harness import REPO, System, unique
 from tools import browser as browser_tool
+from tools.harness import REPO, System, unique
 
 ARTIFACTS = REPO / "tests" / "artifacts"
 TIMEOUT_MS = 20_000  # two cores shared by the browser, broker, database, manager and service

@@ -14,8 +14,8 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from manager.db.errors import is_lost_race, is_transient, sqlstates
-from tests.harness import free_port, unique
 from tools import infra
+from tools.harness import free_port, unique
 
 
 async def raised(work: Callable[[], Awaitable[Any]]) -> Exception:

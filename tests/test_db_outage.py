@@ -14,8 +14,8 @@ import httpx
 from sqlalchemy.engine import make_url
 
 from shared import topology
-from tests.harness import Proc, System, wait_for
 from tools import infra
+from tools.harness import Proc, System, wait_for
 
 STATE_ERRORS = topology.error_queue_name(topology.STATE_QUEUE)
 

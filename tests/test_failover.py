@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shared import topology
-from tests.harness import System, probe_args, read_ticks, wait_for
+from tools.harness import System, probe_args, read_ticks, wait_for
 
 # Observers are the test plug-in's probes: each tick leaves a line naming its host.
 pytestmark = pytest.mark.usefixtures("with_test_plugin")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import FAST_ENV, System, probe_args, read_ticks, wait_for
 from tools import infra
+from tools.harness import FAST_ENV, System, probe_args, read_ticks, wait_for
 
 INTERVAL_S = 0.05
 pytestmark = pytest.mark.usefixtures("with_test_plugin")

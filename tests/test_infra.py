@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import free_port, unique
 from tools import infra
+from tools.harness import free_port, unique
 from tools.infra import conflicts
 from tools.infra.conflicts import Holder
 

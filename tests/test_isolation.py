@@ -18,8 +18,8 @@ import pytest
 
 from observer_service.isolation import ObserverProcessError, ProcessLimits, run_in_process
 from shared.errors import LeaseLost
-from tests.harness import REPO
 from tests.isolation_kinds import FakeHost
+from tools.harness import REPO
 
 pytestmark = pytest.mark.timeout(120)
 

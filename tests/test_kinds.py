@@ -23,8 +23,8 @@ from shared import egress, topology
 from shared.errors import EgressDenied, LeaseLost
 from shared.kinds import BUILTIN_KINDS, http_poll, periodic, websocket
 from shared.messages import RetryPolicy, StartObserver
-from tests.harness import System, free_port, unique, wait_for
 from tests.local_servers import HttpServer, WsServer
+from tools.harness import System, free_port, unique, wait_for
 
 FUNCS = "tests.periodic_funcs"
 NO_RETRY = {"max_attempts": 1}  # a body that raises is Failed at once, not restarted

@@ -12,7 +12,7 @@ import aio_pika
 import pytest
 
 from shared import topology
-from tests.harness import System, probe_args, read_ticks, wait_for
+from tools.harness import System, probe_args, read_ticks, wait_for
 
 
 @pytest.mark.usefixtures("with_test_plugin")

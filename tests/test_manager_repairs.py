@@ -17,8 +17,8 @@ import asyncpg
 
 from shared import topology
 from shared.messages import ServiceInventory, StartObserver
-from tests.harness import REPO, System, wait_for
 from tools import infra
+from tools.harness import REPO, System, wait_for
 
 
 def sql(database_url: str, query: str, *args: object) -> None:

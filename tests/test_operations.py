@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from tests.harness import System, free_port, read_ticks, wait_for
+from tools.harness import System, free_port, read_ticks, wait_for
 
 ADMIN, READER = "admin-token-1", "reader-token-1"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import System, probe_args, read_ticks, wait_for
+from tools.harness import System, probe_args, read_ticks, wait_for
 
 FAST_RETRY = {"initial_delay_s": 0.2, "factor": 1.0, "jitter": 0.0, "max_attempts": None}
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from shared import topology
 from shared.messages import ObserverStarted, StopObserver
-from tests.harness import System, probe_args, read_ticks, wait_for
 from tests.test_fencing import assert_never_on_two_hosts
 from tests.test_manager_repairs import sql
 from tools import infra
+from tools.harness import System, probe_args, read_ticks, wait_for
 
 
 def event_names(system: System, observer_id: str) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 
 from shared import topology
 from shared.messages import StopObserver
-from tests.harness import System, read_ticks, unique, wait_for
+from tools.harness import System, read_ticks, unique, wait_for
 
 FAST_RETRY = {"initial_delay_s": 0.1, "factor": 1.0, "jitter": 0.0}
 

@@ -19,7 +19,7 @@ from manager.db.models import Observer, ObserverStatus, PendingStart
 from manager.errors import Unavailable
 from shared.messages import RetryPolicy, StartObserver
 from shared.settings import ManagerSettings
-from tests.harness import System
+from tools.harness import System
 
 _LOCK_ROW = text("SELECT id FROM observers WHERE id = :id FOR UPDATE")
 

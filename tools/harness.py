@@ -1,5 +1,7 @@
-"""Real processes for integration tests: a manager and observer services on a real
-RabbitMQ vhost and a real PostgreSQL database, both private to one test."""
+"""Real processes for the integration tests and the benchmark: a manager and observer
+services on a real RabbitMQ vhost and a real PostgreSQL database, both private to one test
+or one bench run. Owned here, under tools/, because both tests/ and bench/ use it and
+nothing outside tests/ should import tests/ (issue 15)."""
 
 from __future__ import annotations
 
