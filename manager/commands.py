@@ -16,7 +16,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, cast
 
 import pydantic_core
 from sqlalchemy import Executable, delete, func, select, text, update
@@ -41,7 +41,7 @@ from manager.errors import Conflict, Invalid, NotFound, Unavailable
 from manager.history import NewEvent, insert_events
 from manager.kinds import KindCatalog, NewObserver, validate
 from shared.errors import BrokerUnavailable
-from shared.messages import RetryPolicy, StartObserver, stop_messages
+from shared.messages import Isolation, RetryPolicy, StartObserver, stop_messages
 
 logger = logging.getLogger(__name__)
 
@@ -55,19 +55,42 @@ class StopResult:
     unknown: list[uuid.UUID]
 
 
-def start_message(obs: Observer) -> StartObserver:
-    """The start message of an observer row (create, restart, and the sweeper's re-publish)."""
+class StartFields(Protocol):
+    """What a start message is made of: an observer row, or a create request's spec."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def args(self) -> dict[str, Any]: ...
+    @property
+    def pool(self) -> str: ...
+    @property
+    def isolation(self) -> str | None: ...
+    @property
+    def memory_limit_mb(self) -> float | None: ...
+
+
+def build_start(observer_id: uuid.UUID, fields: StartFields, retry: RetryPolicy, life: int = 0) -> StartObserver:
+    """The one place a start message is built (creates, restarts and every re-publish)."""
     return StartObserver(
-        observer_id=obs.id,
-        name=obs.name,
-        kind=obs.kind,
-        args=obs.args,
-        pool=obs.pool,
-        retry=RetryPolicy.model_validate(obs.retry) if obs.retry is not None else RetryPolicy(),
-        isolation=obs.isolation,
-        memory_limit_mb=obs.memory_limit_mb,
-        life=obs.life,
+        observer_id=observer_id,
+        name=fields.name,
+        kind=fields.kind,
+        args=fields.args,
+        pool=fields.pool,
+        retry=retry,
+        isolation=cast("Isolation | None", fields.isolation),  # validated on create
+        memory_limit_mb=fields.memory_limit_mb,
+        life=life,
     )
+
+
+def start_message(obs: Observer) -> StartObserver:
+    """The start message of an observer row (restart, the sweepers, the rebuild)."""
+    retry = RetryPolicy.model_validate(obs.retry) if obs.retry is not None else RetryPolicy()
+    return build_start(obs.id, obs, retry, obs.life)
 
 
 class ObserverCommands:
@@ -110,19 +133,7 @@ class ObserverCommands:
                 policies[key] = RetryPolicy.model_validate(retry or {})
             return policies[key]
 
-        starts = [
-            StartObserver(
-                observer_id=uuid.uuid4(),
-                name=s.name,
-                kind=s.kind,
-                args=s.args,
-                pool=s.pool,
-                retry=policy(s.retry),
-                isolation=s.isolation,
-                memory_limit_mb=s.memory_limit_mb,
-            )
-            for s in specs
-        ]
+        starts = [build_start(uuid.uuid4(), s, policy(s.retry)) for s in specs]
         ids = [s.observer_id for s in starts]
         created_at = await self._insert(starts)
         self.in_flight.update(ids)
