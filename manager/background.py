@@ -39,6 +39,9 @@ from manager.db.sql import id_in
 from manager.lost_starts import LostStarts
 from manager.metrics import STOP_RESENDS
 from manager.rebuild import rebuild
+from manager.retention import BATCH as PRUNE_BATCH
+from manager.retention import EVERY_S as PRUNE_EVERY_S
+from manager.retention import prune_events
 from manager.state.probation import end_probations, host_died
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
@@ -73,6 +76,7 @@ class BackgroundLoops:
         self.backlog_drained = False
         self._marker_checked = 0  # broker.connects when the rebuild marker was last checked
         self.lost_starts = LostStarts(sessions, broker, settings.lost_start_after_s)
+        self._next_prune = 0.0  # monotonic time of the next history pruning
 
     async def run(self) -> None:
         while True:
@@ -88,6 +92,7 @@ class BackgroundLoops:
                 self.describe_unknown,
                 self.end_probations,
                 self.forget_applied,
+                self.prune_history,
                 self.fold_counts,
             ):
                 try:
@@ -197,6 +202,14 @@ class BackgroundLoops:
             # A create answered 503 leaves its starts for minutes at most (a confirm late).
             abandoned = AbandonedObserver.at < datetime.now(UTC) - ABANDONED_RETENTION
             await session.execute(delete(AbandonedObserver).where(abandoned))
+
+    async def prune_history(self) -> None:
+        """Delete history older than ``ORCH_EVENTS_RETENTION_DAYS``: a batch a minute, or
+        batch after batch while there is a backlog (``manager/retention.py``)."""
+        if time.monotonic() < self._next_prune:
+            return
+        full = await prune_events(self.sessions, self.settings.events_retention_days) >= PRUNE_BATCH
+        self._next_prune = time.monotonic() + (0 if full else PRUNE_EVERY_S)
 
     async def end_probations(self) -> None:
         async with self.sessions.begin() as session:

@@ -125,6 +125,8 @@ class ManagerSettings(CommonSettings):
     # A row with no host whose pool's start queue is empty for this long gets its start
     # published again (manager/lost_starts.py).
     lost_start_after_s: float = Field(default=60.0, gt=0)
+    # History (observer_events) is kept this many days (0: for ever); manager/retention.py.
+    events_retention_days: float = Field(default=30.0, ge=0)
     # Period of the background loops.
     sweep_interval_s: float = Field(default=1.0, gt=0)
     state_prefetch: int = Field(default=2000, ge=1, le=65535)

@@ -196,3 +196,28 @@ def test_a_single_process_manager_applies_state_too(system: System) -> None:
     assert _state_process_of(manager.popen.pid) is None
     applied = [line for line in system.get("/metrics").text.splitlines() if line.startswith("orch_state_messages")]
     assert applied and float(applied[0].split()[-1]) > 0, applied
+
+
+def test_history_older_than_the_retention_window_is_deleted(system: System) -> None:
+    system.start_manager(ORCH_EVENTS_RETENTION_DAYS="30")
+    system.start_service("svc-a", workers=2)
+    oid = system.create("old-timer", args={"interval_s": 5})["id"]
+    system.wait_status(oid, "Processing")
+    # 25,000 events from 40 days ago (more than one pass deletes), older than its real ones.
+    sql(
+        system.database_url,
+        "INSERT INTO observer_events (observer_id, at, event, detail) "
+        "SELECT $1, now() - interval '40 days', 'retrying', 'old' FROM generate_series(1, 25000)",
+        uuid.UUID(oid),
+    )
+    sql(
+        system.database_url,
+        "UPDATE observer_events SET id = -id WHERE detail = 'old'",  # older ids, as if appended first
+    )
+
+    def old_left() -> int:
+        events = system.get(f"/api/observers/{oid}/events", limit=1000).json()
+        return sum(1 for e in events if e["detail"] == "old")
+
+    wait_for(lambda: old_left() == 0, 60, "the old history deleted")
+    assert [e["event"] for e in system.get(f"/api/observers/{oid}/events").json()] == ["created", "started"]
