@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import time
@@ -28,6 +27,7 @@ from observer_service.gc_policy import GcPolicy
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox
 from observer_service.session import Session
+from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
 from shared.errors import DecodeError, LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import (
@@ -120,7 +120,7 @@ class Runner:
         if self._was_stopped(start):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
             report = ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start")
-            self._spawn(_ack_once_confirmed(message, self.outbox.put_confirmed(report), session))
+            self._spawn(ack_once_confirmed(message, self.outbox.put_confirmed(report), session))
             return
         current = self.running.get(oid)
         if current is not None and current.session is session:
@@ -139,7 +139,7 @@ class Runner:
                 ", ".join(sorted(self.kinds)),
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(_requeue_later(message, _REQUEUE_AFTER_S))
+            self._spawn(requeue_later(message, _REQUEUE_AFTER_S))
             return
         if (start.isolation or loaded.kind.isolation) == "process" and self.children() >= self.settings.process_slots:
             logger.warning(
@@ -148,7 +148,7 @@ class Runner:
                 self.settings.process_slots,
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(_requeue_later(message, _REQUEUE_AFTER_S))
+            self._spawn(requeue_later(message, _REQUEUE_AFTER_S))
             return
         try:
             args = loaded.kind.parse_args(start.args)
@@ -226,7 +226,7 @@ class Runner:
             report = ObserverStopped(observer_id=running.start.observer_id, service_id=self.service_id, reason=reason)
             confirmed = self.outbox.put_confirmed(report)
         assert confirmed is not None
-        if not await _until_confirmed(confirmed, {r.session for r in ending}):
+        if not await until_confirmed(confirmed, {r.session for r in ending}):
             logger.warning("%d observer(s) stopped but not reported: their starts go back to the queue", len(ending))
             return
         for i, running in enumerate(ending):
@@ -413,34 +413,3 @@ class Runner:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-async def _until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session]) -> bool:
-    """Wait for the broker's confirm of a report (True), or for a session to die (False):
-    its deliveries must then not be acked, even if its work channel is not closed yet, since
-    the report may never arrive; the broker requeues them when the session closes."""
-    closing: list[asyncio.Future[Any]] = [asyncio.ensure_future(session.closed.wait()) for session in sessions]
-    try:
-        await asyncio.wait([confirmed, *closing], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in closing:
-            waiter.cancel()
-    return confirmed.done() and confirmed.result() and not any(s.closed.is_set() for s in sessions)
-
-
-async def _ack_once_confirmed(
-    message: AbstractIncomingMessage, confirmed: asyncio.Future[bool], session: Session
-) -> None:
-    if await _until_confirmed(confirmed, {session}):
-        await settle(message.ack())
-
-
-async def _requeue_later(message: AbstractIncomingMessage, delay_s: float) -> None:
-    await asyncio.sleep(delay_s)
-    await settle(message.nack(requeue=True))
-
-
-async def settle(operation: Any) -> None:
-    """Ack/nack/reject, ignoring a channel that is already gone (the broker requeued)."""
-    with contextlib.suppress(Exception):
-        await operation

@@ -25,8 +25,9 @@ from observer_service import metrics
 from observer_service.capacity import sized
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
-from observer_service.runner import Runner, settle
+from observer_service.runner import Runner
 from observer_service.session import Session
+from observer_service.settle import settle
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
 from shared.errors import BrokerUnavailable, DecodeError
