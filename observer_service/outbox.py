@@ -20,6 +20,7 @@ import collections
 import logging
 
 from shared.messages import (
+    OBSERVER_REPORT_TYPES,
     Message,
     ObserverFailed,
     ObserverIsolated,
@@ -108,7 +109,6 @@ def _resolve(confirmed: asyncio.Future[bool] | None, value: bool) -> None:
 
 
 REPORTS_PER_BATCH = 500
-_OBSERVER_REPORTS = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed, ObserverIsolated)
 
 
 def pack(messages: list[Message], per_batch: int = REPORTS_PER_BATCH) -> list[Message]:
@@ -125,7 +125,7 @@ def pack(messages: list[Message], per_batch: int = REPORTS_PER_BATCH) -> list[Me
         run.clear()
 
     for message in messages:
-        if isinstance(message, _OBSERVER_REPORTS):
+        if isinstance(message, OBSERVER_REPORT_TYPES):
             if run and (len(run) >= per_batch or run[0].service_id != message.service_id):
                 flush()
             run.append(message)

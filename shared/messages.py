@@ -251,6 +251,8 @@ ObserverReport = Annotated[
     ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated,
     Field(discriminator="type"),
 ]
+# The same reports, for isinstance(): what ``ReportBatch`` packs and the manager applies once.
+OBSERVER_REPORT_TYPES = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed, ObserverIsolated)
 
 
 class ReportBatch(Message):

@@ -37,11 +37,7 @@ from manager.state.outgoing import Outgoing
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.messages import (
-    ObserverFailed,
-    ObserverIsolated,
-    ObserverRetrying,
-    ObserverStarted,
-    ObserverStopped,
+    OBSERVER_REPORT_TYPES,
     ReportBatch,
     StateMessage,
     decode_state,
@@ -162,7 +158,7 @@ class StateConsumer:
                     await message.ack()
 
 
-_ONCE_ONLY = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed, ObserverIsolated, ReportBatch)
+_ONCE_ONLY = (*OBSERVER_REPORT_TYPES, ReportBatch)
 
 _CLAIM = text(
     """

@@ -38,6 +38,7 @@ from manager.state.outgoing import Outgoing
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, Row
 from shared.messages import (
+    OBSERVER_REPORT_TYPES,
     InventoryRequest,
     ObserverFailed,
     ObserverIsolated,
@@ -177,11 +178,10 @@ class StateRules:
         under its name while it lived: two services share a name (the default is the host
         name, so two on one host do). Its observers were released and would stay Created:
         it is asked to take a name of its own and introduce itself again."""
-        if not await self._known(session, service_id):
+        service = await self._service(session, service_id)
+        if service is None:
             out.introduce(service_id)
-            return
-        service = self._services.get(service_id)
-        if service is not None and service.status == ServiceStatus.DELETED:
+        elif service.status == ServiceStatus.DELETED:
             logger.warning(
                 "service %s (%s) was replaced by another one born under its name but still runs: "
                 "asking it to take a name of its own (set ORCH_SERVICE_NAME per service)",
@@ -348,10 +348,7 @@ class StateRules:
         if not listed:
             if obs.status == S.PROCESSING:
                 # Not running where we thought: another copy (conflicting) or nobody.
-                if conflicting is not None:
-                    obs.host(*conflicting)
-                else:
-                    obs.host(None)
+                obs.host(*(conflicting or (None, None)))
                 obs.status = S.PROCESSING if conflicting else S.CREATED
                 obs.modified_at = now
             return
@@ -384,22 +381,21 @@ class StateRules:
         them when its connection really died."""
         if service_id is None:
             return False
+        service = await self._service(session, service_id)
+        return service is not None and service.status in statuses
+
+    async def _service(self, session: AsyncSession, service_id: uuid.UUID) -> Service | None:
+        """The service's row (any status), or None if the manager does not know it."""
         if self._session is not session or service_id not in self._services:
             self._rows_of(session)
             # Cached even when absent: a batch of reports from a service the manager does not
             # know yet would otherwise query for it once per report.
             self._services[service_id] = await session.get(Service, service_id)
-        service = self._services[service_id]
-        return service is not None and service.status in statuses
-
-    async def _known(self, session: AsyncSession, service_id: uuid.UUID) -> bool:
-        """Whether the service has a row (any status)."""
-        await self._service_in(session, service_id, ())
-        return self._services.get(service_id) is not None
+        return self._services[service_id]
 
     async def _known_or_none(self, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
         """The id, if it may be written as an observer's host (a foreign key)."""
-        return service_id if await self._known(session, service_id) else None
+        return service_id if await self._service(session, service_id) is not None else None
 
     def _rows_of(self, session: AsyncSession) -> ObserverRows:
         if self._rows is None or self._session is not session:
@@ -420,9 +416,7 @@ class StateRules:
         for message in messages:
             reports = message.reports if isinstance(message, ReportBatch) else [message]
             for report in reports:
-                if isinstance(
-                    report, ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated
-                ):
+                if isinstance(report, OBSERVER_REPORT_TYPES):
                     observer_ids.add(report.observer_id)
                 service_ids.add(report.service_id)
         await rows.preload(observer_ids)
