@@ -16,7 +16,7 @@ from typing import cast
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 from aiormq import spec
 
 from shared import topology
@@ -86,24 +86,17 @@ class BrokerLink:
         self._declared_pools.clear()  # a new broker may lack them
 
     async def marker_present(self) -> bool:
-        """Whether the rebuild marker queue exists. On a connection of its own: a passive
-        declare of a missing queue closes its channel, and a robust channel would
-        re-declare what it declared before (so the marker is never declared through it)."""
-        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+        """Whether the rebuild marker queue exists (``_on_marker_channel`` says why not
+        through the robust channel)."""
         try:
-            connection = await aio_pika.connect(url, client_properties={"connection_name": "manager marker check"})
-        except Exception as e:
-            raise BrokerUnavailable(f"cannot check the rebuild marker: {e!r}") from e
-        try:
-            channel = await connection.channel()
-            try:
-                await channel.declare_queue(topology.REBUILD_MARKER, passive=True)
-            except aio_pika.exceptions.ChannelNotFoundEntity:
+            await self._on_marker_channel(
+                "check the rebuild marker", lambda ch: ch.declare_queue(topology.REBUILD_MARKER, passive=True)
+            )
+        except BrokerUnavailable as e:
+            if isinstance(e.__cause__, aio_pika.exceptions.ChannelNotFoundEntity):
                 return False
-            return True
-        finally:
-            with contextlib.suppress(Exception):
-                await connection.close()
+            raise
+        return True
 
     async def checked(self) -> bool:
         """Whether the broker of this connection was checked for lost data (and rebuilt)."""
@@ -127,14 +120,22 @@ class BrokerLink:
         self._marker_seen = connects
 
     async def declare_marker(self) -> None:
+        await self._on_marker_channel(
+            "declare the rebuild marker", lambda ch: ch.declare_queue(topology.REBUILD_MARKER, durable=True)
+        )
+
+    async def _on_marker_channel(self, what: str, act: Callable[[AbstractChannel], Awaitable[object]]) -> None:
+        """``act`` on a channel of a connection of its own: a passive declare of a missing
+        queue closes its channel, and the robust channel would re-declare after a reconnect
+        whatever was declared through it (the marker must be declared only by a rebuild).
+        Any failure is ``BrokerUnavailable``, caused by the broker's error."""
         url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
         try:
-            connection = await aio_pika.connect(url, client_properties={"connection_name": "manager marker"})
+            connection = await aio_pika.connect(url, client_properties={"connection_name": f"manager: {what}"})
             async with connection:
-                channel = await connection.channel()
-                await channel.declare_queue(topology.REBUILD_MARKER, durable=True)
+                await act(await connection.channel())
         except Exception as e:
-            raise BrokerUnavailable(f"cannot declare the rebuild marker: {e!r}") from e
+            raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
 
     async def close(self) -> None:
         if self._connect_task is not None:

@@ -66,7 +66,6 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
             {"now": now, "event": EventType.RELEASED.value, "detail": _DETAIL},
         )
     count = cast("CursorResult[Any]", released).rowcount
-    logger.warning("the broker lost its data: released %d hosted observer(s)", count)
     published = 0
     after: uuid.UUID | None = None
     while True:
@@ -83,5 +82,13 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
             await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))
         published += len(rows)
         after = rows[-1].id
-    logger.warning("the broker lost its data: published %d start(s) again from the database", published)
+    if count or published:
+        logger.warning(
+            "the broker lost its data (no rebuild marker): released %d hosted observer(s), "
+            "published %d start(s) again from the database",
+            count,
+            published,
+        )
+    else:  # a first start, or a broker that lost nothing of ours
+        logger.info("no rebuild marker on the broker and no live observer: nothing to publish")
     return published
