@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from manager.admission import Admission
 from manager.api import dashboard, health, kinds, metrics, observers, services
 from manager.api.auth import require_token, warn_if_open
 from manager.api.limits import BodySizeLimit
@@ -64,7 +65,7 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
         await check_schema(engine)
         sessions = make_sessionmaker(engine)
         broker = BrokerLink(settings)
-        commands = ObserverCommands(sessions, broker, settings.default_retry())
+        commands = ObserverCommands(sessions, broker, settings.default_retry(), Admission(settings.api_in_flight))
         app.state.sessions = sessions
         app.state.broker = broker
         app.state.commands = commands

@@ -2,7 +2,8 @@
 
 * re-broadcast stops still OnDeleting after ``restop_after_s`` (seed scenario 5: the stop
   may have hit no service while the observer was being redistributed);
-* mark services lost after ``lost_after_heartbeats`` missed heartbeats — only while the
+* ask the broker about services whose heartbeats are ``lost_after_heartbeats`` periods late,
+  and mark lost those whose connection is gone (``manager/liveness.py``) — only while the
   state backlog is drained (after a manager restart, or a burst of reports), so a heartbeat
   still waiting in the queue is not judged as silence;
 * publish again the starts a crash left unconfirmed (``pending_starts``);
@@ -32,17 +33,16 @@ from manager.db.models import (
     Observer,
     ObserverStatus,
     PendingStart,
-    Service,
-    ServiceStatus,
 )
 from manager.db.sql import id_in
+from manager.liveness import Liveness
 from manager.lost_starts import LostStarts
 from manager.metrics import STOP_RESENDS
 from manager.rebuild import rebuild
 from manager.retention import BATCH as PRUNE_BATCH
 from manager.retention import EVERY_S as PRUNE_EVERY_S
 from manager.retention import prune_events
-from manager.state.probation import end_probations, host_died
+from manager.state.probation import end_probations
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
@@ -76,6 +76,7 @@ class BackgroundLoops:
         self.backlog_drained = False
         self._marker_checked = 0  # broker.connects when the rebuild marker was last checked
         self.lost_starts = LostStarts(sessions, broker, settings.lost_start_after_s)
+        self.liveness = Liveness(settings, sessions, broker, rules.probation, self._isolate)
         self._next_prune = 0.0  # monotonic time of the next history pruning
 
     async def run(self) -> None:
@@ -150,7 +151,8 @@ class BackgroundLoops:
 
     async def judge_heartbeats(self) -> None:
         # Silence is judged only while the manager is caught up: a heartbeat waiting in the
-        # state queue (after a manager restart, or behind a burst of reports) is no silence.
+        # state queue (after a manager restart, or behind a burst of reports) is no silence,
+        # and a ServiceStopped waiting there is no death.
         backlog = await self.broker.state_backlog()
         if backlog is None or backlog > 0 or not self.consumer_idle():
             if not self.backlog_drained:
@@ -159,27 +161,7 @@ class BackgroundLoops:
         if not self.backlog_drained:
             self.backlog_drained = True
             logger.info("state backlog drained: judging heartbeats from now on")
-        silence = timedelta(seconds=self.settings.heartbeat_s * self.settings.lost_after_heartbeats)
-        async with self.sessions.begin() as session:
-            lost = (
-                await session.execute(
-                    update(Service)
-                    .where(
-                        Service.status == ServiceStatus.ALIVE, Service.last_heartbeat_at < datetime.now(UTC) - silence
-                    )
-                    .values(status=ServiceStatus.LOST, modified_at=datetime.now(UTC))
-                    .returning(Service.id, Service.name, Service.last_heartbeat_at)
-                )
-            ).all()
-        for service_id, name, last_heard in lost:
-            logger.warning("service %s missed %d heartbeats: lost", name, self.settings.lost_after_heartbeats)
-            # A transaction of its own: it locks observer rows, which the state consumer
-            # locks before service rows; holding the service rows meanwhile could deadlock.
-            async with self.sessions.begin() as session:
-                rows = ObserverRows(session)
-                isolate = await host_died(rows, service_id, last_heard, datetime.now(UTC), self.rules.probation)
-                await rows.flush()
-            await self._isolate(isolate)
+        await self.liveness.judge()
 
     async def _isolate(self, isolate: dict[uuid.UUID, uuid.UUID]) -> None:
         per_host: dict[uuid.UUID, list[uuid.UUID]] = {}

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import cast
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, TypeVar, cast
 
 import aio_pika
 import aiormq
@@ -27,12 +28,51 @@ from shared.settings import ManagerSettings, amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 StateHandler = Callable[[AbstractIncomingMessage], Awaitable[None]]
 
 _PUBLISH_TIMEOUT_S = 10.0
 # A batch of starts gets this much more per message: 8 bulk creates of 1,000 in flight while
 # 100,000 observers emit kept a busy broker's confirms past a flat 10 s (make bench, scale).
 _PUBLISH_TIMEOUT_PER_MESSAGE_S = 0.01
+_PRESENCE_CHECKS_AT_ONCE = 32
+# How long a publish waits for the broker to lift a block (connection.blocked: a memory or
+# disk alarm) before the request is refused with a 503.
+_BLOCKED_WAIT_S = 1.0
+
+
+BLOCKED = "the broker blocks publishing (a memory or disk alarm: see its log)"
+
+
+async def _may_publish(connection: aiormq.abc.AbstractConnection, wait_s: float) -> bool:
+    """Whether the broker lets the connection publish (no ``connection.blocked`` in force),
+    waiting up to ``wait_s`` for it to lift a block."""
+    try:
+        await asyncio.wait_for(connection.ready(), wait_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _unless_blocked(connection: aiormq.abc.AbstractConnection, work: Coroutine[Any, Any, T]) -> T:
+    """``await work``, given up as soon as the broker blocks the connection: the broker tells
+    a connection it is blocked only once it publishes, and the publish then waits for the
+    alarm to clear, which may take minutes. Giving up is what a timeout does (some messages
+    may have reached their queues)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_BLOCKED_WAIT_S)
+            if done:
+                return task.result()
+            if not await _may_publish(connection, 0.05):
+                raise BrokerUnavailable(BLOCKED)
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
 
 class BrokerLink:
@@ -48,6 +88,7 @@ class BrokerLink:
         # empty one (manager/rebuild.py checks the marker then).
         self.connects = 0
         self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
+        self._presence: aiormq.abc.AbstractConnection | None = None
 
     def start(self, on_state: StateHandler | None) -> None:
         """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
@@ -137,7 +178,47 @@ class BrokerLink:
         except Exception as e:
             raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
 
+    async def services_connected(self, service_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, bool]:
+        """Whether each service's broker connection lives, asked of the broker itself, whose
+        answer does not depend on how late the service's reports are. A service's control
+        queue is ``exclusive``: it lives exactly as long as the connection that declared it,
+        and a passive declare of it from another connection answers RESOURCE_LOCKED (405)
+        while that connection lives and NOT_FOUND (404) once it is gone (DESIGN.md,
+        "Liveness needs evidence too"). Each check closes its channel, so they run on a
+        plain connection of their own. Raises ``BrokerUnavailable`` if the broker cannot
+        be asked: no answer is no evidence."""
+        ids = list(service_ids)
+        if not ids:
+            return {}
+        try:
+            if self._presence is None or self._presence.is_closed:
+                url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+                self._presence = await aiormq.connect(url, client_properties={"connection_name": "manager: presence"})
+            connection = self._presence
+            limit = asyncio.Semaphore(_PRESENCE_CHECKS_AT_ONCE)
+
+            async def connected(service_id: uuid.UUID) -> bool:
+                async with limit:
+                    channel = await connection.channel()
+                    try:
+                        await channel.queue_declare(topology.control_queue_name(service_id), passive=True)
+                    except aiormq.exceptions.ChannelLockedResource:
+                        return True
+                    except aiormq.exceptions.ChannelNotFoundEntity:
+                        return False
+                    with contextlib.suppress(Exception):
+                        await channel.close()
+                    return True  # declared without a lock: only its owner could, so it lives
+
+            answers = await asyncio.wait_for(asyncio.gather(*map(connected, ids)), _PUBLISH_TIMEOUT_S)
+        except Exception as e:
+            raise BrokerUnavailable(f"cannot ask the broker which services are connected: {e!r}") from e
+        return dict(zip(ids, answers, strict=True))
+
     async def close(self) -> None:
+        if self._presence is not None:
+            with contextlib.suppress(Exception):
+                await self._presence.close()
         if self._connect_task is not None:
             self._connect_task.cancel()
             with contextlib.suppress(BaseException):
@@ -177,8 +258,8 @@ class BrokerLink:
                     if pool not in self._declared_pools:
                         await topology.declare_start_queue(channel, pool)
                         self._declared_pools.add(pool)
-            raw = await channel.get_underlay_channel()
-            results = await publish_batch(
+            raw = await self._unblocked(channel)
+            publish = publish_batch(
                 cast(aiormq.Channel, raw),
                 [
                     Outgoing(
@@ -191,6 +272,7 @@ class BrokerLink:
                 timeout=deadline,
                 mandatory=True,
             )
+            results = await _unless_blocked(raw.connection, publish)
         except TimeoutError as e:
             raise BrokerUnavailable(
                 f"the broker did not confirm {len(starts)} start message(s) within {deadline:g}s (overloaded?)"
@@ -204,16 +286,28 @@ class BrokerLink:
     async def publish_control(self, message: Message) -> None:
         """Broadcast a stop or an inventory request to every service."""
         channel = await self._channel()
+        raw = await self._unblocked(channel)
         try:
             exchange = await channel.get_exchange(topology.CONTROL_EXCHANGE, ensure=False)
-            await exchange.publish(
+            publish = exchange.publish(
                 topology.persistent(message.encode(), message_id=str(message.message_id)),
                 routing_key="",
                 mandatory=False,
                 timeout=_PUBLISH_TIMEOUT_S,
             )
+            await _unless_blocked(raw.connection, publish)
         except Exception as e:
             raise BrokerUnavailable(f"control message not confirmed: {e!r}") from e
+
+    async def _unblocked(self, channel: AbstractRobustChannel) -> aiormq.abc.AbstractChannel:
+        """The channel's aiormq channel, once its connection may publish. Under a memory or
+        disk alarm the broker blocks publishing connections (``connection.blocked``); a
+        publish then would wait for the alarm to clear, holding the request and its database
+        work, so it is refused at once instead (the client is told to retry)."""
+        raw = await channel.get_underlay_channel()
+        if not await _may_publish(raw.connection, _BLOCKED_WAIT_S):
+            raise BrokerUnavailable(BLOCKED)
+        return raw
 
     async def start_backlog(self, pool: str) -> int | None:
         """Messages ready in a pool's start queue (declared if missing, with its arguments:

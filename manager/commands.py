@@ -23,6 +23,7 @@ from sqlalchemy import Executable, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager.admission import Admission
 from manager.broker import BrokerLink
 from manager.db.counts import live_in_pool_query
 from manager.db.errors import describe, is_transient
@@ -95,9 +96,14 @@ def start_message(obs: Observer) -> StartObserver:
 
 class ObserverCommands:
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, default_retry: RetryPolicy
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        broker: BrokerLink,
+        default_retry: RetryPolicy,
+        admission: Admission,
     ) -> None:
         self.sessions = sessions
+        self.admission = admission
         self.broker = broker
         self.default_retry = default_retry
         self._catalog_cache: tuple[float, KindCatalog] | None = None
@@ -112,6 +118,10 @@ class ObserverCommands:
 
     async def create_many(self, specs: list[NewObserver]) -> list[CreatedObserver]:
         _refuse_duplicate_names(specs)
+        with self.admission.admit(len(specs), "creating"):
+            return await self._create_many(specs)
+
+    async def _create_many(self, specs: list[NewObserver]) -> list[CreatedObserver]:
         many = len(specs) > 1
 
         def validated(catalog: KindCatalog) -> list[NewObserver]:
@@ -333,6 +343,10 @@ class ObserverCommands:
 
     async def stop_many(self, observer_ids: list[uuid.UUID]) -> StopResult:
         wanted = sorted(set(observer_ids))
+        with self.admission.admit(len(wanted), "stopping"):
+            return await self._stop_many(wanted)
+
+    async def _stop_many(self, wanted: list[uuid.UUID]) -> StopResult:
         if not self.broker.is_connected():
             # Like a create: refused before anything changes, so the client knows to retry.
             # (If the broker goes away after the rows changed, the re-stop loop broadcasts.)

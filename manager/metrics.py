@@ -33,7 +33,18 @@ STATE_REGISTRY = CollectorRegistry()
 STATE_APPLIED = Counter(
     "orch_state_messages_applied", "State messages applied to the database", registry=STATE_REGISTRY
 )
+SERVICES_LOST = Counter(
+    "orch_services_lost", "Services judged lost (their broker connection was gone)", registry=STATE_REGISTRY
+)
+SERVICES_LATE = Counter(
+    "orch_services_late",
+    "Times a service's heartbeats were late while its broker connection lived (not judged lost)",
+    registry=STATE_REGISTRY,
+)
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
+API_REFUSED_BUSY = Counter(
+    "orch_api_refused_busy", "Creates and stops refused with 503 (ORCH_API_IN_FLIGHT reached)", registry=REGISTRY
+)
 API_LATENCY = Histogram(
     "orch_api_request_seconds",
     "API request latency",

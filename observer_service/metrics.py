@@ -14,6 +14,15 @@ RESTARTS = Counter("orch_service_observer_restarts", "Observer bodies restarted 
 FAILURES = Counter("orch_service_observer_failures", "Observers that failed for good here", registry=REGISTRY)
 EMITS = Counter("orch_service_emits", "Events published by observers", registry=REGISTRY)
 FENCED = Counter("orch_service_observers_fenced", "Observers cancelled because their session died", registry=REGISTRY)
+SESSIONS_LOST = Counter(
+    "orch_service_sessions_lost", "Broker sessions that ended without being closed on purpose", registry=REGISTRY
+)
+EMITS_DELAYED = Counter(
+    "orch_service_emits_delayed",
+    "Emits that waited for a slot (ORCH_EMITS_IN_FLIGHT were in flight)",
+    registry=REGISTRY,
+)
+EMITS_WAITING = Gauge("orch_service_emits_waiting", "Emits waiting for a slot now", registry=REGISTRY)
 
 
 def serve(port: int, host: str) -> None:

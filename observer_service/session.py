@@ -1,15 +1,26 @@
 """One broker session: the only module of the service that touches aio-pika.
 
-A session is one AMQP connection with two channels:
-* ``work`` — consumes the pools' start queues (manual ack, ``prefetch_count =
-  workers_count``) and this instance's control queue;
-* ``pub``  — publisher confirms; state reports, observer events and the lease round trips.
+A session is two AMQP connections, so that liveness never waits behind bulk traffic:
+* ``hold`` — what makes this host the owner of its observers, and nothing bulky:
+  - ``work``: consumes the pools' start queues (manual ack, ``prefetch_count =
+    workers_count``) and this instance's exclusive control queue, whose presence tells the
+    manager the connection lives (``manager/liveness.py``);
+  - ``lease``: the lease round trips. They must travel on the connection that holds the
+    deliveries: a round trip answered on it proves the broker has not given them away.
+* ``publish`` — publisher confirms; state reports, inventories and observer events. RabbitMQ
+  throttles a connection that publishes faster than it can route (credit flow) and blocks it
+  under a memory or disk alarm: on a connection of its own that throttling delays reports
+  and emits, never the lease (issue 17: 5,000 events/s starved the lease round trips that
+  shared their channel, and every service dropped its session).
 
-Deliveries belong to the channel they came on. When anything in the session breaks the
-whole session is dead (``closed`` is set) and every observer started from it must be
-cancelled at once: the broker has requeued, or will requeue, their start messages. The
-service then opens a new session. We deliberately do not use aio-pika's robust connection:
-it would silently re-consume on a new channel while the old observers keep running.
+Deliveries belong to the channel they came on. When either connection breaks the whole
+session is dead (``closed`` is set) and every observer started from it must be cancelled at
+once: the broker has requeued, or will requeue, their start messages. The service then opens
+a new session. A slow broker is not a broken one: a late lease round trip pauses the
+observers (the lease lapses) and is waited for; only the socket, aiormq's AMQP heartbeat
+or the broker closing a connection ends a session. We deliberately do not use aio-pika's
+robust connection: it would silently re-consume on a new channel while the old observers
+keep running.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from typing import Any
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
+from observer_service import metrics
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox, pack
 from shared import topology
@@ -65,9 +77,13 @@ class Session:
         self.lease = lease
         self.closed = asyncio.Event()
         self.close_reason = ""
-        self._connection: AbstractConnection | None = None
+        self._hold: AbstractConnection | None = None
+        self._publish: AbstractConnection | None = None
         self._work: AbstractChannel | None = None
+        self._lease: AbstractChannel | None = None
         self._pub: AbstractChannel | None = None
+        # Emits in flight at once: past it an observer's emit waits (issue 17).
+        self._emit_slots = asyncio.Semaphore(settings.emits_in_flight)
         self._start_consumers: list[tuple[AbstractQueue, str]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -75,16 +91,17 @@ class Session:
 
     async def open(self, on_start: Handler, on_control: Handler, outbox: Outbox) -> None:
         url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+        name = f"observer-service {self.settings.service_name}"
         try:
-            self._connection = await aio_pika.connect(
-                url, client_properties={"connection_name": f"observer-service {self.settings.service_name}"}
-            )
-            self._connection.close_callbacks.add(self._on_closed)
-            self._pub = await self._connection.channel(publisher_confirms=True)
+            self._publish = await self._connect(url, f"{name} (publish)")
+            self._pub = await self._publish.channel(publisher_confirms=True)
             self._pub.close_callbacks.add(self._on_closed)
             await topology.declare_common(self._pub)
+            self._hold = await self._connect(url, name)
+            self._lease = await self._hold.channel(publisher_confirms=False)
+            self._lease.close_callbacks.add(self._on_closed)
             await self._renew_lease()
-            self._work = await self._connection.channel(publisher_confirms=False)
+            self._work = await self._hold.channel(publisher_confirms=False)
             self._work.close_callbacks.add(self._on_closed)
             control = await topology.declare_control_queue(self._work, self.service_id)
             await control.consume(on_control)
@@ -106,6 +123,11 @@ class Session:
         ]
         logger.info("broker session open (pools=%s, prefetch=%d)", self.settings.pools, self.settings.workers_count)
 
+    async def _connect(self, url: str, name: str) -> AbstractConnection:
+        connection = await aio_pika.connect(url, client_properties={"connection_name": name})
+        connection.close_callbacks.add(self._on_closed)
+        return connection
+
     def _on_closed(self, _sender: Any, exc: BaseException | None) -> None:
         self.fail(f"closed by broker or network: {exc!r}", exc)
 
@@ -121,6 +143,8 @@ class Session:
             logger.info("broker session closed: %s", reason)
         else:
             logger.warning("broker session lost: %s", reason)
+        if not expected:
+            metrics.SESSIONS_LOST.inc()
         self.closed.set()
 
     async def close(self, reason: str = "closing") -> None:
@@ -130,9 +154,10 @@ class Session:
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
-        if self._connection is not None and not self._connection.is_closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._connection.close(), 5)
+        for connection in (self._hold, self._publish):
+            if connection is not None and not connection.is_closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), 5)
 
     async def stop_consuming(self) -> None:
         """Cancel the start consumers: no new observers, the held deliveries stay ours."""
@@ -159,38 +184,35 @@ class Session:
     # --- lease -------------------------------------------------------------------------
 
     async def _renew_lease(self) -> None:
-        assert self._pub is not None
+        assert self._lease is not None
         sent_at = time.monotonic()
         # Any synchronous method is a round trip; a passive declare is the cheapest.
-        await self._pub.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
+        await self._lease.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
         self.lease.renew(sent_at)
 
     async def _lease_loop(self) -> None:
-        """Renew every H/4. A slow round trip is waited for, never cancelled (aiormq closes
-        the channel of a cancelled RPC).
+        """Renew every H/4. A slow round trip is waited for, however long, never cancelled
+        (aiormq closes the channel of a cancelled RPC) and never taken for a dead broker.
 
         A lapsed lease pauses the observers (``ensure_lease`` refuses) but does not end the
         session: a round trip that completes later on this same connection proves the broker
         never declared it dead (it would have closed it), so nothing was given to anyone else
-        and the observers may go on. Dropping the session instead fenced every observer
-        whenever a flood of deliveries delayed the broker's answer past H/2, and the next
-        session met the same flood (``make bench``, a failover of 10,000). A round trip
-        unanswered for H, or a failed one, does end the session."""
+        and the observers may go on. What ends a session is evidence that the connection is
+        gone: the broker closing it, the socket, or aiormq's heartbeat check (no frame at all
+        from the broker for 3 x (H + 1) s), each of which closes the connection and calls
+        ``_on_closed``. Giving up on a round trip unanswered for H instead ended every
+        session of a fleet whose broker was merely busy (issue 17: 300,000 observers emitting
+        once a minute), and the requeues made the broker busier still."""
         period = self.settings.amqp_heartbeat_s / 4
-        give_up_after = float(self.settings.amqp_heartbeat_s)
         renewal: asyncio.Task[None] | None = None
-        sent_at = 0.0
         lapsed = False
         while not self.closed.is_set():
             if renewal is None or renewal.done():
                 if renewal is not None and renewal.exception() is not None:
                     self.fail(f"lease round trip failed: {renewal.exception()!r}")
                     return
-                renewal, sent_at = asyncio.create_task(self._renew_lease()), time.monotonic()
+                renewal = asyncio.create_task(self._renew_lease())
             await asyncio.wait({renewal}, timeout=period)
-            if not renewal.done() and time.monotonic() - sent_at > give_up_after:
-                self.fail(f"lease round trip unanswered for {give_up_after:g}s: the broker or the network is gone")
-                return
             if self.lease.is_valid() == lapsed:
                 lapsed = not lapsed
                 if lapsed:
@@ -211,16 +233,27 @@ class Session:
         await target.publish(message, routing_key=routing_key, mandatory=mandatory)
 
     async def emit_event(self, routing_key: str, body: bytes) -> None:
-        """Publish an observer's event. Any failure means the channel is gone (or going):
-        the observer must stop acting, so it gets ``LeaseLost``."""
+        """Publish an observer's event. At most ``emits_in_flight`` wait for their confirms at
+        once; past that an emit waits for a slot (the observer is slowed down, nothing is
+        dropped) and is counted in ``orch_service_emits_delayed``. Any failure means the
+        channel is gone (or going): the observer must stop acting, so it gets ``LeaseLost``."""
         self.lease.ensure()
+        if self._emit_slots.locked():
+            metrics.EMITS_DELAYED.inc()
+        with metrics.EMITS_WAITING.track_inprogress():
+            await self._emit_slots.acquire()
         try:
+            self.lease.ensure()  # it may have lapsed while the emit waited
             await self.publish(
                 routing_key, topology.persistent(body), exchange=topology.EVENTS_EXCHANGE, mandatory=False
             )
+        except LeaseLost:
+            raise
         except Exception as e:
             self.fail(f"event publish failed: {e!r}")
             raise LeaseLost(f"cannot emit: {e!r}") from e
+        finally:
+            self._emit_slots.release()
 
     async def _outbox_loop(self, outbox: Outbox) -> None:
         """Publish reports in order; a batch is pipelined on one channel (order kept) and

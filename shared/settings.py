@@ -56,6 +56,9 @@ class ServiceSettings(CommonSettings):
     memory_fraction: float = Field(default=0.7, gt=0, le=1)
     pools: Annotated[list[str], NoDecode] = ["default"]
     inventory_s: float = Field(default=30.0, gt=0)
+    # Observer events awaiting the broker's confirm at once; past it an emit waits for a slot
+    # (backpressure on the observer; nothing is dropped).
+    emits_in_flight: int = Field(default=1000, ge=1)
     stop_grace_s: float = Field(default=5.0, ge=0)
     # How long a stop for an observer this service does not host is remembered, so that a
     # start message arriving later (redistribution race) is acked at once instead of run.
@@ -113,8 +116,12 @@ class ManagerSettings(CommonSettings):
     database_url: str = "postgresql+asyncpg://orch:orch@127.0.0.1:5442/orch"
     manager_host: str = "127.0.0.1"
     manager_port: int = Field(default=8000, ge=0, le=65535)
-    # A service is marked lost after this many heartbeat intervals without one.
+    # A service silent for this many heartbeat intervals is asked about: the broker says
+    # whether its connection lives (manager/liveness.py); only a gone one is marked lost.
     lost_after_heartbeats: int = Field(default=3, ge=1)
+    # Observers the API creates or stops at once (all requests together); a request that
+    # would go past it gets 503 with Retry-After (one larger request alone is let through).
+    api_in_flight: int = Field(default=20_000, ge=1)
     # A stop still OnDeleting after this many seconds is broadcast again.
     restop_after_s: float = Field(default=10.0, gt=0)
     # An ObserverStarted for an id the manager does not know is stopped after this grace

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from manager.admission import Admission
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
 from manager.db.engine import make_engine, make_sessionmaker
@@ -135,7 +136,7 @@ async def test_a_restart_that_cannot_publish_stays_failed(
         pass
 
     broker = BrokerDownWhileAReportLands(ManagerSettings(database_url=database), nothing)
-    commands = ObserverCommands(sessions, broker, RetryPolicy())
+    commands = ObserverCommands(sessions, broker, RetryPolicy(), Admission(100))
     with pytest.raises(Unavailable, match="stays Failed"):
         await commands.restart(oid)
     observer, pending = await row(sessions, oid)
@@ -160,7 +161,7 @@ async def test_a_restart_that_cannot_publish_keeps_a_report_that_landed_meanwhil
             )
 
     broker = BrokerDownWhileAReportLands(ManagerSettings(database_url=database), started_on_the_service)
-    commands = ObserverCommands(sessions, broker, RetryPolicy())
+    commands = ObserverCommands(sessions, broker, RetryPolicy(), Admission(100))
 
     # When the restart's failure path runs
     answered = await commands.restart(oid)
