@@ -1,4 +1,4 @@
-"""The observer rows one transaction of the state consumer works on.
+"""The rows one transaction of the state consumer works on: observers and services.
 
 Rules read and change plain ``Row`` objects; ``flush`` writes every changed row back with a
 single ``UPDATE ... FROM unnest(...)``. The ORM's unit of work cost about 0.3 ms per changed
@@ -8,21 +8,27 @@ costs a few microseconds per row.
 Rows are loaded ``FOR UPDATE`` in id order (the order every writer of ``observers`` uses,
 so the consumer and the API never deadlock) and stay locked until the transaction ends.
 Pending changes are flushed before any query that filters on a column rules may change.
+
+Services are read as plain ``ServiceRow`` objects too, and ``ServiceRows`` is the only
+writer of ``services`` in the consumer; its writes are immediate (see there why).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, text
+from sqlalchemy import ColumnElement, select, text, update
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import EventType, Observer, ObserverStatus
+from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
 from manager.db.sql import id_in
 from manager.history import NewEvent, insert_events
+from shared.messages import ServiceBorn
 
 _COLUMNS = (
     Observer.id,
@@ -158,3 +164,129 @@ class ObserverRows:
         )
         for row in changed:
             row._saved = row.state()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceRow:
+    """What the rules read of a service. Frozen: a write replaces the cached row, so a row
+    read before (``_born``'s namesakes) keeps the status it had."""
+
+    id: uuid.UUID
+    name: str
+    status: ServiceStatus
+    last_heartbeat_at: datetime
+
+
+_SERVICE_COLUMNS = (Service.id, Service.name, Service.status, Service.last_heartbeat_at)
+
+
+class ServiceRows:
+    """The services one transaction reads, cached (absent ones too: a batch of reports from a
+    service the manager does not know would otherwise query for it once per report), and
+    the one place the consumer writes them.
+
+    Unlike observer rows they are read without a lock and every write is one immediate
+    compare-and-set or upsert, not a change flushed later: a touch's outcome says at once
+    whether to ask the service to introduce itself; a born row is the foreign key of the
+    observer rows flushed after it; and a deletion locks its row at once, so a concurrent
+    ``judge_heartbeats`` waits for it and finds it deleted rather than lost. A batch
+    writes a few services (one heartbeat each every few seconds), not thousands, so one
+    statement each costs little. Each write puts the row as written into the cache.
+    """
+
+    def __init__(self, session: AsyncSession) -> None:
+        self.session = session
+        self._rows: dict[uuid.UUID, ServiceRow | None] = {}
+
+    async def preload(self, ids: set[uuid.UUID]) -> None:
+        missing = ids - self._rows.keys()
+        if missing:
+            self._rows.update(dict.fromkeys(missing))
+            result = await self.session.execute(select(*_SERVICE_COLUMNS).where(id_in(Service.id, missing)))
+            self._keep(result.all())
+
+    async def get(self, service_id: uuid.UUID) -> ServiceRow | None:
+        """The service's row (any status), or None if the manager does not know it."""
+        if service_id not in self._rows:
+            result = await self.session.execute(select(*_SERVICE_COLUMNS).where(Service.id == service_id))
+            self._rows[service_id] = None
+            self._keep(result.all())
+        return self._rows[service_id]
+
+    async def namesakes(self, name: str, service_id: uuid.UUID) -> list[ServiceRow]:
+        """Lock, in id order, the other instances named ``name`` that are not deleted."""
+        result = await self.session.execute(
+            select(*_SERVICE_COLUMNS)
+            .where(Service.name == name, Service.id != service_id, Service.status != ServiceStatus.DELETED)
+            .order_by(Service.id)
+            .with_for_update()
+        )
+        return self._keep(result.all())
+
+    async def touch(self, service_id: uuid.UUID, now: datetime, running: int, loop_lag_ms: float | None = None) -> bool:
+        """Record a sign of life; a lost service that speaks again is alive. False if the
+        service is unknown or deleted."""
+        values: dict[str, object] = {
+            "status": ServiceStatus.ALIVE,
+            "last_heartbeat_at": now,
+            "modified_at": now,
+            "running": running,
+        }
+        if loop_lag_ms is not None:
+            values["loop_lag_ms"] = loop_lag_ms
+        result = await self.session.execute(
+            update(Service)
+            .where(Service.id == service_id, Service.status != ServiceStatus.DELETED)
+            .values(values)
+            .returning(*_SERVICE_COLUMNS)
+            .execution_options(synchronize_session=False)  # no Service objects in the session
+        )
+        if self._keep(result.all()):
+            return True
+        cached = self._rows.get(service_id)
+        if cached is not None and cached.status != ServiceStatus.DELETED:
+            del self._rows[service_id]  # deleted since it was read: read it again when asked
+        return False
+
+    async def delete(self, service_id: uuid.UUID, now: datetime, running: int | None = None) -> None:
+        """Mark the instance deleted; ``running`` is what it said it runs (a goodbye: 0), a
+        replaced instance keeps its last count."""
+        values: dict[str, object] = {"status": ServiceStatus.DELETED, "is_deleted": True, "modified_at": now}
+        if running is not None:
+            values["running"] = running
+        result = await self.session.execute(
+            update(Service)
+            .where(Service.id == service_id)
+            .values(values)
+            .returning(*_SERVICE_COLUMNS)
+            .execution_options(synchronize_session=False)
+        )
+        self._rows[service_id] = None
+        self._keep(result.all())
+
+    async def born(self, m: ServiceBorn, now: datetime) -> None:
+        """Insert the service, or bring its row up to date (alive again if it was deleted:
+        born again under a name of its own after a name clash)."""
+        values = {
+            "name": m.name,
+            "workers_count": m.workers_count,
+            "process_slots": m.process_slots,
+            "pools": m.pools,
+            "kinds": m.kinds,
+            "host": m.host,
+            "pid": m.pid,
+            "version": m.version,
+            "kind_infos": [k.model_dump(mode="json") for k in m.kind_infos],
+            "modified_at": now,
+            "last_heartbeat_at": now,
+            "status": ServiceStatus.ALIVE,
+            "is_deleted": False,
+        }
+        stmt = insert(Service).values(id=m.service_id, **values)
+        await self.session.execute(stmt.on_conflict_do_update(index_elements=[Service.id], set_=values))
+        self._rows[m.service_id] = ServiceRow(m.service_id, m.name, ServiceStatus.ALIVE, now)
+
+    def _keep(self, results: Sequence[Any]) -> list[ServiceRow]:
+        rows = [ServiceRow(*values) for values in results]
+        self._rows.update((row.id, row) for row in rows)
+        return rows

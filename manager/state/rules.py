@@ -27,16 +27,15 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
 from manager.state.adoption import adopt
 from manager.state.outgoing import Outgoing
 from manager.state.probation import ProbationPolicy, host_died
-from manager.state.rows import ObserverRows, Row
+from manager.state.rows import ObserverRows, Row, ServiceRows
 from shared.messages import (
     OBSERVER_REPORT_TYPES,
     InventoryRequest,
@@ -80,9 +79,7 @@ class StateRules:
         self.probation = probation
         self.suspicions = Suspicions()
         # The rows of the transaction being applied (set by ``preload``).
-        self._session: AsyncSession | None = None
-        self._rows: ObserverRows | None = None
-        self._services: dict[uuid.UUID, Service | None] = {}
+        self._rows: tuple[ObserverRows, ServiceRows] | None = None
 
     async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> Outgoing:
         out = Outgoing()
@@ -122,50 +119,20 @@ class StateRules:
     # --- services ------------------------------------------------------------------------
 
     async def _born(self, session: AsyncSession, m: ServiceBorn, now: datetime, out: Outgoing) -> None:
-        old = (
-            await session.execute(
-                select(Service.id, Service.status, Service.last_heartbeat_at)
-                .where(Service.name == m.name, Service.id != m.service_id, Service.status != ServiceStatus.DELETED)
-                .order_by(Service.id)
-                .with_for_update()
-            )
-        ).all()
-        for old_id, old_status, last_heard in old:
-            await session.execute(
-                update(Service)
-                .where(Service.id == old_id)
-                .values(status=ServiceStatus.DELETED, is_deleted=True, modified_at=now)
-            )
-            self._services.pop(old_id, None)
-            logger.info("service %s (%s) restarted as %s: old instance deleted", m.name, old_id, m.service_id)
-            if old_status == ServiceStatus.ALIVE:
+        services = self._services_of(session)
+        for old in await services.namesakes(m.name, m.service_id):
+            await services.delete(old.id, now)
+            logger.info("service %s (%s) restarted as %s: old instance deleted", m.name, old.id, m.service_id)
+            if old.status == ServiceStatus.ALIVE:
                 # It died without a word (a lost one was counted when judged lost).
-                isolate = await host_died(self._rows_of(session), old_id, last_heard, now, self.probation)
+                isolate = await host_died(self._rows_of(session), old.id, old.last_heartbeat_at, now, self.probation)
                 for observer_id, host in isolate.items():
                     out.isolate(observer_id, host)
-            await self._release_observers(session, old_id, now)
-        values = {
-            "name": m.name,
-            "workers_count": m.workers_count,
-            "process_slots": m.process_slots,
-            "pools": m.pools,
-            "kinds": m.kinds,
-            "host": m.host,
-            "pid": m.pid,
-            "version": m.version,
-            "kind_infos": [k.model_dump(mode="json") for k in m.kind_infos],
-            "modified_at": now,
-            "last_heartbeat_at": now,
-            # Born again under a name of its own after a name clash (``_introduce_if_unknown``).
-            "status": ServiceStatus.ALIVE,
-            "is_deleted": False,
-        }
-        stmt = insert(Service).values(id=m.service_id, **values)
-        await session.execute(stmt.on_conflict_do_update(index_elements=[Service.id], set_=values))
-        self._services.pop(m.service_id, None)  # looked up afresh: it may be cached as absent
+            await self._release_observers(session, old.id, now)
+        await services.born(m, now)
 
     async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: Outgoing) -> None:
-        if not await self._touch_service(session, m.service_id, now, running=m.running, loop_lag_ms=m.loop_lag_ms):
+        if not await self._services_of(session).touch(m.service_id, now, m.running, m.loop_lag_ms):
             await self._introduce_if_unknown(session, m.service_id, out)
 
     async def _introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: Outgoing) -> None:
@@ -178,7 +145,7 @@ class StateRules:
         under its name while it lived: two services share a name (the default is the host
         name, so two on one host do). Its observers were released and would stay Created:
         it is asked to take a name of its own and introduce itself again."""
-        service = await self._service(session, service_id)
+        service = await self._services_of(session).get(service_id)
         if service is None:
             out.introduce(service_id)
         elif service.status == ServiceStatus.DELETED:
@@ -190,25 +157,8 @@ class StateRules:
             )
             out.introduce(service_id, name_taken=True)
 
-    async def _touch_service(
-        self, session: AsyncSession, service_id: uuid.UUID, now: datetime, **extra: object
-    ) -> bool:
-        """Record a sign of life; a lost service that speaks again is alive. False if the
-        service is unknown or deleted."""
-        result = await session.execute(
-            update(Service)
-            .where(Service.id == service_id, Service.status != ServiceStatus.DELETED)
-            .values(status=ServiceStatus.ALIVE, last_heartbeat_at=now, modified_at=now, **extra)
-            .returning(Service.id)
-        )
-        return result.first() is not None
-
     async def _service_gone(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
-        await session.execute(
-            update(Service)
-            .where(Service.id == service_id)
-            .values(status=ServiceStatus.DELETED, is_deleted=True, running=0, modified_at=now)
-        )
+        await self._services_of(session).delete(service_id, now, running=0)
         await self._release_observers(session, service_id, now)
 
     async def _release_observers(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
@@ -315,7 +265,7 @@ class StateRules:
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the
         steady state an inventory of 30,000 ids costs two index scans, no Python per id."""
-        if not await self._touch_service(session, m.service_id, now, running=len(m.observer_ids)):
+        if not await self._services_of(session).touch(m.service_id, now, len(m.observer_ids)):
             await self._introduce_if_unknown(session, m.service_id, out)
             return
         sid = m.service_id
@@ -381,25 +331,23 @@ class StateRules:
         them when its connection really died."""
         if service_id is None:
             return False
-        service = await self._service(session, service_id)
+        service = await self._services_of(session).get(service_id)
         return service is not None and service.status in statuses
-
-    async def _service(self, session: AsyncSession, service_id: uuid.UUID) -> Service | None:
-        """The service's row (any status), or None if the manager does not know it."""
-        if self._session is not session or service_id not in self._services:
-            self._rows_of(session)
-            # Cached even when absent: a batch of reports from a service the manager does not
-            # know yet would otherwise query for it once per report.
-            self._services[service_id] = await session.get(Service, service_id)
-        return self._services[service_id]
 
     async def _known_or_none(self, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
         """The id, if it may be written as an observer's host (a foreign key)."""
-        return service_id if await self._service(session, service_id) is not None else None
+        return service_id if await self._services_of(session).get(service_id) is not None else None
 
     def _rows_of(self, session: AsyncSession) -> ObserverRows:
-        if self._rows is None or self._session is not session:
-            self._session, self._rows, self._services = session, ObserverRows(session), {}
+        return self._transaction(session)[0]
+
+    def _services_of(self, session: AsyncSession) -> ServiceRows:
+        return self._transaction(session)[1]
+
+    def _transaction(self, session: AsyncSession) -> tuple[ObserverRows, ServiceRows]:
+        """The rows of ``session``'s transaction: none cached yet if it is a new one."""
+        if self._rows is None or self._rows[0].session is not session:
+            self._rows = ObserverRows(session), ServiceRows(session)
         return self._rows
 
     async def _observer(self, session: AsyncSession, observer_id: uuid.UUID) -> Row | None:
@@ -407,10 +355,11 @@ class StateRules:
         return await self._rows_of(session).get(observer_id)
 
     async def preload(self, session: AsyncSession, messages: list[StateMessage]) -> None:
-        """Lock and load, in one query each, every observer and service a batch of reports
-        mentions, so applying them finds the rows in memory."""
-        self._session, self._rows = None, None
-        rows = self._rows_of(session)
+        """Load, in one query each, every observer (locked) and service (not locked: see
+        ``ServiceRows``) a batch of reports mentions, so applying them finds the rows in
+        memory. Observers first: the consumer locks them before any service row."""
+        self._rows = None
+        rows, services = self._transaction(session)
         observer_ids: set[uuid.UUID] = set()
         service_ids: set[uuid.UUID] = set()
         for message in messages:
@@ -420,11 +369,7 @@ class StateRules:
                     observer_ids.add(report.observer_id)
                 service_ids.add(report.service_id)
         await rows.preload(observer_ids)
-        service_ids |= rows.hosts()
-        self._services = dict.fromkeys(service_ids)
-        if service_ids:
-            loaded = await session.scalars(select(Service).where(id_in(Service.id, service_ids)))
-            self._services.update({svc.id: svc for svc in loaded})
+        await services.preload(service_ids | rows.hosts())
 
     async def flush(self, session: AsyncSession) -> None:
         """Write the changed rows; call before the transaction commits."""
