@@ -22,6 +22,7 @@ import asyncpg
 import httpx
 
 from bench import profile
+from bench.deaths import Killed, Ledger, close_ledger, open_ledger
 from bench.raw import arun_raw
 from shared import topology
 from tools import infra
@@ -54,8 +55,11 @@ class Figure:
     higher_is_better: bool = True
     target_text: str = "-"
     note: str = ""
+    decimals: int | None = None  # None: 1 from 100 up, else 3
 
     def shown(self) -> str:
+        if self.decimals is not None:
+            return f"{self.value:,.{self.decimals}f} {self.unit}"
         return f"{self.value:,.1f} {self.unit}" if self.value >= 100 else f"{self.value:,.3f} {self.unit}"
 
     def ratio(self) -> float | None:
@@ -68,6 +72,8 @@ class Figure:
         return "-" if ratio is None else f"{ratio:.2f}"
 
     def verdict(self) -> str:
+        if self.target == 0:  # a count that must be nil (false deaths)
+            return "pass" if self.value == 0 else "FAIL"
         ratio = self.ratio()
         return "" if self.target is None else ("pass" if ratio is not None and ratio >= 1 else "FAIL")
 
@@ -113,6 +119,8 @@ class Bench:
         self.services: list[Proc] = []
         self.retries: list[str] = []  # 503 answers a client retried
         self.failover_moved: tuple[int, float] | None = None  # (observers, seconds) of the failover
+        self.killed = Killed()  # services killed on purpose: their deaths are not false
+        self.ledger: Ledger | None = None  # false deaths of the scenario running
         system.env |= BENCH_ENV
 
     # --- helpers -------------------------------------------------------------------------
@@ -198,6 +206,8 @@ class Bench:
         if self.only is not None and name not in self.only and name != "raw":
             return
         before = profile.cpu_seconds()
+        if self.db is not None:
+            self.ledger = await open_ledger(self.system.procs, self.db, self.killed)
         if self.profile_dir is None:
             await scenario()
         else:
@@ -209,6 +219,22 @@ class Bench:
                 await scenario()
         self.cpu[name] = profile.cpu_delta(before, profile.cpu_seconds())
         print(f"  {name:<14} CPU seconds: {self.cpu[name]}", flush=True)
+        if self.ledger is not None and self.db is not None:
+            deaths = await close_ledger(self.ledger, self.system.procs, self.db)
+            self.ledger = None
+            self.add(
+                Figure(
+                    name,
+                    "false deaths",
+                    deaths.total(),
+                    "",
+                    target=0,
+                    higher_is_better=False,
+                    target_text="0" + (" (every connection cut: failed and probation only)" if deaths.cut else ""),
+                    note=deaths.text(),
+                    decimals=0,
+                )
+            )
 
     async def raw(self) -> None:
         result = await arun_raw(self.system.amqp_url, self.n, 3)
@@ -321,6 +347,8 @@ class Bench:
         assert row is not None
         victim = next(p for p in self.services if p.popen.pid == row["pid"])
         moved = int(row["n"])
+        self.killed.pids.add(victim.popen.pid)
+        self.killed.service_ids.add(str(row["service_id"]))
         began = time.monotonic()
         victim.kill9()
 
@@ -436,6 +464,8 @@ class Bench:
         vhost = urllib.parse.unquote(urllib.parse.urlsplit(self.system.amqp_url).path.lstrip("/"))
         rabbit = infra.rabbit_node()
         lost_at = await self.db.fetchval("SELECT now()")
+        if self.ledger is not None:
+            self.ledger.cut_all = True  # every session really ends: only Failed and probation count
         await asyncio.to_thread(rabbit.delete_vhost, vhost)
         await asyncio.to_thread(rabbit.add_vhost, vhost)
         began = time.monotonic()  # from the moment an empty broker is there again
