@@ -41,6 +41,12 @@ SERVICES_LATE = Counter(
     "Times a service's heartbeats were late while its broker connection lived (not judged lost)",
     registry=STATE_REGISTRY,
 )
+DIGESTS_COMPARED = Counter("orch_inventory_digests", "Service digests compared with the rows", registry=STATE_REGISTRY)
+DIGEST_MISMATCHES = Counter(
+    "orch_inventory_digest_mismatches",
+    "Service digests that disagreed with the rows (each answered with a request for the whole inventory)",
+    registry=STATE_REGISTRY,
+)
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
 API_REFUSED_BUSY = Counter(
     "orch_api_refused_busy", "Creates and stops refused with 503 (ORCH_API_IN_FLIGHT reached)", registry=REGISTRY

@@ -29,6 +29,7 @@ from shared.messages import (
     ObserverStarted,
     ObserverStopped,
     ReportBatch,
+    ServiceDigest,
     ServiceInventory,
 )
 
@@ -85,9 +86,7 @@ class Outbox:
     def discard_started(self, session: object) -> int:
         """Drop the unpublished starts and inventories of a session that died."""
         kept = collections.deque(
-            item
-            for item in self._items
-            if not (item[1] is session and isinstance(item[0], ObserverStarted | ServiceInventory | ObserversDescribed))
+            item for item in self._items if not (item[1] is session and isinstance(item[0], _TRUE_WHILE_SESSION_LIVES))
         )
         dropped = len(self._items) - len(kept)
         self._items = kept
@@ -101,6 +100,10 @@ class Outbox:
         except TimeoutError:
             return False
         return True
+
+
+# Reports that describe a session's deliveries: stale once it died.
+_TRUE_WHILE_SESSION_LIVES = (ObserverStarted, ServiceInventory, ServiceDigest, ObserversDescribed)
 
 
 def _resolve(confirmed: asyncio.Future[bool] | None, value: bool) -> None:

@@ -40,12 +40,14 @@ from shared.messages import (
     IsolateObservers,
     ObserversDescribed,
     ServiceBorn,
+    ServiceDigest,
     ServiceHeartbeat,
     ServiceInventory,
     ServiceStopped,
     StopObserver,
     StopObservers,
     decode_control,
+    digest_of,
 )
 from shared.settings import ServiceSettings, hostname
 
@@ -232,11 +234,24 @@ class ObserverService:
                     )
                 )
 
+    def _send_digest(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        running = self.runner.inventory(session)
+        digest = ServiceDigest(
+            service_id=self.service_id, session_id=session.id, count=len(running), digest=digest_of(running)
+        )
+        self.outbox.put(digest, session)
+
     async def _inventory_loop(self) -> None:
+        """Anti-entropy: every ``inventory_s`` a digest of what this session runs; the manager
+        asks for the whole list only when its rows disagree (``InventoryRequest``). The list
+        itself goes once per session, at its start."""
         while True:
             await asyncio.sleep(self.settings.inventory_s)
             if self.session is not None and not self.session.closed.is_set():
-                self._send_inventory()
+                self._send_digest()
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:

@@ -12,6 +12,7 @@ Every model is frozen and forbids unknown fields, so a malformed or foreign body
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -193,6 +194,28 @@ class ServiceInventory(Message):
     session_id: uuid.UUID | None = None
 
 
+class ServiceDigest(Message):
+    """What a service runs, in 40 bytes instead of a list: an inventory of 333,000 ids every
+    30 s was 12 MB per service per period. The manager compares it with its rows and asks
+    for the whole inventory (``InventoryRequest``) only when they differ."""
+
+    type: Literal["ServiceDigest"] = "ServiceDigest"
+    service_id: uuid.UUID
+    session_id: uuid.UUID
+    count: int = Field(ge=0)
+    digest: str = Field(pattern=r"^[0-9a-f]{32}$")
+
+
+def digest_of(observer_ids: Iterable[uuid.UUID]) -> str:
+    """The XOR of the ids' 128 bits, as 32 hex digits: independent of order, and the same
+    computed by PostgreSQL over the manager's rows (``manager/state/digest.py``). Random
+    (uuid4) ids make two different sets collide with probability about 2^-122."""
+    acc = 0
+    for observer_id in observer_ids:
+        acc ^= observer_id.int
+    return f"{acc:032x}"
+
+
 class ObserverStarted(Message):
     type: Literal["ObserverStarted"] = "ObserverStarted"
     observer_id: uuid.UUID
@@ -310,6 +333,7 @@ StateMessage = Annotated[
     | ServiceHeartbeat
     | ServiceStopped
     | ServiceInventory
+    | ServiceDigest
     | ObserverStarted
     | ObserverStopped
     | ObserverRetrying

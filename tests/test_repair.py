@@ -13,6 +13,7 @@ import pytest
 
 from shared import topology
 from shared.messages import StartObserver
+from tests.test_overload import metric
 from tools.harness import System, probe_args, read_ticks, wait_for
 
 
@@ -62,6 +63,23 @@ def test_inventory_repairs_a_lost_observer_started(system: System) -> None:
         lambda: (o := system.observer(created["id"]))["service_name"] == "svc-b" and o, 30, "repaired host"
     )
     assert observer["status"] == "Processing"
+
+
+def test_a_steady_fleet_sends_digests_that_match_not_inventories(system: System) -> None:
+    # Given two services running 30 observers, each sending a digest every 3 s
+    system.start_manager()
+    for name in ("svc-a", "svc-b"):
+        system.start_service(name, workers=20)
+    ids = [system.create(f"steady-{i}", args={"emit": False})["id"] for i in range(30)]
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+    before = metric(system, "orch_inventory_digests_total")
+
+    # When several periods pass
+    wait_for(lambda: metric(system, "orch_inventory_digests_total") >= before + 6, 30, "digests compared")
+
+    # Then every digest matched the rows (computed by PostgreSQL), so no inventory was asked for
+    assert metric(system, "orch_inventory_digest_mismatches_total") == 0
 
 
 def drop_state_messages(system: System, message_type: str) -> int:

@@ -32,7 +32,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
+from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
 from manager.state.adoption import adopt
+from manager.state.digest import held_digest
 from manager.state.outgoing import Outgoing
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, Row, ServiceRows
@@ -48,6 +50,7 @@ from shared.messages import (
     ObserverStopped,
     ReportBatch,
     ServiceBorn,
+    ServiceDigest,
     ServiceHeartbeat,
     ServiceInventory,
     ServiceStopped,
@@ -92,6 +95,8 @@ class StateRules:
                 await self._service_gone(session, message.service_id, now)
             case ServiceInventory():
                 await self._inventory(session, message, now, out)
+            case ServiceDigest():
+                await self._digest(session, message, now, out)
             case ObserverStarted() | ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
                 await self._apply_observer_report(session, message, now, out)
             case ObserversDescribed():
@@ -261,6 +266,24 @@ class StateRules:
         for start in m.starts:
             self.suspicions.unknown.pop(start.observer_id, None)
         await adopt(session, self._rows_of(session), m, now, out)
+
+    async def _digest(self, session: AsyncSession, m: ServiceDigest, now: datetime, out: Outgoing) -> None:
+        """Compare a service's digest with the rows; ask for its whole inventory if they differ."""
+        if not await self._services_of(session).touch(m.service_id, now, m.count):
+            await self._introduce_if_unknown(session, m.service_id, out)
+            return
+        await self._rows_of(session).flush()  # the digest is read from the rows as changed so far
+        count, digest = await held_digest(session, m.service_id, m.session_id)
+        DIGESTS_COMPARED.inc()
+        if (count, digest) != (m.count, m.digest):
+            DIGEST_MISMATCHES.inc()
+            logger.info(
+                "service %s runs %d observer(s), the rows say %d (or other ones): asking for its inventory",
+                m.service_id,
+                m.count,
+                count,
+            )
+            out.messages.append(InventoryRequest(service_id=m.service_id))
 
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the
