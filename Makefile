@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test lint compose-check bench bench-quick ci clean
+.PHONY: venv infra-up infra-down migrate run test lint compose-check bench bench-quick bench-scale ci clean
 
 venv: $(VENV)/.installed
 
@@ -42,6 +42,13 @@ bench: venv
 
 bench-quick: venv
 	$(PY) -m bench.run --quick
+
+# The cost curve to 1,000,000 observers (issue 17): hours, not in CI. SCALE_ARGS narrows it,
+# e.g. SCALE_ARGS='--sizes 10000,100000 --workloads idle'.
+SCALE_ARGS ?=
+
+bench-scale: venv
+	$(PY) -m bench.scale $(SCALE_ARGS)
 
 compose-check: venv
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml

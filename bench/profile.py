@@ -114,8 +114,10 @@ def _group(cmdline: str) -> str | None:
     return None
 
 
-def cpu_seconds() -> dict[tuple[str, int], float]:
-    """CPU seconds (user + system) used so far by each live process of each part."""
+def cpu_seconds(roots: set[int] | None = None) -> dict[tuple[str, int], float]:
+    """CPU seconds (user + system) used so far by each live process of each part; with
+    ``roots``, only those processes and their children (another checkout's servers and
+    tests on the same machine are left out)."""
     ticks = os.sysconf("SC_CLK_TCK")
     used: dict[tuple[str, int], float] = {}
     for proc in Path("/proc").iterdir():
@@ -130,6 +132,8 @@ def cpu_seconds() -> dict[tuple[str, int], float]:
         if group is None:
             continue
         fields = stat.rpartition(")")[2].split()
+        if roots is not None and int(proc.name) not in roots and int(fields[1]) not in roots:
+            continue
         used[(group, int(proc.name))] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
     return used
 

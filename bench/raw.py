@@ -10,7 +10,8 @@ Method (``run_raw``):
 1. Declare a fresh durable classic queue ``bench.raw.<uuid>`` (deleted at the end, also on errors).
 2. Start ``consumers`` consumer processes first (``python -m bench.raw consumer <queue> <prefetch>``;
    the URL is passed in the environment variable ``BENCH_AMQP_URL`` so the password stays out of the
-   process table). Each consumes with manual ack and ``prefetch_count = min(n, 65535)``, never acks,
+   process table). Each consumes with manual ack and room for all n (``prefetch_count`` is 16-bit,
+   so above 65,535 through several consumers on one channel, as a service does), never acks,
    keeps every delivery, and every ``REPORT_INTERVAL_S`` writes ``held <count> <t_last>`` to stdout,
    where ``t_last`` is ``time.monotonic()`` of its latest delivery. CLOCK_MONOTONIC is system-wide on
    Linux, so these stamps are comparable with the parent's clock: the moment the fleet reached a
@@ -26,7 +27,7 @@ Method (``run_raw``):
    (reported as ``split``).
 5. ``kill -9`` the consumer that holds the most (``killed_held``) and measure ``redelivery_s``: from
    just before the SIGKILL until the survivors hold all N again. Survivors can take everything
-   because their prefetch is N (hence ``n <= 65535 * (consumers - 1)``).
+   because each has room for N.
 6. SIGKILL every remaining consumer and reap them.
 7. For context (``batched_*``, not the issue's baseline): a fresh fleet on a second queue, and
    the same N published the way the manager publishes the starts of bulk creates
@@ -62,6 +63,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
+from observer_service.session import prefetch_chunks
 from shared.batch_publish import Outgoing, publish_batch
 
 __all__ = ["RawResult", "arun_raw", "default_amqp_url", "main", "run_raw"]
@@ -70,7 +72,6 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 URL_ENV = "ORCH_AMQP_URL"
 CHILD_URL_ENV = "BENCH_AMQP_URL"
-MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
 IN_FLIGHT = 1_000  # unconfirmed publishes kept in flight
 BATCH, BATCHES_IN_FLIGHT = 1_000, 8  # the batched publisher: like 8 concurrent bulk creates
 REPORT_INTERVAL_S = 0.02
@@ -120,9 +121,11 @@ async def _consume(url: str, queue_name: str, prefetch: int) -> None:
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=prefetch)
         queue = await channel.get_queue(queue_name, ensure=True)
-        await queue.consume(holder.on_message, no_ack=False)
+        # prefetch_count is 16-bit: hold more through several consumers, as a service does.
+        for part in prefetch_chunks(prefetch):
+            await channel.set_qos(prefetch_count=part)
+            await queue.consume(holder.on_message, no_ack=False)
         _emit("ready")
         while not channel.is_closed:  # a write to a pipe whose reader died raises BrokenPipeError: no orphans
             _emit(f"held {len(holder.messages)} {holder.last!r}")
@@ -325,12 +328,13 @@ async def _delete_queue_quietly(url: str, queue_name: str) -> None:
 def _check_size(n: int, consumers: int) -> None:
     if consumers < 2:
         raise ValueError("at least 2 consumers are needed (one is killed)")
-    if not 1 <= n <= MAX_PREFETCH * (consumers - 1):
-        raise ValueError(f"n must be in 1..{MAX_PREFETCH * (consumers - 1)} so the survivors can hold all of it")
+    if n < 1:
+        raise ValueError("n must be at least 1")
 
 
-async def arun_raw(amqp_url: str, n: int, consumers: int = 3) -> RawResult:
-    """The scenario (see the module docstring), for callers already inside an event loop."""
+async def arun_raw(amqp_url: str, n: int, consumers: int = 3, *, batched: bool = True) -> RawResult:
+    """The scenario (see the module docstring), for callers already inside an event loop;
+    without ``batched``, the second pass (the manager's batch publisher) is skipped."""
     _check_size(n, consumers)
     queue_name = f"bench.raw.{uuid.uuid4()}"
     batched_queue = f"{queue_name}.batched"
@@ -341,9 +345,11 @@ async def arun_raw(amqp_url: str, n: int, consumers: int = 3) -> RawResult:
             await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "classic"})
             async with _fleet(amqp_url, queue_name, n, consumers) as fleet:
                 result = await _measure(channel, fleet, queue_name, n)
-            await channel.declare_queue(batched_queue, durable=True, arguments={"x-queue-type": "classic"})
-            async with _fleet(amqp_url, batched_queue, n, consumers) as fleet:
-                publish_rate, hold_rate = await _measure_batched(channel, fleet, batched_queue, n)
+            publish_rate = hold_rate = 0.0
+            if batched:
+                await channel.declare_queue(batched_queue, durable=True, arguments={"x-queue-type": "classic"})
+                async with _fleet(amqp_url, batched_queue, n, consumers) as fleet:
+                    publish_rate, hold_rate = await _measure_batched(channel, fleet, batched_queue, n)
         except BaseException:
             for name in (queue_name, batched_queue):
                 await _delete_queue_quietly(amqp_url, name)  # never hide the original error
@@ -357,7 +363,7 @@ async def arun_raw(amqp_url: str, n: int, consumers: int = 3) -> RawResult:
 async def _fleet(amqp_url: str, queue_name: str, n: int, consumers: int) -> AsyncIterator[_Fleet]:
     fleet = _Fleet()
     try:
-        await fleet.start(amqp_url, queue_name, min(n, MAX_PREFETCH), consumers)
+        await fleet.start(amqp_url, queue_name, n, consumers)  # each could hold all: the survivors must
         yield fleet
     finally:
         await fleet.close()

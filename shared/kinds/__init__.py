@@ -24,6 +24,7 @@ BUILTIN_REFS = (
     "shared.kinds.http_poll:KIND",
     "shared.kinds.websocket:KIND",
     "shared.kinds.periodic:KIND",
+    "shared.kinds.idle:KIND",
 )
 
 

@@ -225,6 +225,11 @@ class PostgresNode:
             return None
         return pid, (lines[7].strip() if len(lines) > 7 else "")
 
+    def live_pid(self) -> int | None:
+        """The postmaster's pid, if this cluster runs (its backends are its children)."""
+        found = self._postmaster()
+        return found[0] if found else None
+
     def is_running(self) -> bool:
         """The postmaster of this data folder is alive and reports ``ready``."""
         state = self._postmaster()

@@ -194,6 +194,10 @@ class RabbitNode:
             return None
         return pid
 
+    def live_pid(self) -> int | None:
+        """The pid of this node's broker (the Erlang VM), if it runs."""
+        return self._live_pid()
+
     def is_running(self) -> bool:
         """Our beam process is alive and accepts AMQP connections (cheap: no rabbitmqctl)."""
         return self._live_pid() is not None and port_accepts(self.port)
