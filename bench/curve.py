@@ -42,6 +42,7 @@ def row(p: Point) -> str:
         f"p99 ms " + ", ".join(f"{k} {v:.0f}" for k, v in p.api_p99_ms.items()) + "; "
         f"failover of {p.failover_count:,} {p.failover_s:.2f}s (raw {p.raw_redelivery_s:.2f}s); "
         f"stop of {p.stop_count:,} {p.stop_s:.1f}s; events/s {p.events_per_s:,.0f}; "
+        f"lease round trip p99 <= {p.lease_round_trip_p99_s:g}s; "
         f"false deaths {sum(p.false_deaths.values())}; "
         + ("all targets held" if not missed else "missed: " + ", ".join(missed))
     )
@@ -50,7 +51,7 @@ def row(p: Point) -> str:
 def table(points: list[Point]) -> str:
     head = (
         "size", "workload", "create/s", "all Proc. s", "svc KiB", "broker KiB", "pg KiB", "CPU %core",
-        "list p99", "get p99", "stats p99", "failover s", "raw s", "stop 10% s", "events/s", "false d.",
+        "list p99", "get p99", "stats p99", "failover s", "raw s", "stop 10% s", "events/s", "lease p99 s", "false d.",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
     for p in points:
@@ -72,6 +73,7 @@ def table(points: list[Point]) -> str:
                 f"{p.raw_redelivery_s:.2f}",
                 f"{p.stop_s:.1f}",
                 f"{p.events_per_s:,.0f}",
+                f"<= {p.lease_round_trip_p99_s:g}",
                 str(sum(p.false_deaths.values())),
             )
         )

@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
@@ -34,7 +34,7 @@ from manager.db.models import Service, ServiceStatus
 from manager.db.retry import retry_lost_races
 from manager.metrics import SERVICES_LATE, SERVICES_LOST
 from manager.state.probation import ProbationPolicy, host_died
-from manager.state.rows import ObserverRows
+from manager.state.rows import ObserverRows, ServiceRows
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
@@ -108,17 +108,7 @@ class Liveness:
                 isolate = await host_died(rows, service_id, last_heard, now, self.probation)
                 await rows.flush()
                 # Last: the consumer locks observers, then their services.
-                marked = await session.scalar(
-                    update(Service)
-                    .where(
-                        Service.id == service_id,
-                        Service.status == ServiceStatus.ALIVE,
-                        Service.last_heartbeat_at <= last_heard,
-                    )
-                    .values(status=ServiceStatus.LOST, modified_at=now)
-                    .returning(Service.id)
-                )
-                if marked is None:
+                if not await ServiceRows(session).mark_lost(service_id, last_heard, now):
                     raise _SpokeMeanwhile
             return isolate
 

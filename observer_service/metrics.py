@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 REGISTRY = CollectorRegistry()
 
@@ -21,6 +21,12 @@ EMITS_DELAYED = Counter(
     "orch_service_emits_delayed",
     "Emits that waited for a slot (ORCH_EMITS_IN_FLIGHT were in flight)",
     registry=REGISTRY,
+)
+LEASE_ROUND_TRIP = Histogram(
+    "orch_service_lease_round_trip_seconds",
+    "Time from sending a lease round trip to its answer (the broker's latency on the holding connection)",
+    registry=REGISTRY,
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
 EMITS_WAITING = Gauge("orch_service_emits_waiting", "Emits waiting for a slot now", registry=REGISTRY)
 

@@ -189,6 +189,7 @@ class Session:
         # Any synchronous method is a round trip; a passive declare is the cheapest.
         await self._lease.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
         self.lease.renew(sent_at)
+        metrics.LEASE_ROUND_TRIP.observe(time.monotonic() - sent_at)
 
     async def _lease_loop(self) -> None:
         """Renew every H/4. A slow round trip is waited for, however long, never cancelled

@@ -10,7 +10,8 @@ so the consumer and the API never deadlock) and stay locked until the transactio
 Pending changes are flushed before any query that filters on a column rules may change.
 
 Services are read as plain ``ServiceRow`` objects too, and ``ServiceRows`` is the only
-writer of ``services`` in the consumer; its writes are immediate (see there why).
+writer of ``services`` on the state side (the consumer, and the liveness judgment that marks
+one lost); its writes are immediate (see there why).
 """
 
 from __future__ import annotations
@@ -263,6 +264,22 @@ class ServiceRows:
         )
         self._rows[service_id] = None
         self._keep(result.all())
+
+    async def mark_lost(self, service_id: uuid.UUID, silent_since: datetime, now: datetime) -> bool:
+        """Mark an alive service lost unless it spoke after ``silent_since`` (compare-and-set);
+        False if it did, or is not alive."""
+        result = await self.session.execute(
+            update(Service)
+            .where(
+                Service.id == service_id,
+                Service.status == ServiceStatus.ALIVE,
+                Service.last_heartbeat_at <= silent_since,
+            )
+            .values(status=ServiceStatus.LOST, modified_at=now)
+            .returning(*_SERVICE_COLUMNS)
+            .execution_options(synchronize_session=False)
+        )
+        return bool(self._keep(result.all()))
 
     async def born(self, m: ServiceBorn, now: datetime) -> None:
         """Insert the service, or bring its row up to date (alive again if it was deleted:
