@@ -17,18 +17,16 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench import profile
+from bench.fresh import fresh_system
 from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench, Figure
 from tools import infra
-from tools.harness import System
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -102,18 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
     warn_about_leftovers(rabbit, postgres)
     tag = f"bench_{int(time.time())}"
-    rabbit.add_vhost(tag)
-    postgres.create_database(tag)
-    workdir = Path(tempfile.mkdtemp(prefix="orch-bench-"))
-    system = System(amqp_url=rabbit.url_for(tag), database_url=postgres.url(tag), workdir=workdir)
+    system = fresh_system(rabbit, postgres, tag, "orch-bench-")
+    workdir = system.workdir
     started = datetime.now(UTC)
     try:
-        subprocess.run(
-            [sys.executable, "-m", "alembic", "upgrade", "head"],
-            env={"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": system.database_url},
-            check=True,
-            capture_output=True,
-        )
         profile_dir = RESULTS / f"profile-{started.strftime('%Y%m%dT%H%M%SZ')}" if args.profile else None
         bench = Bench(system, n=n, scale=scale, quick=args.quick, only=only, profile_dir=profile_dir)
         figures = asyncio.run(bench.run_all())

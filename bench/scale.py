@@ -27,6 +27,7 @@ step's time limit. Results: ``bench/results/scale-<time>.json`` and ``.png`` (th
 
     python -m bench.scale                                      # make bench-scale
     python -m bench.scale --sizes 10000,100000 --workloads idle
+    python -m bench.scale --from bench/results/scale-A.json scale-B.json   # one table and curve
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ import argparse
 import asyncio
 import json
 import random
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -50,6 +49,7 @@ import httpx
 
 from bench import curve, profile
 from bench.deaths import Killed, close_ledger, open_ledger
+from bench.fresh import busiest_host, fresh_system
 from bench.raw import arun_raw
 from bench.scenarios import BENCH_ENV, BULK, percentile, rss_kib
 from tools import infra
@@ -88,6 +88,7 @@ class Point:
     stop_s: float = 0.0
     false_deaths: dict[str, int] = field(default_factory=dict)
     lowest_available_mib: float = 0.0
+    teardown_error: str = ""  # cleaning up after it failed (the next point may be slower)
 
 
 def available_mib() -> float:
@@ -306,11 +307,7 @@ class ScalePoint:
 
     async def failover(self, killed: Killed) -> None:
         assert self.db is not None
-        row = await self.db.fetchrow(
-            "SELECT o.service_id, s.pid, count(*) AS n FROM observers o JOIN services s ON s.id = o.service_id "
-            "WHERE o.status = 'Processing' GROUP BY o.service_id, s.pid ORDER BY n DESC LIMIT 1"
-        )
-        assert row is not None
+        row = await busiest_host(self.db)
         victim = next(s for s in self.services if s.popen.pid == row["pid"])
         killed.pids.add(victim.popen.pid)
         killed.service_ids.add(str(row["service_id"]))
@@ -332,23 +329,13 @@ class ScalePoint:
 def measure(point: Point, rabbit: infra.RabbitNode, postgres: infra.PostgresNode) -> str:
     """Run one point on a vhost and database of its own; returns the folder of its logs."""
     tag = f"bench_scale_{int(time.time())}"
-    rabbit.add_vhost(tag)
-    postgres.create_database(tag)
-    workdir = Path(tempfile.mkdtemp(prefix=f"orch-scale-{point.size}-{point.workload}-"))
-    system = System(amqp_url=rabbit.url_for(tag), database_url=postgres.url(tag), workdir=workdir)
+    system = fresh_system(rabbit, postgres, tag, f"orch-scale-{point.size}-{point.workload}-")
     system.env |= BENCH_ENV
     try:
-        subprocess.run(
-            [sys.executable, "-m", "alembic", "upgrade", "head"],
-            env={"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": system.database_url},
-            check=True,
-            capture_output=True,
-        )
         asyncio.run(_observe(system, point, rabbit))
     finally:
         system.stop_all()
-        rabbit.delete_vhost(tag)
-        postgres.drop_database(tag)
+        _teardown(point, lambda: rabbit.delete_vhost(tag, timeout=3_600), lambda: postgres.drop_database(tag))
     if point.completed:
         # Last, on an empty broker of its own: its messages must not weigh on the product's
         # figures (memory above all), nor the product's on its.
@@ -359,8 +346,17 @@ def measure(point: Point, rabbit: infra.RabbitNode, postgres: infra.PostgresNode
         except Exception as e:  # noqa: BLE001 - recorded, as for the product
             point.stopped_at = f"raw: {type(e).__name__}: {e}"
         finally:
-            rabbit.delete_vhost(f"{tag}_raw")
-    return str(workdir)
+            _teardown(point, lambda: rabbit.delete_vhost(f"{tag}_raw", timeout=3_600))
+    return str(system.workdir)
+
+
+def _teardown(point: Point, *steps: Callable[[], None]) -> None:
+    """Clean up after a point; a failure is noted on it, never loses what it measured."""
+    for step in steps:
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001
+            point.teardown_error += f"{type(e).__name__}: {e}; "
 
 
 async def _observe(system: System, point: Point, rabbit: infra.RabbitNode) -> None:
@@ -376,7 +372,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated sizes")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
+    parser.add_argument("--from", dest="saved", nargs="+", help="draw the table and the curve of saved results")
     args = parser.parse_args(argv)
+    if args.saved:
+        saved = [Point(**p) for path in args.saved for p in json.loads(Path(path).read_text())["points"]]
+        print(curve.table(saved))
+        print(f"curve written to {curve.draw(saved, Path(args.saved[-1]).with_suffix('.png'))}")
+        return 0
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if unknown := set(workloads) - set(WORKLOADS):

@@ -23,6 +23,7 @@ import httpx
 
 from bench import profile
 from bench.deaths import Killed, Ledger, close_ledger, open_ledger
+from bench.fresh import busiest_host
 from bench.raw import arun_raw
 from shared import topology
 from tools import infra
@@ -340,11 +341,7 @@ class Bench:
 
     async def failover(self) -> None:
         assert self.db is not None
-        row = await self.db.fetchrow(
-            "SELECT o.service_id, s.pid, count(*) AS n FROM observers o JOIN services s ON s.id = o.service_id "
-            "WHERE o.status = 'Processing' GROUP BY o.service_id, s.pid ORDER BY n DESC LIMIT 1"
-        )
-        assert row is not None
+        row = await busiest_host(self.db)
         victim = next(p for p in self.services if p.popen.pid == row["pid"])
         moved = int(row["n"])
         self.killed.pids.add(victim.popen.pid)
