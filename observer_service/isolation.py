@@ -86,7 +86,9 @@ class HostContext(Protocol):  # what this needs of the runner's ``Context``
     name: str
     kind: str
     service_id: uuid.UUID
-    stopping: asyncio.Event
+
+    @property
+    def stopping(self) -> asyncio.Event: ...
 
     def lease_deadline(self) -> float: ...
 

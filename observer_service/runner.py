@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 import time
 import uuid
 from datetime import datetime
 from typing import Any
 
-from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
 from observer_service import metrics
@@ -71,7 +69,8 @@ class Runner:
         # sent, the life it stopped or None).
         self._stopped_ids: dict[uuid.UUID, tuple[float, datetime, int | None]] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._inbox: collections.deque[tuple[AbstractIncomingMessage, Session]] = collections.deque()
+        # Start deliveries waiting to be started: (body, delivery tag, redelivered, session).
+        self._inbox: collections.deque[tuple[bytes, int, bool, Session]] = collections.deque()
         self._draining = False
         # False once shutting down: queued starts are left unsettled (requeued on close).
         self.accepting = True
@@ -79,12 +78,12 @@ class Runner:
 
     # --- start -------------------------------------------------------------------------
 
-    def on_start(self, message: AbstractIncomingMessage, session: Session) -> None:
+    def on_start(self, body: bytes, tag: int, redelivered: bool, session: Session) -> None:
         """Queue a delivered start. A reconnect or a failover hands a service thousands of
         starts at once; starting them in chunks that yield to the event loop keeps the AMQP
         heartbeats and the lease round trip flowing (one burst of 30,000 starved the loop
         past the lease, and the service fenced itself over and over)."""
-        self._inbox.append((message, session))
+        self._inbox.append((body, tag, redelivered, session))
         if not self._draining:
             self._draining = True
             self._spawn(self._drain())
@@ -95,10 +94,10 @@ class Runner:
             count = 0
             with self.gc.burst():
                 while self._inbox and self.accepting:
-                    message, session = self._inbox.popleft()
+                    body, tag, redelivered, session = self._inbox.popleft()
                     if session.closed.is_set():
                         continue  # the broker has requeued it with the session
-                    await self._start(message, session)
+                    await self._start(body, tag, redelivered, session)
                     self.gc.started()
                     count += 1
                     if count % _YIELD_EVERY == 0:
@@ -109,23 +108,23 @@ class Runner:
         finally:
             self._draining = False
 
-    async def _start(self, message: AbstractIncomingMessage, session: Session) -> None:
+    async def _start(self, body: bytes, tag: int, redelivered: bool, session: Session) -> None:
         try:
-            start = decode_start(message.body)
+            start = decode_start(body)
         except DecodeError as e:
-            logger.error("dead-lettering a malformed start message (delivery %s): %s", message.delivery_tag, e)
-            await settle(message.reject(requeue=False))
+            logger.error("dead-lettering a malformed start message (delivery %s): %s", tag, e)
+            await settle(session.reject(tag))
             return
         oid = start.observer_id
         if self._was_stopped(start):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
             report = ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start")
-            self._spawn(ack_once_confirmed(message, self.outbox.put_confirmed(report), session))
+            self._spawn(ack_once_confirmed(session, tag, self.outbox.put_confirmed(report)))
             return
         current = self.running.get(oid)
         if current is not None and current.session is session:
             logger.warning("duplicate start message for observer %s, already running here: acking it", oid)
-            await settle(message.ack())
+            await settle(session.ack(tag))
             return
         loaded = self.kinds.get(start.kind)
         if loaded is None:
@@ -139,7 +138,7 @@ class Runner:
                 ", ".join(sorted(self.kinds)),
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(requeue_later(message, _REQUEUE_AFTER_S))
+            self._spawn(requeue_later(session, tag, _REQUEUE_AFTER_S))
             return
         if (start.isolation or loaded.kind.isolation) == "process" and self.children() >= self.settings.process_slots:
             logger.warning(
@@ -148,7 +147,7 @@ class Runner:
                 self.settings.process_slots,
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(requeue_later(message, _REQUEUE_AFTER_S))
+            self._spawn(requeue_later(session, tag, _REQUEUE_AFTER_S))
             return
         try:
             args = loaded.kind.parse_args(start.args)
@@ -157,21 +156,22 @@ class Runner:
             logger.error("observer %s cannot start: %s; dead-lettering its start", oid, error)
             metrics.FAILURES.inc()
             self.outbox.put(ObserverFailed(observer_id=oid, service_id=self.service_id, reason=error))
-            await settle(message.reject(requeue=False))
+            await settle(session.reject(tag))
             return
-        running = Running(start=start, message=message, session=session, ctx=Context(start, self.service_id, session))
+        kind = loaded.kind.name  # one string for all observers of the kind, not one each
+        running = Running(oid, body, tag, session, Context(oid, start.name, kind, self.service_id, session))
         running.isolation = start.isolation or loaded.kind.isolation
         self._run(running, loaded, args)
         self.running[oid] = running
-        self._report_started(running)
-        logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, message.redelivered)
+        self._report_started(running, redelivered)
+        logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, redelivered)
 
-    def _report_started(self, running: Running) -> None:
+    def _report_started(self, running: Running, redelivered: bool) -> None:
         self.outbox.put(
             ObserverStarted(
-                observer_id=running.start.observer_id,
+                observer_id=running.observer_id,
                 service_id=self.service_id,
-                redelivered=bool(running.message.redelivered),
+                redelivered=redelivered,
                 session_id=running.session.id,
                 isolation="process" if running.isolation == "process" else "async",
             ),
@@ -223,14 +223,14 @@ class Runner:
         # is answered with a stop (the manager knows it is OnDeleting or Deleted).
         confirmed = None
         for running in ending:
-            report = ObserverStopped(observer_id=running.start.observer_id, service_id=self.service_id, reason=reason)
+            report = ObserverStopped(observer_id=running.observer_id, service_id=self.service_id, reason=reason)
             confirmed = self.outbox.put_confirmed(report)
         assert confirmed is not None
         if not await until_confirmed(confirmed, {r.session for r in ending}):
             logger.warning("%d observer(s) stopped but not reported: their starts go back to the queue", len(ending))
             return
         for i, running in enumerate(ending):
-            await settle(running.message.ack())
+            await settle(running.session.ack(running.tag))
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let heartbeats and the lease through during a big stop
         self.gc.ended(len(ending), len(self.running))
@@ -245,8 +245,8 @@ class Runner:
             running.ended_by = "fenced"
             if running.task is not None:
                 running.task.cancel()
-            running.ctx.stopping.set()
-            del self.running[running.start.observer_id]
+            running.ctx.request_stop()
+            del self.running[running.observer_id]
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # unwinding thousands of tasks at once starves the loop
         if fenced:
@@ -257,7 +257,7 @@ class Runner:
             tasks = [r.task for r in fenced if r.task is not None and not r.task.done()]
             if tasks:
                 await asyncio.wait(tasks, timeout=_FENCE_UNWIND_S)
-        return [r.start.observer_id for r in fenced]
+        return [r.observer_id for r in fenced]
 
     async def handoff(self) -> list[uuid.UUID]:
         """Graceful shutdown: end every observer. Their starts are not settled here: the
@@ -267,7 +267,7 @@ class Runner:
         for running in handed:
             running.ended_by = "handoff"
         await self._end(handed)
-        return [r.start.observer_id for r in handed]
+        return [r.observer_id for r in handed]
 
     def children(self) -> int:
         return sum(1 for r in self.running.values() if r.isolation == "process")
@@ -291,7 +291,7 @@ class Runner:
             self._spawn(self._isolate(running, reason))
 
     async def _isolate(self, running: Running, reason: str) -> None:
-        oid = running.start.observer_id
+        oid = running.observer_id
         try:
             # Pause it first: a suspect does not run in the service's own process while it
             # waits for a process slot. Its delivery stays held, so its slot stays taken.
@@ -309,22 +309,22 @@ class Runner:
                 await asyncio.sleep(_SLOT_POLL_S)
             if not self._current(running):
                 return  # stopped or fenced meanwhile
-            loaded = self.kinds[running.start.kind]
+            loaded = self.kinds[running.ctx.kind]
             running.isolation = "process"
-            self._run(running, loaded, loaded.kind.parse_args(running.start.args))
+            self._run(running, loaded, loaded.kind.parse_args(running.start().args))
             logger.warning("observer %s runs in a child process now (%s)", oid, reason)
             self.outbox.put(ObserverIsolated(observer_id=oid, service_id=self.service_id), running.session)
         finally:
             running.isolating = False
 
     def _current(self, running: Running) -> bool:
-        return running.ended_by is None and self.running.get(running.start.observer_id) is running
+        return running.ended_by is None and self.running.get(running.observer_id) is running
 
     def _run(self, running: Running, loaded: LoadedKind, args: Any) -> None:
         running.task = asyncio.create_task(
-            supervise(running, loaded, args, self.settings, self.outbox), name=f"observer {running.start.observer_id}"
+            supervise(running, loaded, args, self.settings, self.outbox, self._on_ended),
+            name=f"observer {running.observer_id}",
         )
-        running.task.add_done_callback(functools.partial(self._on_task_done, running))
 
     # --- internals ---------------------------------------------------------------------
 
@@ -332,8 +332,8 @@ class Runner:
         """Cancel the tasks and wait one bounded grace for all of them to finish."""
         tasks = set()
         for running in ending:
-            self.running.pop(running.start.observer_id, None)
-            running.ctx.stopping.set()
+            self.running.pop(running.observer_id, None)
+            running.ctx.request_stop()
             if running.task is not None and not running.task.done():
                 running.task.cancel()
                 tasks.add(running.task)
@@ -348,42 +348,40 @@ class Runner:
                 next(iter(stuck)).get_name(),
             )
 
-    def _on_task_done(self, running: Running, task: asyncio.Task[None]) -> None:
-        # Break the cycle Running -> task -> its exception -> traceback -> frames -> Running:
-        # reference counting then frees an ended observer at once. Left to the collector,
-        # 30,000 stopped observers were 1.2 million objects and a 5.6 s pause (make bench).
-        if running.task is task:
-            running.task = None
-        if running.isolating and task.cancelled():
+    def _on_ended(self, running: Running, outcome: BaseException | None) -> None:
+        """Called by an observer's own task as it ends (``supervise``), with what ended it."""
+        if running.task is asyncio.current_task():
+            running.task = None  # ended: nothing is left to cancel or wait for
+        cancelled = isinstance(outcome, asyncio.CancelledError)
+        if running.isolating and cancelled:
             return  # paused on purpose, to run again in a child process (``_isolate``)
         if running.ended_by is not None:
-            if not task.cancelled() and task.exception() is not None:
-                logger.debug("observer %s ended with %r", running.start.observer_id, task.exception())
+            if outcome is not None and not cancelled:
+                logger.debug("observer %s ended with %r", running.observer_id, outcome)
             return
-        error = None if task.cancelled() else task.exception()
         if running.session.closed.is_set():
             return  # the session died under it: fencing ends it, this is no failure of its own
-        if isinstance(error, LeaseLost):
-            logger.error("observer %s hit a lapsed lease: fencing the session", running.start.observer_id)
-            running.session.fail(f"observer {running.start.observer_id}: {error}")
+        if isinstance(outcome, LeaseLost):
+            logger.error("observer %s hit a lapsed lease: fencing the session", running.observer_id)
+            running.session.fail(f"observer {running.observer_id}: {outcome}")
             return
-        if task.cancelled():
+        if cancelled:
             reason = "observer task was cancelled from inside"
-        elif isinstance(error, ObserverGaveUp):
-            reason = str(error)
+        elif isinstance(outcome, ObserverGaveUp):
+            reason = str(outcome)
+        elif outcome is None:
+            reason = "observer task ended"
         else:
-            reason = f"{type(error).__name__}: {error}"
-        logger.error("observer %s failed: %s", running.start.observer_id, reason)
+            reason = f"{type(outcome).__name__}: {outcome}"
+        logger.error("observer %s failed: %s", running.observer_id, reason)
         metrics.FAILURES.inc()
-        self.running.pop(running.start.observer_id, None)
+        self.running.pop(running.observer_id, None)
         self.gc.ended(1, len(self.running))
         self.outbox.put(
-            ObserverFailed(
-                observer_id=running.start.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS]
-            )
+            ObserverFailed(observer_id=running.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS])
         )
         # Dead-lettered to the pool's error queue: kept for inspection, never run again.
-        self._spawn(settle(running.message.reject(requeue=False)))
+        self._spawn(settle(running.session.reject(running.tag)))
 
     def _remember_stop(self, observer_id: uuid.UUID, sent_at: datetime, life: int | None) -> None:
         # Re-insert so the dict stays ordered by expiry (the TTL is the same for all).

@@ -163,10 +163,10 @@ class ObserverService:
 
     # --- message handlers ----------------------------------------------------------------
 
-    async def _on_start(self, message: AbstractIncomingMessage, *, session: Session) -> None:
+    def _on_start(self, body: bytes, tag: int, redelivered: bool, *, session: Session) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        self.runner.on_start(message, session)
+        self.runner.on_start(body, tag, redelivered, session)
 
     async def _on_control(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -209,7 +209,7 @@ class ObserverService:
         session = self.session
         if session is None:
             return
-        starts = [r.start for oid in observer_ids if (r := self.runner.running.get(oid)) and r.session is session]
+        starts = [r.start() for oid in observer_ids if (r := self.runner.running.get(oid)) and r.session is session]
         logger.warning("the manager has no row for %d observer(s) running here: describing them", len(starts))
         self.outbox.put(ObserversDescribed(service_id=self.service_id, session_id=session.id, starts=starts), session)
 

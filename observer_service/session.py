@@ -1,4 +1,4 @@
-"""One broker session: the only module of the service that touches aio-pika.
+"""One broker session: the only module of the service that touches aio-pika (and aiormq under it).
 
 A session is two AMQP connections, so that liveness never waits behind bulk traffic:
 * ``hold`` — what makes this host the owner of its observers, and nothing bulky:
@@ -34,7 +34,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+import aiormq
+import aiormq.abc
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from observer_service import metrics
 from observer_service.lease import Lease
@@ -46,6 +48,9 @@ from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+# A start delivery, as the runner keeps it: the body, the delivery tag (on this session's work
+# channel) and whether the broker redelivered it.
+StartHandler = Callable[[bytes, int, bool], None]
 
 ACK_TIMEOUT_HINT = (
     "the broker closed the channel because a delivery stayed unacked longer than its "
@@ -80,16 +85,20 @@ class Session:
         self._hold: AbstractConnection | None = None
         self._publish: AbstractConnection | None = None
         self._work: AbstractChannel | None = None
+        # The work channel under aio-pika: start deliveries are consumed and settled on it
+        # directly (``_on_start_delivery``).
+        self._work_raw: aiormq.abc.AbstractChannel | None = None
         self._lease: AbstractChannel | None = None
         self._pub: AbstractChannel | None = None
         # Emits in flight at once: past it an observer's emit waits (issue 17).
         self._emit_slots = asyncio.Semaphore(settings.emits_in_flight)
-        self._start_consumers: list[tuple[AbstractQueue, str]] = []
+        self._start_consumers: list[str] = []
+        self._on_start: StartHandler | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------
 
-    async def open(self, on_start: Handler, on_control: Handler, outbox: Outbox) -> None:
+    async def open(self, on_start: StartHandler, on_control: Handler, outbox: Outbox) -> None:
         url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
         name = f"observer-service {self.settings.service_name}"
         try:
@@ -105,15 +114,20 @@ class Session:
             self._work.close_callbacks.add(self._on_closed)
             control = await topology.declare_control_queue(self._work, self.service_id)
             await control.consume(on_control)
+            self._on_start = on_start
+            self._work_raw = await self._work.get_underlay_channel()
             for pool in self.settings.pools:
                 queue = await topology.declare_start_queue(self._work, pool)
                 for prefetch in prefetch_chunks(self.settings.workers_count):
                     # basic.qos applies to the consumers created after it on this channel.
                     await self._work.set_qos(prefetch_count=prefetch)
-                    tag = await queue.consume(
-                        on_start, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
+                    ok = await self._work_raw.basic_consume(
+                        queue.name,
+                        self._on_start_delivery,
+                        arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS},
                     )
-                    self._start_consumers.append((queue, tag))
+                    assert ok.consumer_tag is not None
+                    self._start_consumers.append(ok.consumer_tag)
         except Exception as e:
             await self.close(f"open failed: {e!r}")
             raise BrokerUnavailable(f"cannot open a broker session: {e!r}") from e
@@ -161,10 +175,41 @@ class Session:
 
     async def stop_consuming(self) -> None:
         """Cancel the start consumers: no new observers, the held deliveries stay ours."""
-        for queue, tag in self._start_consumers:
+        for tag in self._start_consumers:
             with contextlib.suppress(Exception):
-                await queue.cancel(tag)
+                assert self._work_raw is not None
+                await self._work_raw.basic_cancel(tag)
         self._start_consumers.clear()
+
+    # --- start deliveries ----------------------------------------------------------------
+
+    async def _on_start_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
+        """aiormq's consumer callback. Start deliveries are taken on the raw channel, not as
+        aio-pika messages: a service keeps every start it runs for the observer's whole life,
+        and aio-pika's message with aiormq's frames is ~1.3 KiB of it (issue 17, density).
+        What is kept is the body and the tag; settling goes by tag (``ack``...)."""
+        delivery = message.delivery
+        assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
+        self._on_start(message.body, delivery.delivery_tag or 0, bool(delivery.redelivered))
+
+    async def ack(self, tag: int) -> None:
+        """Settle a start delivery of this session: the observer is given away (stopped)."""
+        await self._work_channel().basic_ack(tag)
+
+    async def requeue(self, tag: int) -> None:
+        """Hand a start back to the queue, for any service of the pool to take."""
+        await self._work_channel().basic_nack(tag, requeue=True)
+
+    async def reject(self, tag: int) -> None:
+        """Dead-letter a start (to the pool's error queue): never run again."""
+        await self._work_channel().basic_reject(tag, requeue=False)
+
+    def _work_channel(self) -> aiormq.abc.AbstractChannel:
+        # Once the work channel is closed (a dead session, or ``requeue_held``) its
+        # deliveries are the broker's again: settling them is an error (``settle`` ignores it).
+        if self._work is None or self._work_raw is None or self._work_raw.is_closed:
+            raise BrokerUnavailable("the work channel is closed: its deliveries went back to the queue")
+        return self._work_raw
 
     async def requeue_held(self) -> None:
         """Give every delivery held on the work channel back to the broker at once, by
@@ -174,7 +219,7 @@ class Session:
         20,000 took 22 to 81 s in three runs, against at most 0.06 s for a close
         (``python -m bench.requeue``), and the queue serves nobody meanwhile. The rest of the
         session (the lease, the outbox) stays open."""
-        work, self._work = self._work, None
+        work, self._work, self._work_raw = self._work, None, None
         if work is None:
             return
         work.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable
 from typing import Any
-
-from aio_pika.abc import AbstractIncomingMessage
 
 from observer_service.session import Session
 
@@ -30,19 +29,17 @@ async def until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session
     return confirmed.done() and confirmed.result() and not any(s.closed.is_set() for s in sessions)
 
 
-async def ack_once_confirmed(
-    message: AbstractIncomingMessage, confirmed: asyncio.Future[bool], session: Session
-) -> None:
+async def ack_once_confirmed(session: Session, tag: int, confirmed: asyncio.Future[bool]) -> None:
     if await until_confirmed(confirmed, {session}):
-        await settle(message.ack())
+        await settle(session.ack(tag))
 
 
-async def requeue_later(message: AbstractIncomingMessage, delay_s: float) -> None:
+async def requeue_later(session: Session, tag: int, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
-    await settle(message.nack(requeue=True))
+    await settle(session.requeue(tag))
 
 
-async def settle(operation: Any) -> None:
+async def settle(operation: Awaitable[Any]) -> None:
     """Ack/nack/reject, ignoring a channel that is already gone (the broker requeued)."""
     with contextlib.suppress(Exception):
         await operation

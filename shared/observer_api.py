@@ -48,8 +48,14 @@ class ObserverContext(Protocol):
     name: str
     kind: str
     service_id: uuid.UUID
-    stopping: asyncio.Event
-    logger: logging.LoggerAdapter[logging.Logger]
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once the host tells the observer to stop (a body may wait on it)."""
+
+    @property
+    def logger(self) -> logging.LoggerAdapter[logging.Logger]:
+        """A logger that names the observer in every record."""
 
     def ensure_lease(self) -> None:
         """Raise ``LeaseLost`` unless this host still holds the observer's delivery on a

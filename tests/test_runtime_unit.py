@@ -4,7 +4,6 @@ validation of new observers against announced kinds."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
 import logging
 import time
@@ -12,16 +11,17 @@ import uuid
 import weakref
 
 import pytest
+from pydantic import BaseModel
 
 from manager.errors import Invalid, Unavailable
 from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
 from observer_service.capacity import Budgets, auto_capacity, sized
 from observer_service.gc_policy import FREEZE_EVERY, GcPolicy
-from observer_service.observer import Running
+from observer_service.observer import Context, Running, supervise
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner
 from observer_service.watchdog import LoopWatchdog
-from shared.kinds import BUILTIN_KINDS, discover_kinds, load_ref
+from shared.kinds import BUILTIN_KINDS, LoadedKind, discover_kinds, load_ref
 from shared.messages import (
     KindInfo,
     ObserverStarted,
@@ -29,8 +29,8 @@ from shared.messages import (
     RetryPolicy,
     ServiceHeartbeat,
     ServiceInventory,
-    StartObserver,
 )
+from shared.observer_api import ObserverKind
 from shared.settings import ServiceSettings
 
 
@@ -195,28 +195,49 @@ async def test_unpublished_starts_and_inventories_of_a_dead_session_are_dropped(
     assert [type(m).__name__ for m in kept] == ["ObserverStopped", "ObserverStarted", "ServiceHeartbeat"]
 
 
-async def test_an_ended_observer_is_freed_by_reference_counting_alone() -> None:
-    runner = Runner.__new__(Runner)  # only _on_task_done is exercised
-    start = StartObserver(observer_id=uuid.uuid4(), name="x", kind="ticker")
-    running = Running(start=start, message=None, session=None, ctx=None)  # type: ignore[arg-type]
-    running.ended_by = "stop"
+class _NoArgs(BaseModel):
+    pass
 
-    async def body(r: Running) -> None:
+
+async def test_an_ended_observer_is_freed_by_reference_counting_alone() -> None:
+    """Stopped observers must not wait for the collector (frozen by the GC policy, they
+    would stay): the task that ran one, what ended it and the observer itself are freed
+    by reference counting alone, whether its body was cancelled or raised."""
+    runner = Runner.__new__(Runner)  # only _on_ended is exercised
+
+    async def cancelled_body(args: object, ctx: object) -> None:
         await asyncio.sleep(3600)
 
-    gc.disable()
-    try:
-        running.task = asyncio.create_task(body(running))
-        running.task.add_done_callback(functools.partial(runner._on_task_done, running))
+    async def raising_body(args: object, ctx: object) -> None:
         await asyncio.sleep(0)
-        running.task.cancel()
-        for _ in range(3):
+        raise RuntimeError("boom")
+
+    # pytest keeps every log record, and the warning about the raising body carries its
+    # traceback (and through it the observer): that logger is not what this test is about.
+    logging.getLogger("observer.x").propagate = False
+    for body in (cancelled_body, raising_body):
+        loaded = LoadedKind(ObserverKind(name="x", args_model=_NoArgs, run=body), "tests:x")
+        oid = uuid.uuid4()
+        ctx = Context(oid, "x", "x", uuid.uuid4(), None)  # type: ignore[arg-type]
+        running = Running(oid, b"{}", 1, None, ctx)  # type: ignore[arg-type]
+        running.ended_by = "stop"
+        settings = ServiceSettings()
+        gc.disable()
+        try:
+            running.task = asyncio.create_task(
+                supervise(running, loaded, _NoArgs(), settings, Outbox(), runner._on_ended)
+            )
             await asyncio.sleep(0)
-        ref = weakref.ref(running)
-        del running
-        assert ref() is None, "an ended observer is kept alive by a reference cycle"
-    finally:
-        gc.enable()
+            if body is cancelled_body:
+                running.task.cancel()
+            for _ in range(3):
+                await asyncio.sleep(0)
+            assert running.task is None, "the task did not tell the runner it ended"
+            ref = weakref.ref(running)
+            del running
+            assert ref() is None, f"an ended observer ({body.__name__}) is kept alive by a reference cycle"
+        finally:
+            gc.enable()
 
 
 def test_gc_policy_keeps_automatic_collection_off_during_a_burst_only() -> None:
