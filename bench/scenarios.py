@@ -296,9 +296,9 @@ class Bench:
                 "service RSS per idle observer",
                 (held - idle) / self.n,
                 "KiB",
-                target=10.0,
+                target=5.0,
                 higher_is_better=False,
-                target_text="<= 10 KiB",
+                target_text="<= 5 KiB",
             )
         )
 
