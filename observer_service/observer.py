@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from observer_service import metrics
 from observer_service.isolation import ProcessLimits, run_in_process
 from observer_service.outbox import Outbox
-from observer_service.session import Session
+from observer_service.session import Holder, Session
 from shared.errors import LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import ObserverRetrying, RetryPolicy, StartObserver, decode_start, utcnow
@@ -99,13 +99,14 @@ class Running:
     Kept small on purpose (issue 17: <= 5 KiB per idle observer): the start message stays as
     the bytes it came in (decoded again only when needed: a retry policy after a failure, a
     move into a child process, a describe), and the delivery as its tag on the session's
-    work channel, instead of the decoded model (~2.9 KiB) and aio-pika's message (~1 KiB)."""
+    channel, instead of the decoded model (~2.9 KiB) and aio-pika's message (~1 KiB)."""
 
     __slots__ = (
         "__weakref__",
         "body",
         "ctx",
         "ended_by",
+        "holder",
         "isolating",
         "isolation",
         "observer_id",
@@ -115,10 +116,13 @@ class Running:
         "task",
     )
 
-    def __init__(self, observer_id: uuid.UUID, body: bytes, tag: int, session: Session, ctx: Context) -> None:
+    def __init__(
+        self, observer_id: uuid.UUID, body: bytes, holder: Holder, tag: int, session: Session, ctx: Context
+    ) -> None:
         self.observer_id = observer_id
         self.body = body
-        self.tag = tag  # the delivery tag of its start, on ``session``'s work channel
+        self.holder = holder  # the channel its start was delivered on, and the delivery tag there
+        self.tag = tag
         self.session = session
         self.ctx = ctx
         self.task: asyncio.Task[None] | None = None

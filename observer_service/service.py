@@ -26,7 +26,7 @@ from observer_service.capacity import sized
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner
-from observer_service.session import Session
+from observer_service.session import Holder, Session
 from observer_service.settle import settle
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
@@ -163,10 +163,10 @@ class ObserverService:
 
     # --- message handlers ----------------------------------------------------------------
 
-    def _on_start(self, body: bytes, tag: int, redelivered: bool, *, session: Session) -> None:
+    def _on_start(self, body: bytes, holder: Holder, tag: int, redelivered: bool, *, session: Session) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        self.runner.on_start(body, tag, redelivered, session)
+        self.runner.on_start(body, holder, tag, redelivered, session)
 
     async def _on_control(self, message: AbstractIncomingMessage) -> None:
         try:

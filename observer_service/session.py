@@ -2,9 +2,10 @@
 
 A session is two AMQP connections, so that liveness never waits behind bulk traffic:
 * ``hold`` — what makes this host the owner of its observers, and nothing bulky:
-  - ``work``: consumes the pools' start queues (manual ack, ``prefetch_count =
-    workers_count``) and this instance's exclusive control queue, whose presence tells the
-    manager the connection lives (``manager/liveness.py``);
+  - the holders: channels that consume the pools' start queues (manual ack, one consumer
+    each, ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool);
+  - ``work``: this instance's exclusive control queue, whose presence tells the manager the
+    connection lives (``manager/liveness.py``);
   - ``lease``: the lease round trips. They must travel on the connection that holds the
     deliveries: a round trip answered on it proves the broker has not given them away.
 * ``publish`` — publisher confirms; state reports, inventories and observer events. RabbitMQ
@@ -48,9 +49,11 @@ from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
-# A start delivery, as the runner keeps it: the body, the delivery tag (on this session's work
-# channel) and whether the broker redelivered it.
-StartHandler = Callable[[bytes, int, bool], None]
+# The channel a start delivery came on: settling it needs that channel and the delivery tag.
+Holder = aiormq.abc.AbstractChannel
+# A start delivery, as the runner keeps it: the body, its holder, the delivery tag and whether
+# the broker redelivered it.
+StartHandler = Callable[[bytes, Holder, int, bool], None]
 
 ACK_TIMEOUT_HINT = (
     "the broker closed the channel because a delivery stayed unacked longer than its "
@@ -65,12 +68,18 @@ _OUTBOX_BATCH = 5_000  # reports taken per round; packed into far fewer messages
 _LINGER_S = 0.02
 _LINGER_BELOW = 500
 MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
+# Starts held per channel. RabbitMQ finds the delivery an ack, nack or reject names by walking
+# its channel's unacked deliveries from the oldest (rabbit_channel:collect_acks), so settling
+# one costs time proportional to how many that channel holds: a stop of 30,000 of 300,000,
+# on channels of up to 65,535 each, took minutes (make bench-scale). Held on channels of
+# this many, each settle walks at most this far; a channel costs the broker one process.
+HOLD_PER_CHANNEL = 4_096
 
 
-def prefetch_chunks(workers_count: int) -> list[int]:
+def prefetch_chunks(workers_count: int, per_consumer: int = MAX_PREFETCH) -> list[int]:
     """Prefetch of each consumer so that together they hold ``workers_count`` deliveries."""
-    full, rest = divmod(workers_count, MAX_PREFETCH)
-    return [MAX_PREFETCH] * full + ([rest] if rest else [])
+    full, rest = divmod(workers_count, min(per_consumer, MAX_PREFETCH))
+    return [min(per_consumer, MAX_PREFETCH)] * full + ([rest] if rest else [])
 
 
 class Session:
@@ -85,14 +94,15 @@ class Session:
         self._hold: AbstractConnection | None = None
         self._publish: AbstractConnection | None = None
         self._work: AbstractChannel | None = None
-        # The work channel under aio-pika: start deliveries are consumed and settled on it
-        # directly (``_on_start_delivery``).
-        self._work_raw: aiormq.abc.AbstractChannel | None = None
+        # The channels that hold start deliveries, one consumer each (``HOLD_PER_CHANNEL``);
+        # deliveries are consumed and settled on the raw aiormq channel under each.
+        self._holders: list[tuple[AbstractChannel, Holder]] = []
+        self._held_back = False  # ``requeue_held`` closed them on purpose
         self._lease: AbstractChannel | None = None
         self._pub: AbstractChannel | None = None
         # Emits in flight at once: past it an observer's emit waits (issue 17).
         self._emit_slots = asyncio.Semaphore(settings.emits_in_flight)
-        self._start_consumers: list[str] = []
+        self._start_consumers: list[tuple[Holder, str]] = []
         self._on_start: StartHandler | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -115,19 +125,10 @@ class Session:
             control = await topology.declare_control_queue(self._work, self.service_id)
             await control.consume(on_control)
             self._on_start = on_start
-            self._work_raw = await self._work.get_underlay_channel()
             for pool in self.settings.pools:
                 queue = await topology.declare_start_queue(self._work, pool)
-                for prefetch in prefetch_chunks(self.settings.workers_count):
-                    # basic.qos applies to the consumers created after it on this channel.
-                    await self._work.set_qos(prefetch_count=prefetch)
-                    ok = await self._work_raw.basic_consume(
-                        queue.name,
-                        self._on_start_delivery,
-                        arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS},
-                    )
-                    assert ok.consumer_tag is not None
-                    self._start_consumers.append(ok.consumer_tag)
+                for prefetch in prefetch_chunks(self.settings.workers_count, HOLD_PER_CHANNEL):
+                    await self._hold_on_new_channel(queue.name, prefetch)
         except Exception as e:
             await self.close(f"open failed: {e!r}")
             raise BrokerUnavailable(f"cannot open a broker session: {e!r}") from e
@@ -173,12 +174,24 @@ class Session:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(connection.close(), 5)
 
+    async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
+        assert self._hold is not None
+        channel = await self._hold.channel(publisher_confirms=False)
+        channel.close_callbacks.add(self._on_closed)
+        raw = await channel.get_underlay_channel()
+        self._holders.append((channel, raw))
+        await channel.set_qos(prefetch_count=prefetch)
+        ok = await raw.basic_consume(
+            queue, self._on_start_delivery, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
+        )
+        assert ok.consumer_tag is not None
+        self._start_consumers.append((raw, ok.consumer_tag))
+
     async def stop_consuming(self) -> None:
         """Cancel the start consumers: no new observers, the held deliveries stay ours."""
-        for tag in self._start_consumers:
+        for raw, tag in self._start_consumers:
             with contextlib.suppress(Exception):
-                assert self._work_raw is not None
-                await self._work_raw.basic_cancel(tag)
+                await raw.basic_cancel(tag)
         self._start_consumers.clear()
 
     # --- start deliveries ----------------------------------------------------------------
@@ -190,41 +203,43 @@ class Session:
         What is kept is the body and the tag; settling goes by tag (``ack``...)."""
         delivery = message.delivery
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
-        self._on_start(message.body, delivery.delivery_tag or 0, bool(delivery.redelivered))
+        self._on_start(message.body, message.channel, delivery.delivery_tag or 0, bool(delivery.redelivered))
 
-    async def ack(self, tag: int) -> None:
+    async def ack(self, holder: Holder, tag: int) -> None:
         """Settle a start delivery of this session: the observer is given away (stopped)."""
-        await self._work_channel().basic_ack(tag)
+        await self._holding(holder).basic_ack(tag)
 
-    async def requeue(self, tag: int) -> None:
+    async def requeue(self, holder: Holder, tag: int) -> None:
         """Hand a start back to the queue, for any service of the pool to take."""
-        await self._work_channel().basic_nack(tag, requeue=True)
+        await self._holding(holder).basic_nack(tag, requeue=True)
 
-    async def reject(self, tag: int) -> None:
+    async def reject(self, holder: Holder, tag: int) -> None:
         """Dead-letter a start (to the pool's error queue): never run again."""
-        await self._work_channel().basic_reject(tag, requeue=False)
+        await self._holding(holder).basic_reject(tag, requeue=False)
 
-    def _work_channel(self) -> aiormq.abc.AbstractChannel:
-        # Once the work channel is closed (a dead session, or ``requeue_held``) its
-        # deliveries are the broker's again: settling them is an error (``settle`` ignores it).
-        if self._work is None or self._work_raw is None or self._work_raw.is_closed:
-            raise BrokerUnavailable("the work channel is closed: its deliveries went back to the queue")
-        return self._work_raw
+    def _holding(self, holder: Holder) -> Holder:
+        # Once its channel is closed (a dead session, or ``requeue_held``) a delivery is the
+        # broker's again: settling it is an error (``settle`` ignores it).
+        if self._held_back or holder.is_closed:
+            raise BrokerUnavailable("the channel of this delivery is closed: it went back to the queue")
+        return holder
 
     async def requeue_held(self) -> None:
-        """Give every delivery held on the work channel back to the broker at once, by
-        closing the channel: the broker requeues a closed channel's unacked deliveries as one
-        batch. Nacking them one by one costs a RabbitMQ 3.10 classic queue time that grows
-        faster than their number: 5,000 nacks took 2.6 s of broker CPU, 10,000 took 14 s and
-        20,000 took 22 to 81 s in three runs, against at most 0.06 s for a close
-        (``python -m bench.requeue``), and the queue serves nobody meanwhile. The rest of the
-        session (the lease, the outbox) stays open."""
-        work, self._work, self._work_raw = self._work, None, None
-        if work is None:
-            return
-        work.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on
-        with contextlib.suppress(Exception):
-            await work.close()
+        """Give every held delivery back to the broker at once, by closing the channels that
+        hold them: the broker requeues a closed channel's unacked deliveries as one batch.
+        Nacking them one by one costs RabbitMQ time that grows faster than their number (each
+        nack walks the channel's unacked deliveries: see ``HOLD_PER_CHANNEL``): 5,000 nacks
+        on one channel took 2.6 s of broker CPU, 10,000 took 14 s and 20,000 took 22 to 81 s
+        in three runs, against at most 0.06 s for a close (``python -m bench.requeue``), and
+        the queue serves nobody meanwhile. The rest of the session (the lease, the outbox, the
+        control queue) stays open."""
+        self._held_back = True
+        holders, self._holders = self._holders, []
+        for channel, _ in holders:
+            channel.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on
+        for channel, _ in holders:
+            with contextlib.suppress(Exception):
+                await channel.close()
 
     # --- lease -------------------------------------------------------------------------
 

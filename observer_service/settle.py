@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any
 
-from observer_service.session import Session
+from observer_service.session import Holder, Session
 
 
 async def until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session]) -> bool:
@@ -29,14 +29,14 @@ async def until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session
     return confirmed.done() and confirmed.result() and not any(s.closed.is_set() for s in sessions)
 
 
-async def ack_once_confirmed(session: Session, tag: int, confirmed: asyncio.Future[bool]) -> None:
+async def ack_once_confirmed(session: Session, holder: Holder, tag: int, confirmed: asyncio.Future[bool]) -> None:
     if await until_confirmed(confirmed, {session}):
-        await settle(session.ack(tag))
+        await settle(session.ack(holder, tag))
 
 
-async def requeue_later(session: Session, tag: int, delay_s: float) -> None:
+async def requeue_later(session: Session, holder: Holder, tag: int, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
-    await settle(session.requeue(tag))
+    await settle(session.requeue(holder, tag))
 
 
 async def settle(operation: Awaitable[Any]) -> None:

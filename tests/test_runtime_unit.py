@@ -219,7 +219,7 @@ async def test_an_ended_observer_is_freed_by_reference_counting_alone() -> None:
         loaded = LoadedKind(ObserverKind(name="x", args_model=_NoArgs, run=body), "tests:x")
         oid = uuid.uuid4()
         ctx = Context(oid, "x", "x", uuid.uuid4(), None)  # type: ignore[arg-type]
-        running = Running(oid, b"{}", 1, None, ctx)  # type: ignore[arg-type]
+        running = Running(oid, b"{}", None, 1, None, ctx)  # type: ignore[arg-type]
         running.ended_by = "stop"
         settings = ServiceSettings()
         gc.disable()

@@ -1,10 +1,13 @@
 """One service holding more starts than one consumer may (prefetch_count is 16-bit: at
-most 65,535 unacked per consumer): 100,000 in one service, split over two consumers."""
+most 65,535 unacked per consumer): 100,000 in one service, held by consumers of at most
+``HOLD_PER_CHANNEL`` each, each on a channel of its own (RabbitMQ's cost of settling a
+delivery grows with how many its channel holds)."""
 
 from __future__ import annotations
 
 import re
 
+from observer_service.session import HOLD_PER_CHANNEL
 from shared import topology
 from tools import infra
 from tools.harness import System, wait_for
@@ -26,7 +29,7 @@ def test_one_service_holds_100000_observers(system: System, rabbit: infra.Rabbit
         response = system.post("/api/observers/bulk", {"observers": batch})
         assert response.status_code == 201, response.text
 
-    # Then all run on it, held by two consumers of the start queue, none waiting
+    # Then all run on it, held by consumers of at most HOLD_PER_CHANNEL on channels of their own
     wait_for(
         lambda: system.get("/api/stats").json()["observers"]["Processing"] == N, 600, "100,000 Processing", every=2
     )
@@ -38,9 +41,13 @@ def test_one_service_holds_100000_observers(system: System, rabbit: infra.Rabbit
         (int(r), int(u)) for name, r, u in (line.split("\t") for line in listing.splitlines()) if name == queue
     )
     assert (ready, unacked) == (0, N)
-    consumers = rabbit.ctl("-q", "list_consumers", "--no-table-headers", "-p", vhost, "queue_name", "prefetch_count")
-    prefetches = sorted(int(p) for q, p in (line.split("\t") for line in consumers.splitlines()) if q == queue)
-    assert prefetches == [N - 65_535, 65_535]
+    listing = rabbit.ctl(
+        "-q", "list_consumers", "--no-table-headers", "-p", vhost, "queue_name", "channel_pid", "prefetch_count"
+    )
+    consumers = [(c, int(p)) for q, c, p in (line.split("\t") for line in listing.splitlines()) if q == queue]
+    assert sum(p for _, p in consumers) == N
+    assert max(p for _, p in consumers) == HOLD_PER_CHANNEL
+    assert len({c for c, _ in consumers}) == len(consumers) == -(-N // HOLD_PER_CHANNEL)
     service = system.service_by_name("svc-big")
     assert service is not None and service["running"] == N
     assert not re.search(r"broker session lost|fenced", svc.text())

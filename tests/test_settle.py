@@ -1,7 +1,9 @@
-"""Settling start deliveries by tag on the raw work channel (``Session.ack``, ``requeue``,
-``reject``), against a real broker: the service keeps only a start's body and delivery tag
-(issue 17, density), so these are what an aio-pika or aiormq upgrade that changed the
-consume path would fail."""
+"""Settling start deliveries by channel and tag on raw aiormq channels (``Session.ack``,
+``requeue``, ``reject``), against a real broker: the service keeps only a start's body, the
+channel it came on and its delivery tag (issue 17, density), and holds its starts on many
+channels of a few thousand each (``HOLD_PER_CHANNEL``: RabbitMQ's cost of a settle grows
+with how many its channel holds), so these are what an aio-pika or aiormq upgrade that
+changed the consume path would fail."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import aio_pika
 import pytest
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 
+from observer_service import session as session_module
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
-from observer_service.session import Session
+from observer_service.session import Holder, Session
 from observer_service.settle import settle
 from shared import topology
 from shared.settings import ServiceSettings
@@ -26,14 +29,14 @@ QUEUE = topology.start_queue_name(POOL)
 
 
 class Received:
-    """The starts a session handed over: (body, tag, redelivered), in arrival order."""
+    """The starts a session handed over: (body, holder, tag, redelivered), in arrival order."""
 
     def __init__(self) -> None:
-        self.starts: list[tuple[bytes, int, bool]] = []
+        self.starts: list[tuple[bytes, Holder, int, bool]] = []
         self.arrived = asyncio.Event()
 
-    def __call__(self, body: bytes, tag: int, redelivered: bool) -> None:
-        self.starts.append((body, tag, redelivered))
+    def __call__(self, body: bytes, holder: Holder, tag: int, redelivered: bool) -> None:
+        self.starts.append((body, holder, tag, redelivered))
         self.arrived.set()
 
     async def until(self, count: int) -> None:
@@ -42,8 +45,8 @@ class Received:
                 self.arrived.clear()
                 await self.arrived.wait()
 
-    def tag_of(self, body: bytes, *, redelivered: bool = False) -> int:
-        return next(t for b, t, r in self.starts if b == body and r == redelivered)
+    def delivery(self, body: bytes, *, redelivered: bool = False) -> tuple[Holder, int]:
+        return next((h, t) for b, h, t, r in self.starts if b == body and r == redelivered)
 
 
 async def _ignore(message: AbstractIncomingMessage) -> None:
@@ -61,7 +64,12 @@ async def channel(rabbit: infra.RabbitNode, vhost: str) -> AsyncIterator[Abstrac
 
 
 @pytest.fixture
-async def session(rabbit: infra.RabbitNode, vhost: str, channel: AbstractChannel) -> AsyncIterator[Session]:
+async def session(
+    rabbit: infra.RabbitNode, vhost: str, channel: AbstractChannel, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Session]:
+    # Two per channel: the starts below are held on several channels, and each settle must
+    # name the right one (a tag on the wrong channel is a channel error, and the session dies).
+    monkeypatch.setattr(session_module, "HOLD_PER_CHANNEL", 2)
     settings = ServiceSettings(amqp_url=rabbit.url_for(vhost), pools=[POOL], workers_count=10, service_name="settle")
     session = Session(settings, uuid.uuid4(), Lease(settings.amqp_heartbeat_s))
     yield session
@@ -92,24 +100,27 @@ async def test_ack_requeue_and_reject_settle_the_delivery_they_name(session: Ses
     await session.open(received, _ignore, Outbox())
     await _publish(channel, b"acked", b"requeued", b"rejected", b"held")
     await received.until(4)
-    assert all(not redelivered for _, _, redelivered in received.starts)
+    assert all(not redelivered for _, _, _, redelivered in received.starts)
+    assert len({id(holder) for _, holder, _, _ in received.starts}) > 1  # the broker spreads them
 
-    await session.ack(received.tag_of(b"acked"))
-    await session.requeue(received.tag_of(b"requeued"))
-    await session.reject(received.tag_of(b"rejected"))
+    await session.ack(*received.delivery(b"acked"))
+    await session.requeue(*received.delivery(b"requeued"))
+    await session.reject(*received.delivery(b"rejected"))
 
     # Handed back to the queue: this session, the only consumer, gets it again, redelivered.
     await received.until(5)
-    assert received.starts[4][0] == b"requeued" and received.starts[4][2]
+    assert received.starts[4][0] == b"requeued" and received.starts[4][3]
+    assert not session.closed.is_set()
     assert await _bodies(channel, topology.error_queue_name(QUEUE)) == [b"rejected"]
     assert await _ready(channel, QUEUE) == 0  # the rest are held, unacked, by the session
 
     # Every delivery still held goes back at once when the work channel closes; settling one
     # of them afterwards is refused (the broker owns it again) and ``settle`` swallows that.
     await session.requeue_held()
-    with pytest.raises(Exception, match="work channel is closed"):
-        await session.ack(received.tag_of(b"held"))
-    await settle(session.ack(received.tag_of(b"held")))
+    with pytest.raises(Exception, match="channel of this delivery is closed"):
+        await session.ack(*received.delivery(b"held"))
+    await settle(session.ack(*received.delivery(b"held")))
+    assert not session.closed.is_set()  # handing starts back does not end the session
     assert sorted(await _bodies(channel, QUEUE)) == [b"held", b"requeued"]  # "acked" is gone for good
 
 
@@ -121,8 +132,8 @@ async def test_no_start_arrives_once_the_consumers_are_cancelled(session: Sessio
     await session.stop_consuming()
     await _publish(channel, b"second")
     await asyncio.sleep(0.5)
-    assert [body for body, _, _ in received.starts] == [b"first"]
+    assert [body for body, _, _, _ in received.starts] == [b"first"]
     assert await _ready(channel, QUEUE) == 1
-    await session.ack(received.tag_of(b"first"))  # a held delivery stays ours to settle
+    await session.ack(*received.delivery(b"first"))  # a held delivery stays ours to settle
     await session.requeue_held()
     assert await _bodies(channel, QUEUE) == [b"second"]
