@@ -24,7 +24,6 @@ from shared.messages import ObserverRetrying, RetryPolicy, StartObserver, decode
 from shared.settings import ServiceSettings
 
 MAX_ERROR_CHARS = 2000
-_LEASE_POLL_S = 0.1
 
 
 class Context:
@@ -69,6 +68,10 @@ class Context:
         bounded by a grace shorter than the service's, so it ends before the delivery is
         settled."""
         return 0.0 if self._session.closed.is_set() else self._session.lease.valid_until()
+
+    async def lease_changed(self) -> None:
+        """Until the lease is renewed or revoked (``Lease.changed``)."""
+        await self._session.lease.changed()
 
     def ensure_lease(self) -> None:
         if self._session.closed.is_set():
@@ -218,14 +221,15 @@ async def supervise(
 
 
 async def _lease_back(ctx: Context) -> None:
-    """Until the lease is valid again; raises ``LeaseLost`` if the session dies meanwhile."""
+    """Until the lease is valid again; raises ``LeaseLost`` if the session dies meanwhile
+    (its end revokes the lease, which wakes this)."""
     while True:
         deadline = ctx.lease_deadline()
         if deadline == 0.0:
             raise LeaseLost("the broker session of this observer is gone")
         if deadline > time.monotonic():
             return
-        await asyncio.sleep(_LEASE_POLL_S)
+        await ctx.lease_changed()
 
 
 async def _run_in_child(running: Running, loaded: LoadedKind, args: BaseModel, settings: ServiceSettings) -> None:

@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 import weakref
+from types import SimpleNamespace
 
 import pytest
 from pydantic import BaseModel
@@ -17,10 +18,12 @@ from manager.errors import Invalid, Unavailable
 from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
 from observer_service.capacity import Budgets, auto_capacity, sized
 from observer_service.gc_policy import FREEZE_EVERY, GcPolicy
-from observer_service.observer import Context, Running, supervise
+from observer_service.lease import Lease
+from observer_service.observer import Context, Running, _lease_back, supervise
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner
 from observer_service.watchdog import LoopWatchdog
+from shared.errors import LeaseLost
 from shared.kinds import BUILTIN_KINDS, LoadedKind, discover_kinds, load_ref
 from shared.messages import (
     KindInfo,
@@ -254,3 +257,33 @@ def test_gc_policy_keeps_automatic_collection_off_during_a_burst_only() -> None:
         pass
     assert gc.isenabled()
     gc.unfreeze()
+
+
+async def test_observers_paused_by_a_lapsed_lease_wait_on_it_without_a_timer_each() -> None:
+    """A failover's burst of starts lapses the lease; every observer started meanwhile waits
+    for it. They must wait on the lease, not poll it: 100,000 polling timers starved the loop
+    that would read the renewal (a failover of 100,000 took 285 s)."""
+    lease = Lease(heartbeat_s=0.2)
+    lease.renew(time.monotonic() - 1)  # lapsed
+    session = SimpleNamespace(closed=asyncio.Event(), lease=lease)
+
+    def paused(count: int) -> list[asyncio.Task[None]]:
+        contexts = [Context(uuid.uuid4(), "x", "x", uuid.uuid4(), session) for _ in range(count)]  # type: ignore[arg-type]
+        return [asyncio.create_task(_lease_back(c)) for c in contexts]
+
+    waiting = paused(1_000)
+    await asyncio.sleep(0.3)
+    assert not any(task.done() for task in waiting)
+    assert len(asyncio.get_running_loop()._scheduled) < 100  # type: ignore[attr-defined]
+
+    lease.renew(time.monotonic())  # renewed: all resume
+    await asyncio.wait_for(asyncio.gather(*waiting), 5)
+
+    lease.revoke()
+    lease.renew(time.monotonic() - 1)  # lapsed again
+    waiting = paused(100)
+    await asyncio.sleep(0.05)
+    session.closed.set()  # the session dies (Session.fail revokes the lease): all give up
+    lease.revoke()
+    results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
+    assert all(isinstance(r, LeaseLost) for r in results)
