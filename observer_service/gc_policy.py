@@ -13,15 +13,30 @@ counting; only frozen *cycles* would stay, so:
 * an ended observer is freed by reference counting (the runner breaks its one cycle), so
   stops leave little behind; only after stops have ended as many observers as now run is
   everything unfrozen, so the collector frees what cycles remain (one long pass, rarely).
+
+Starts are not the only source of long-lived objects: observers paused by a lapsed lease
+make new frames and futures when it is renewed, reconnects and stops make their own. Left in
+the oldest generation they were walked by every automatic full collection: at 1,000,000
+(``make bench-scale``) the two survivors of a failover, ~500,000 observers each, paused
+1.5-3.5 s per full collection, "0 objects freed", until the broker missed their heartbeats
+and closed them (a false death). So ``maintain`` also freezes every ``FREEZE_PERIOD_S``
+whatever survived a young collection: an automatic full collection then walks about one
+period's survivors, never the whole population.
+
+What that costs: a cycle alive at a freeze and garbage later stays until the next full
+collection. ``maintain`` watches for that: every ``LEAK_CHECK_S`` it counts the frozen
+objects, and when they grew by half while the number of observers did not (the growth is
+not new observers, so it is likely frozen garbage) it unfreezes and collects in full.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -30,12 +45,21 @@ FREEZE_EVERY = 1000  # starts between freezes within one burst
 # "burst" every few starts, and a young collection each time was 5 % of a service's time
 # during a bulk create (make bench ARGS=--profile). A trickle is frozen with the next burst.
 BURST_FREEZE_MIN = 100
+FREEZE_PERIOD_S = 1.0
+LEAK_CHECK_S = 300.0
+# Frozen objects may grow this much while the observer count holds before a full collection.
+LEAK_GROWTH = 1.5
+# The observer count "holds" within this fraction; past it the growth is new observers.
+STEADY_WITHIN = 0.1
 
 
 class GcPolicy:
     def __init__(self) -> None:
         self._since_freeze = 0
         self._ended_frozen = 0  # observers ended since the last unfreeze
+        self._in_burst = False
+        # (frozen objects, observers running) at the last leak check
+        self._reference: tuple[int, int] | None = None
 
     @contextlib.contextmanager
     def burst(self) -> Iterator[None]:
@@ -44,9 +68,11 @@ class GcPolicy:
         the middle of a failover's burst paused a service for 1.3 s (make bench)."""
         enabled = gc.isenabled()
         gc.disable()
+        self._in_burst = True
         try:
             yield
         finally:
+            self._in_burst = False
             if enabled:
                 gc.enable()
 
@@ -68,14 +94,40 @@ class GcPolicy:
         """Observers stopped while the service keeps its session."""
         self._ended_frozen += count
         if self._ended_frozen >= max(FREEZE_EVERY, running):
-            gc.unfreeze()
-            self._ended_frozen = 0
+            self._collect_all(f"{self._ended_frozen} observers ended, {running} run")
 
     def fenced(self) -> None:
         """Every observer of the session is gone and no lease is held: collect now."""
+        self._collect_all("after the fence")
+
+    async def maintain(self, running: Callable[[], int]) -> None:
+        """Freeze each period's survivors; collect in full when frozen garbage piles up."""
+        checked = time.monotonic()
+        while True:
+            await asyncio.sleep(FREEZE_PERIOD_S)
+            if self._in_burst:
+                continue  # the burst freezes as it goes
+            self.freeze()
+            if time.monotonic() - checked >= LEAK_CHECK_S:
+                checked = time.monotonic()
+                self.check_for_leaks(running())
+
+    def check_for_leaks(self, running: int) -> None:
+        frozen = gc.get_freeze_count()  # walks the frozen list: tens of ms per million
+        reference, self._reference = self._reference, (frozen, running)
+        if reference is None:
+            return
+        frozen_before, running_before = reference
+        if abs(running - running_before) > STEADY_WITHIN * max(running_before, 1):
+            return  # the growth is new (or fewer) observers: the new count is the reference
+        if frozen > LEAK_GROWTH * frozen_before:
+            self._collect_all(f"frozen objects grew from {frozen_before} to {frozen} while {running} observers ran")
+            self._reference = (gc.get_freeze_count(), running)
+
+    def _collect_all(self, why: str) -> None:
         started = time.perf_counter()
         gc.unfreeze()
         freed = gc.collect()
         gc.freeze()
         self._ended_frozen = self._since_freeze = 0
-        logger.info("collected %d objects after the fence in %.0f ms", freed, (time.perf_counter() - started) * 1000)
+        logger.info("collected %d objects (%s) in %.0f ms", freed, why, (time.perf_counter() - started) * 1000)

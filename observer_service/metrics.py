@@ -28,6 +28,11 @@ LEASE_ROUND_TRIP = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+STARTS_HELD_BACK = Counter(
+    "orch_service_starts_held_back",
+    "Times starting deliveries paused because ORCH_OUTBOX_HIGH_WATER reports awaited publishing",
+    registry=REGISTRY,
+)
 EMITS_WAITING = Gauge("orch_service_emits_waiting", "Emits waiting for a slot now", registry=REGISTRY)
 
 

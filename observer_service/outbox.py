@@ -11,6 +11,14 @@ Its delivery went back to the queue with the session and may already run elsewhe
 published late, it would tell the manager that this service took the observer over from
 the real host, and the manager would stop the only running copy (``make bench`` lost 343
 observers that way while a fenced service's reports were still queued).
+
+Starts wait for room (``has_room``/``room``): past ``high_water`` unpublished reports the
+runner starts no more deliveries (they stay held, unstarted) until the publisher catches
+up. Without it a burst of 400,000 starts after a reconnect at 1,000,000 held outran the
+publisher, filled the outbox (200,000), and dropped start reports and heartbeats, each with
+a log line: 435,000 lines that starved the loop until the broker missed its heartbeats.
+``max_size`` stays as the bound for what cannot wait (stops, failures, heartbeats during a
+long broker outage); what it drops is counted and logged at most every ``_DROP_LOG_S``.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 
 from shared.messages import (
     OBSERVER_REPORT_TYPES,
@@ -36,15 +45,23 @@ from shared.messages import (
 logger = logging.getLogger(__name__)
 
 
+_DROP_LOG_S = 10.0
+
+
 class Outbox:
-    def __init__(self, max_size: int = 200_000) -> None:
+    def __init__(self, max_size: int = 200_000, high_water: int = 20_000) -> None:
         # (report, the session it is about if it is only true while that session lives,
         #  a future resolved once the report left the outbox: True confirmed, False dropped)
         self._items: collections.deque[tuple[Message, object | None, asyncio.Future[bool] | None]] = collections.deque()
         self._max_size = max_size
+        self._high_water = min(high_water, max_size)
         self._not_empty = asyncio.Event()
         self._empty = asyncio.Event()
         self._empty.set()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._dropped: collections.Counter[str] = collections.Counter()  # since the last log line
+        self._drop_logged = 0.0
 
     def put(self, message: Message, session: object | None = None) -> None:
         self._put(message, session, None)
@@ -60,11 +77,38 @@ class Outbox:
         if len(self._items) >= self._max_size:
             dropped, _, dropped_confirm = self._items.popleft()
             _resolve(dropped_confirm, False)
-            # The inventory repairs what a dropped report would have said.
-            logger.warning("state outbox full (%d): dropped %s", self._max_size, type(dropped).__name__)
+            self._dropped[type(dropped).__name__] += 1
+            self._log_drops()
         self._items.append((message, session, confirmed))
         self._not_empty.set()
         self._empty.clear()
+        if len(self._items) >= self._high_water:
+            self._room.clear()
+
+    def _log_drops(self) -> None:
+        now = time.monotonic()
+        if now - self._drop_logged < _DROP_LOG_S:
+            return
+        self._drop_logged = now
+        # The inventory repairs what a dropped report would have said.
+        what = ", ".join(f"{count} {name}" for name, count in self._dropped.most_common())
+        logger.warning("state outbox full (%d): dropped %s", self._max_size, what)
+        self._dropped.clear()
+
+    def has_room(self) -> bool:
+        """Fewer than ``high_water`` reports wait: a start may be reported."""
+        return len(self._items) < self._high_water
+
+    async def room(self) -> None:
+        """Until ``has_room``."""
+        while not self.has_room():
+            await self._room.wait()
+
+    def _left(self) -> None:
+        if not self._items:
+            self._empty.set()
+        if len(self._items) < self._high_water:
+            self._room.set()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -80,8 +124,7 @@ class Outbox:
         """The first ``count`` reports were confirmed by the broker."""
         for _ in range(min(count, len(self._items))):
             _resolve(self._items.popleft()[2], True)
-        if not self._items:
-            self._empty.set()
+        self._left()
 
     def discard_started(self, session: object) -> int:
         """Drop the unpublished starts and inventories of a session that died."""
@@ -90,8 +133,7 @@ class Outbox:
         )
         dropped = len(self._items) - len(kept)
         self._items = kept
-        if not self._items:
-            self._empty.set()
+        self._left()
         return dropped
 
     async def wait_empty(self, timeout: float) -> bool:

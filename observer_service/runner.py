@@ -92,17 +92,24 @@ class Runner:
         began = time.monotonic()
         try:
             count = 0
-            with self.gc.burst():
-                while self._inbox and self.accepting:
-                    body, holder, tag, redelivered, session = self._inbox.popleft()
-                    if session.closed.is_set():
-                        continue  # the broker has requeued it with the session
-                    await self._start(body, holder, tag, redelivered, session)
-                    self.gc.started()
-                    count += 1
-                    if count % _YIELD_EVERY == 0:
-                        await asyncio.sleep(0)
-                self.gc.burst_done()
+            while self._inbox and self.accepting:
+                if not self.outbox.has_room():
+                    # Each start makes a report: start no faster than they are published
+                    # (Outbox). The deliveries stay held, unstarted, meanwhile.
+                    metrics.STARTS_HELD_BACK.inc()
+                    await self.outbox.room()
+                    continue
+                with self.gc.burst():
+                    while self._inbox and self.accepting and self.outbox.has_room():
+                        body, holder, tag, redelivered, session = self._inbox.popleft()
+                        if session.closed.is_set():
+                            continue  # the broker has requeued it with the session
+                        await self._start(body, holder, tag, redelivered, session)
+                        self.gc.started()
+                        count += 1
+                        if count % _YIELD_EVERY == 0:
+                            await asyncio.sleep(0)
+                    self.gc.burst_done()
             if count >= _BURST_LOG_MIN:
                 logger.info("started a burst of %d observer(s) in %.2fs", count, time.monotonic() - began)
         finally:

@@ -71,7 +71,7 @@ class ObserverService:
         self.settings = settings
         self.service_id = uuid.uuid4()
         set_service_id(str(self.service_id))
-        self.outbox = Outbox()
+        self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
         self.lease = Lease(settings.amqp_heartbeat_s)
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
         self.session: Session | None = None
@@ -99,7 +99,14 @@ class ObserverService:
         if self.settings.metrics_port:
             metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
             logger.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.settings.metrics_port)
-        loops = [asyncio.create_task(c) for c in (self._heartbeat_loop(), self._inventory_loop())]
+        loops = [
+            asyncio.create_task(c)
+            for c in (
+                self._heartbeat_loop(),
+                self._inventory_loop(),
+                self.runner.gc.maintain(lambda: len(self.runner.running)),
+            )
+        ]
         try:
             await self._session_loop()
             await self._graceful_stop()

@@ -56,6 +56,10 @@ class ServiceSettings(CommonSettings):
     memory_fraction: float = Field(default=0.7, gt=0, le=1)
     pools: Annotated[list[str], NoDecode] = ["default"]
     inventory_s: float = Field(default=30.0, gt=0)
+    # State reports awaiting the broker: past the high water no more starts are started until
+    # the publisher catches up; past the maximum the oldest report is dropped (observer_service.outbox).
+    outbox_high_water: int = Field(default=20_000, ge=1)
+    outbox_max: int = Field(default=200_000, ge=1)
     # Observer events awaiting the broker's confirm at once; past it an emit waits for a slot
     # (backpressure on the observer; nothing is dropped).
     emits_in_flight: int = Field(default=1000, ge=1)

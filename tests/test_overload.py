@@ -20,7 +20,7 @@ from shared import topology
 from tests.test_reliability import event_names
 from tests.test_write_races import wait_blocked_on_a_lock
 from tools import infra
-from tools.harness import System, wait_for
+from tools.harness import System, free_port, wait_for
 
 
 def metric(system: System, name: str) -> float:
@@ -292,3 +292,51 @@ def test_an_overloaded_broker_kills_nobody(system: System) -> None:
         120,
         "all Processing in the end",
     )
+
+
+def test_a_burst_of_starts_past_the_outbox_waits_for_its_reports_and_drops_none(
+    system: System, rabbit: infra.RabbitNode
+) -> None:
+    # Given 600 idle observers on svc-a, and svc-b whose outbox holds 100 reports (a
+    # stand-in for a burst of 400,000 against the default 200,000) and starts no more once
+    # 20 wait; no inventory would repair a lost report
+    system.start_manager()
+    svc_a = system.start_service("svc-a", workers=1000)
+    batch = [{"name": f"burst-{i}", "kind": "idle"} for i in range(600)]
+    response = system.post("/api/observers/bulk", {"observers": batch})
+    assert response.status_code == 201, response.text
+    wait_for(lambda: len(system.observers(status="Processing")) == 600, 60, "600 Processing")
+    port = free_port()
+    svc_b = system.start_service(
+        "svc-b",
+        workers=1000,
+        ORCH_OUTBOX_MAX="100",
+        ORCH_OUTBOX_HIGH_WATER="20",
+        ORCH_INVENTORY_S="3600",
+        ORCH_METRICS_PORT=str(port),
+    )
+
+    # When svc-a dies while a memory alarm keeps svc-b from publishing its reports: the
+    # broker hands it all 600 at once, and they cannot be reported yet
+    rabbit.ctl("set_vm_memory_high_watermark", "0")
+    try:
+        wait_for(lambda: "blocked" in rabbit.ctl("-q", "list_connections", "state"), 30, "a connection blocked")
+        svc_a.kill9()
+        time.sleep(5)
+        service_metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        held_back = re.search(r"^orch_service_starts_held_back_total (\S+)$", service_metrics, re.MULTILINE)
+    finally:
+        rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+
+    # Then svc-b started only what its outbox could hold and waited with the rest (held,
+    # unstarted), dropped no report, and once publishing resumed all 600 run there
+    assert held_back is not None and float(held_back.group(1)) >= 1, svc_b.text()[-3000:]
+    b = wait_for(lambda: system.service_by_name("svc-b"), 30, "svc-b alive")
+    assert b is not None
+    wait_for(
+        lambda: sum(o["service_id"] == b["id"] for o in system.observers(status="Processing")) == 600,
+        90,
+        "all 600 Processing on svc-b",
+    )
+    assert "dropped" not in svc_b.text(), svc_b.text()[-3000:]
+    assert "fenced" not in svc_b.text()

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from manager.errors import Invalid, Unavailable
 from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
+from observer_service import gc_policy
 from observer_service.capacity import Budgets, auto_capacity, sized
 from observer_service.gc_policy import FREEZE_EVERY, GcPolicy
 from observer_service.lease import Lease
@@ -163,26 +164,117 @@ def test_gc_policy_freezes_bursts_and_unfreezes_after_churn_or_a_fence() -> None
         assert gc.get_freeze_count() == 0
         policy.burst_done()  # the end of a burst freezes what it started
         assert gc.get_freeze_count() > 0
+        garbage = _frozen_garbage()
         policy.ended(10, running=100_000)  # a few stops: frozen cycles are tolerable
-        assert gc.get_freeze_count() > 0
-        policy.ended(100_000, running=100_000)  # the whole population churned: unfreeze
-        assert gc.get_freeze_count() == 0
-
-        class Cycle:
-            def __init__(self) -> None:
-                self.me = self
+        assert garbage() is not None
+        policy.ended(100_000, running=100_000)  # the whole population churned: collect
+        assert garbage() is None
+        assert gc.get_freeze_count() > 0  # and what lives is frozen again
 
         policy.started(FREEZE_EVERY)
-        garbage = Cycle()
-        gc.freeze()  # as if it had been frozen while its observer ran
-        ref = weakref.ref(garbage)
-        del garbage
+        garbage = _frozen_garbage()
         gc.collect()
-        assert ref() is not None  # frozen cycles survive a collection...
+        assert garbage() is not None  # frozen cycles survive a collection...
         policy.fenced()
-        assert ref() is None  # ...until a fence unfreezes and collects
+        assert garbage() is None  # ...until a fence unfreezes and collects
     finally:
         gc.unfreeze()
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _frozen_garbage() -> weakref.ref[_Cycle]:
+    """A cycle frozen while alive (as an observer's objects are), then dropped."""
+    garbage = _Cycle()
+    gc.freeze()
+    return weakref.ref(garbage)
+
+
+async def test_gc_policy_freezes_what_lives_long_outside_bursts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long-lived objects made outside a burst of starts (observers resumed after a lapsed
+    lease, a reconnect) are frozen within a period, so no automatic full collection walks
+    them (at 1,000,000 held, such collections paused services past the AMQP heartbeat)."""
+    monkeypatch.setattr(gc_policy, "FREEZE_PERIOD_S", 0.01)
+    policy = GcPolicy()
+    gc.unfreeze()
+    gc.collect()
+    maintaining = asyncio.create_task(policy.maintain(lambda: 0))
+    try:
+        kept = [[i] for i in range(10_000)]  # long-lived, made after the last freeze
+        assert any(o is kept[0] for o in gc.get_objects())
+        await asyncio.sleep(0.1)
+        assert not any(o is kept[0] for o in gc.get_objects()), "still walked by collections"
+        with policy.burst():  # a burst freezes by itself: the period leaves it alone
+            during = [[i] for i in range(10)]
+            await asyncio.sleep(0.1)
+            assert any(o is during[0] for o in gc.get_objects())
+    finally:
+        maintaining.cancel()
+        gc.unfreeze()
+
+
+def test_gc_policy_collects_frozen_garbage_that_grows_while_the_load_holds() -> None:
+    policy = GcPolicy()
+    gc.unfreeze()
+    try:
+        gc.collect()
+        gc.freeze()
+        policy.check_for_leaks(running=1000)  # the reference
+        baseline = gc.get_freeze_count()
+        garbage = _frozen_garbage_until(int(baseline * 1.3))
+        policy.check_for_leaks(running=1050)  # below the growth that looks like a leak
+        assert all(g() is not None for g in garbage)
+        grown = _frozen_garbage_until(int(baseline * 3))
+        policy.check_for_leaks(running=3000)  # as many more observers: growth explained
+        assert all(g() is not None for g in grown)
+        more = _frozen_garbage_until(int(baseline * 5))
+        policy.check_for_leaks(running=3100)  # the load held, the frozen set did not
+        assert all(g() is None for g in garbage + grown + more)
+    finally:
+        gc.unfreeze()
+
+
+def _frozen_garbage_until(frozen: int) -> list[weakref.ref[_Cycle]]:
+    """Cycles frozen while alive, then dropped, until ``frozen`` objects are frozen."""
+    cycles = [_Cycle() for _ in range(max(frozen - gc.get_freeze_count(), 1))]
+    gc.freeze()
+    refs = [weakref.ref(c) for c in cycles]
+    return refs
+
+
+async def test_the_outbox_has_room_for_starts_until_its_high_water() -> None:
+    outbox = Outbox(max_size=100, high_water=3)
+    service = uuid.uuid4()
+    for _ in range(3):
+        assert outbox.has_room()
+        outbox.put(ObserverStarted(observer_id=uuid.uuid4(), service_id=service))
+    assert not outbox.has_room()
+    waiting = asyncio.create_task(outbox.room())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # a start waits while three reports are unpublished...
+    outbox.drop_head(1)  # ...until the broker confirmed one
+    await asyncio.wait_for(waiting, 1)
+    dead = object()
+    outbox.put(ObserverStarted(observer_id=uuid.uuid4(), service_id=service), dead)
+    waiting = asyncio.create_task(outbox.room())
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    outbox.discard_started(dead)  # or its session died and took its report with it
+    await asyncio.wait_for(waiting, 1)
+
+
+def test_a_full_outbox_says_what_it_dropped_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    outbox = Outbox(max_size=10)
+    service = uuid.uuid4()
+    with caplog.at_level(logging.WARNING, logger="observer_service.outbox"):
+        for _ in range(1000):
+            outbox.put(ServiceHeartbeat(service_id=service, running=1))
+    assert len(outbox) == 10
+    lines = [r.message for r in caplog.records]
+    assert lines == ["state outbox full (10): dropped 1 ServiceHeartbeat"], lines  # not 990 lines
 
 
 async def test_unpublished_starts_and_inventories_of_a_dead_session_are_dropped() -> None:
