@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
+from manager.background import BackgroundLoops, StepSchedule
 from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
 from observer_service.lease import Lease
@@ -26,7 +27,7 @@ from shared.messages import (
     decode_start,
     decode_state,
 )
-from shared.settings import ServiceSettings, amqp_url_with_heartbeat
+from shared.settings import ManagerSettings, ServiceSettings, amqp_url_with_heartbeat
 
 
 def test_messages_round_trip_by_type() -> None:
@@ -138,3 +139,20 @@ def test_pack_batches_consecutive_observer_reports_in_order() -> None:
     flattened = [r for m in packed if isinstance(m, ReportBatch) for r in m.reports]
     assert flattened == [started[0], started[1], started[3], started[4]]
     assert decode_state(packed[0].encode()) == packed[0]
+
+
+def test_background_steps_with_long_thresholds_run_at_a_quarter_of_them() -> None:
+    # Given the default thresholds: re-stop after 10 s, lost starts after 60 s
+    loops = BackgroundLoops.__new__(BackgroundLoops)
+    loops.settings = ManagerSettings()
+    schedule = StepSchedule(loops._periods())
+    assert schedule.periods["restop"] == 2.5 and schedule.periods["republish_lost"] == 15.0
+
+    # A step with a period runs, then not again until the period passed
+    assert schedule.due("restop", 100.0)
+    schedule.ran("restop", 100.0)
+    assert not schedule.due("restop", 102.0) and schedule.due("restop", 102.5)
+    # A step without one runs every pass; a step that failed (not marked ran) runs next pass
+    schedule.ran("judge_heartbeats", 100.0)
+    assert schedule.due("judge_heartbeats", 100.0)
+    assert schedule.due("republish_lost", 100.0)
