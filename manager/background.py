@@ -174,7 +174,7 @@ class BackgroundLoops:
                     )
                     .order_by(Observer.id)
                     .limit(10_000)
-                    .with_for_update(skip_locked=True)
+                    .with_for_update(skip_locked=True, key_share=True)
                 )
             ).all()
             ids = [i for i, _ in rows]

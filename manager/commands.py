@@ -259,7 +259,7 @@ class ObserverCommands:
 
         async def transaction() -> tuple[StartObserver, datetime]:
             async with self.sessions.begin() as session:
-                obs = await session.get_one(Observer, observer_id, with_for_update=True)
+                obs = await session.get_one(Observer, observer_id, with_for_update={"key_share": True})
                 if obs.status != ObserverStatus.FAILED:
                     raise Conflict(
                         f"observer {observer_id} is {obs.status.value}; only a Failed observer can be restarted"
@@ -360,7 +360,7 @@ class ObserverCommands:
                         select(Observer.id, Observer.status, Observer.life)
                         .where(id_in(Observer.id, wanted))
                         .order_by(Observer.id)
-                        .with_for_update()
+                        .with_for_update(key_share=True)
                     )
                 ).all()
                 found = {i: s for i, s, _ in rows}

@@ -55,7 +55,7 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
                     SET status = CASE WHEN o.status = 'Processing' THEN 'Created'::observer_status ELSE o.status END,
                         service_id = NULL, host_session_id = NULL, modified_at = :now
                     FROM (SELECT id, service_id FROM observers
-                          WHERE status IN ('Processing', 'OnDeleting') ORDER BY id FOR UPDATE) AS old
+                          WHERE status IN ('Processing', 'OnDeleting') ORDER BY id FOR NO KEY UPDATE) AS old
                     WHERE o.id = old.id
                     RETURNING o.id, old.service_id AS host
                 )

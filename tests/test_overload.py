@@ -1,6 +1,7 @@
 """Overload is not death (issue 17): a late service is asked about, not declared lost; the
-host-death step survives a deadlock with the state consumer; a broker driven far past what
-it sustains ends no session, loses no service and fences or fails no observer."""
+host-death step survives a deadlock and never waits for the rows the state consumer changes;
+a broker driven far past what it sustains ends no session, loses no service and fences or
+fails no observer."""
 
 from __future__ import annotations
 
@@ -177,8 +178,9 @@ async def _deadlock_the_host_death_step(system: System, ids: list[str], kill: ob
     engine = create_async_engine(system.database_url)
     try:
         async with engine.connect() as other:
-            # The consumer's pattern: one row locked, more wanted later in the same transaction.
-            # A long deadlock_timeout here makes the host-death step the one PostgreSQL aborts.
+            # A writer that takes FOR UPDATE (as a DELETE does), one row first, more later in
+            # the same transaction: that conflicts with the KEY SHARE of the step's history
+            # events. A long deadlock_timeout here makes the host-death step the one aborted.
             await other.execute(text("SET deadlock_timeout = '60s'"))
             await other.execute(text("SELECT id FROM observers WHERE id = :id FOR UPDATE"), {"id": ids[-1]})
             assert callable(kill)
@@ -208,6 +210,42 @@ def test_the_host_death_step_survives_a_deadlock(system: System) -> None:
     wait_for(lambda: system.service_by_name("svc-a", status="lost"), 30, "svc-a lost")
     wait_for(lambda: all("host_lost" in event_names(system, oid) for oid in ids), 30, "every host_lost recorded")
     assert "lost a race" in manager.text()
+
+
+async def _hold_rows_while(system: System, ids: list[str], done: object) -> None:
+    """Lock ``ids`` as the state consumer does (FOR NO KEY UPDATE) until ``done()``."""
+    engine = create_async_engine(system.database_url)
+    try:
+        async with engine.connect() as consumer:
+            await consumer.execute(
+                text("SELECT id FROM observers WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR NO KEY UPDATE"),
+                {"ids": ids},
+            )
+            assert callable(done)
+            await asyncio.to_thread(done)
+            await consumer.rollback()
+    finally:
+        await engine.dispose()
+
+
+def test_the_host_death_step_does_not_wait_for_the_rows_the_consumer_changes(system: System) -> None:
+    # Given 20 observers Processing on svc-a, whose rows a transaction of the state consumer
+    # holds locked (at 1,000,000 observers a survivor's batch of starts holds thousands)
+    system.start_manager()
+    svc = system.start_service("svc-a", workers=20, ORCH_INVENTORY_S="3600")
+    ids = sorted(system.create(f"held-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(20))
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+
+    def death_recorded() -> None:
+        svc.kill9()
+        wait_for(lambda: system.service_by_name("svc-a", status="lost"), 30, "svc-a lost")
+        wait_for(lambda: all("host_lost" in event_names(system, oid) for oid in ids), 30, "every host_lost recorded")
+
+    # When svc-a dies, then the step records its death while those rows stay locked: it no
+    # longer locks a dead host's observers, so the starts of the hosts taking them over never
+    # wait behind it
+    asyncio.run(_hold_rows_while(system, ids, death_recorded))
 
 
 class EventFlood:

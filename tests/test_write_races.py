@@ -61,7 +61,7 @@ async def test_a_stop_that_loses_a_deadlock_is_run_again(system: System) -> None
             stop = asyncio.create_task(
                 asyncio.to_thread(system.post, "/api/observers/bulk-stop", {"ids": [first, second]})
             )
-            await wait_blocked_on_a_lock(engine, "FOR UPDATE")
+            await wait_blocked_on_a_lock(engine, "FOR NO KEY UPDATE")
             # ...and the other transaction then wants the first: a deadlock
             await other.execute(_LOCK_ROW, {"id": first})
             await other.commit()

@@ -74,10 +74,11 @@ async def host_died(
             select(Observer.id).where(Observer.service_id == service_id, Observer.status == ObserverStatus.PROCESSING)
         )
     )
-    # Locked before their events are written (an event's foreign key takes a share lock on
-    # its observer): in id order, the order of every writer of observers, or this step and
-    # the state consumer deadlock (seen at 300,000 observers: issue 17).
-    await rows.load(id_in(Observer.id, victims))
+    # Not locked: an event's foreign key takes KEY SHARE on its observer, which the
+    # consumer's FOR NO KEY UPDATE (rows.py) does not exclude. Locking the victims first,
+    # as this step once did, held a dead host's whole share for the length of this
+    # transaction (seconds at 333,000), and every start reported by the hosts taking them
+    # over waited behind it: the failover stalled on the record of the death that caused it.
     for observer_id in sorted(victims):
         rows.event(observer_id, EventType.HOST_LOST, now, service_id=service_id)
     if not victims or policy.after_host_deaths <= 0:

@@ -5,8 +5,12 @@ single ``UPDATE ... FROM unnest(...)``. The ORM's unit of work cost about 0.3 ms
 observer, which capped a catching-up manager at ~900 reports/s; one statement per batch
 costs a few microseconds per row.
 
-Rows are loaded ``FOR UPDATE`` in id order (the order every writer of ``observers`` uses,
-so the consumer and the API never deadlock) and stay locked until the transaction ends.
+Rows are loaded ``FOR NO KEY UPDATE`` in id order (the order every writer of ``observers``
+uses, so the consumer and the API never deadlock) and stay locked until the transaction ends.
+Every writer of observer rows takes that mode, never ``FOR UPDATE``: it excludes the other
+writers but not the ``KEY SHARE`` lock a history event's foreign key takes on its observer, so
+recording events (a host death writes one per observer it ran) never waits for, nor
+deadlocks with, a transaction that changes those rows.
 Pending changes are flushed before any query that filters on a column rules may change.
 
 Services are read as plain ``ServiceRow`` objects too, and ``ServiceRows`` is the only
@@ -115,7 +119,9 @@ class ObserverRows:
     async def load(self, where: ColumnElement[bool]) -> list[Row]:
         """Lock and return the rows matching ``where`` (cached ones keep their state)."""
         await self.flush()
-        result = await self.session.execute(select(*_COLUMNS).where(where).order_by(Observer.id).with_for_update())
+        result = await self.session.execute(
+            select(*_COLUMNS).where(where).order_by(Observer.id).with_for_update(key_share=True)
+        )
         rows = []
         for values in result.all():
             row = self._rows.get(values[0])
