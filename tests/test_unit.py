@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
+from bench.idle_floor import busy_seconds
 from manager.background import BackgroundLoops, StepSchedule
 from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
@@ -156,3 +157,16 @@ def test_background_steps_with_long_thresholds_run_at_a_quarter_of_them() -> Non
     schedule.ran("judge_heartbeats", 100.0)
     assert schedule.due("judge_heartbeats", 100.0)
     assert schedule.due("republish_lost", 100.0)
+
+
+def test_idle_floor_sums_microstate_accounting_by_activity_without_sleep() -> None:
+    printed = """#{{dirty_cpu_scheduler,gc} => 920470,
+  {scheduler,sleep} => 119830360,
+  {dirty_cpu_scheduler,emulator} => 1164814,
+  {scheduler,emulator} => 82895,
+  {aux,other} => 17}"""
+    assert busy_seconds(printed) == {
+        "dirty_cpu_scheduler emulator": 1.16,
+        "dirty_cpu_scheduler gc": 0.92,
+        "scheduler emulator": 0.08,
+    }

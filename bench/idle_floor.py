@@ -1,0 +1,109 @@
+"""What holding N deliveries costs the broker while nothing else happens: the floor under the
+product's idle CPU in ``make bench-scale``.
+
+Method: a fresh durable classic queue; ``consumers`` consumer processes of ``bench.raw`` with
+room for all of it; N persistent ~250-byte start messages published in batches; once all are
+held, ``settle_s`` of quiet, then for each of ``minutes`` one minute of the broker's CPU seconds
+(``bench.profile.cpu_seconds``: every process of the rabbitmq part) and, over the same minute,
+Erlang's microstate accounting (``msacc``) summed by activity, so the figure says what the
+broker spends it on (``gc`` on dirty CPU schedulers is the garbage collection of processes with
+large heaps, such as a queue holding N). Nothing publishes, consumes or acks meanwhile; the
+consumers' AMQP heartbeats are the only traffic.
+
+    python -m bench.idle_floor [--n 1000000] [--minutes 3]   # URL from ORCH_AMQP_URL or .run/env
+
+Prints the figures and writes ``bench/results/idle-floor-<UTC time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aio_pika
+
+from bench import profile
+from bench.raw import _Fleet, _publish_batched, _start_message, default_amqp_url
+from tools.infra.stack import rabbit_node
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SETTLE_S = 20.0
+# One minute of microstate accounting, summed per (thread type, activity), in microseconds.
+_MSACC = (
+    "msacc:start(60000), lists:foldl(fun(#{type := T, counters := C}, Acc) -> maps:fold("
+    "fun(K, V, A) -> maps:update_with({T, K}, fun(X) -> X + V end, V, A) end, Acc, C) end,"
+    " #{}, msacc:stats())."
+)
+_COUNTER = re.compile(r"\{(\w+),(\w+)\}\s*=>\s*(\d+)")
+
+
+def _broker_cpu() -> float:
+    return sum(s for (part, _pid), s in profile.cpu_seconds().items() if part == "rabbitmq")
+
+
+def busy_seconds(msacc_output: str) -> dict[str, float]:
+    """``{"<thread type> <activity>": seconds}`` from the printed msacc map, sleep left out,
+    the busiest first; entries under 10 ms are dropped."""
+    busy: dict[str, float] = defaultdict(float)
+    for thread, activity, micros in _COUNTER.findall(msacc_output):
+        if activity != "sleep":
+            busy[f"{thread} {activity}"] += int(micros) / 1e6
+    return {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.01}
+
+
+async def measure(url: str, n: int, consumers: int, minutes: int) -> dict[str, object]:
+    node = rabbit_node()
+    queue_name = f"bench.idle-floor.{uuid.uuid4()}"
+    connection = await aio_pika.connect(url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "classic"})
+        fleet = _Fleet()
+        try:
+            await fleet.start(url, queue_name, n, consumers)
+            began = time.monotonic()
+            await _publish_batched(channel, queue_name, [_start_message(i) for i in range(n)])
+            await fleet.wait_held(n, "all held")
+            hold_s = time.monotonic() - began
+            print(f"{n:,} held by {consumers} consumers in {hold_s:.1f} s; quiet for {SETTLE_S:.0f} s", flush=True)
+            await asyncio.sleep(SETTLE_S)
+            per_minute = []
+            for minute in range(minutes):
+                cpu, t0 = _broker_cpu(), time.monotonic()
+                output = await asyncio.to_thread(node.ctl, "eval", _MSACC)
+                seconds = _broker_cpu() - cpu
+                busy = busy_seconds(output)
+                per_minute.append({"cpu_s": round(seconds, 2), "wall_s": round(time.monotonic() - t0, 1), "busy": busy})
+                print(f"minute {minute + 1}: broker {seconds:.2f} CPU s; busiest: {busy}", flush=True)
+        finally:
+            await fleet.close()
+            await channel.queue_delete(queue_name)
+    cpu_s = [m["cpu_s"] for m in per_minute]
+    return {"n": n, "consumers": consumers, "hold_s": round(hold_s, 1), "minutes": per_minute, "cpu_s_per_min": cpu_s}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.idle_floor", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--n", type=int, default=1_000_000, help="deliveries held (default 1000000)")
+    parser.add_argument("--consumers", type=int, default=3, help="consumer processes (default 3)")
+    parser.add_argument("--minutes", type=int, default=3, help="minutes measured (default 3)")
+    args = parser.parse_args(argv)
+    result = asyncio.run(measure(default_amqp_url(), args.n, args.consumers, args.minutes))
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"idle-floor-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"broker CPU s per idle minute holding {args.n:,}: {result['cpu_s_per_min']}; written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
