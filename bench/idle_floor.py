@@ -10,7 +10,10 @@ broker spends it on (``gc`` on dirty CPU schedulers is the garbage collection of
 large heaps, such as a queue holding N). Nothing publishes, consumes or acks meanwhile; the
 consumers' AMQP heartbeats are the only traffic.
 
-    python -m bench.idle_floor [--n 1000000] [--minutes 3]   # URL from ORCH_AMQP_URL or .run/env
+    python -m bench.idle_floor [--n 1000000] [--minutes 3] [--queue-version 2]   # URL from ORCH_AMQP_URL or .run/env
+
+``--queue-version 2`` declares the queue with ``x-queue-version: 2``, RabbitMQ's second storage
+version of classic queues (opt-in on 3.10), to compare with the product's queues (version 1).
 
 Prints the figures and writes ``bench/results/idle-floor-<UTC time>.json``.
 """
@@ -60,13 +63,15 @@ def busy_seconds(msacc_output: str) -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
 
-async def measure(url: str, n: int, consumers: int, minutes: int) -> dict[str, object]:
+async def measure(url: str, n: int, consumers: int, minutes: int, queue_version: int) -> dict[str, object]:
     node = rabbit_node()
     queue_name = f"bench.idle-floor.{uuid.uuid4()}"
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "classic"})
+        await channel.declare_queue(
+            queue_name, durable=True, arguments={"x-queue-type": "classic", "x-queue-version": queue_version}
+        )
         fleet = _Fleet()
         try:
             await fleet.start(url, queue_name, n, consumers)
@@ -88,7 +93,14 @@ async def measure(url: str, n: int, consumers: int, minutes: int) -> dict[str, o
             await fleet.close()
             await channel.queue_delete(queue_name)
     cpu_s = [m["cpu_s"] for m in per_minute]
-    return {"n": n, "consumers": consumers, "hold_s": round(hold_s, 1), "minutes": per_minute, "cpu_s_per_min": cpu_s}
+    return {
+        "n": n,
+        "consumers": consumers,
+        "queue_version": queue_version,
+        "hold_s": round(hold_s, 1),
+        "minutes": per_minute,
+        "cpu_s_per_min": cpu_s,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,8 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=1_000_000, help="deliveries held (default 1000000)")
     parser.add_argument("--consumers", type=int, default=3, help="consumer processes (default 3)")
     parser.add_argument("--minutes", type=int, default=3, help="minutes measured (default 3)")
+    parser.add_argument(
+        "--queue-version", type=int, choices=(1, 2), default=1, help="classic queue version (default 1)"
+    )
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(default_amqp_url(), args.n, args.consumers, args.minutes))
+    result = asyncio.run(measure(default_amqp_url(), args.n, args.consumers, args.minutes, args.queue_version))
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"idle-floor-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
