@@ -49,10 +49,6 @@ _MSACC = (
 _COUNTER = re.compile(r"\{(\w+),(\w+)\}\s*=>\s*(\d+)")
 
 
-def _broker_cpu() -> float:
-    return sum(s for (part, _pid), s in profile.cpu_seconds().items() if part == "rabbitmq")
-
-
 def busy_seconds(msacc_output: str) -> dict[str, float]:
     """``{"<thread type> <activity>": seconds}`` from the printed msacc map, sleep left out,
     the busiest first; entries under 10 ms are dropped."""
@@ -83,9 +79,9 @@ async def measure(url: str, n: int, consumers: int, minutes: int, queue_version:
             await asyncio.sleep(SETTLE_S)
             per_minute = []
             for minute in range(minutes):
-                cpu, t0 = _broker_cpu(), time.monotonic()
+                cpu, t0 = profile.broker_cpu(), time.monotonic()
                 output = await asyncio.to_thread(node.ctl, "eval", _MSACC)
-                seconds = _broker_cpu() - cpu
+                seconds = profile.broker_cpu() - cpu
                 busy = busy_seconds(output)
                 per_minute.append({"cpu_s": round(seconds, 2), "wall_s": round(time.monotonic() - t0, 1), "busy": busy})
                 print(f"minute {minute + 1}: broker {seconds:.2f} CPU s; busiest: {busy}", flush=True)

@@ -138,6 +138,11 @@ def cpu_seconds(roots: set[int] | None = None) -> dict[tuple[str, int], float]:
     return used
 
 
+def broker_cpu() -> float:
+    """CPU seconds used so far by every live RabbitMQ process on this machine."""
+    return sum(s for (part, _pid), s in cpu_seconds().items() if part == "rabbitmq")
+
+
 def cpu_delta(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float]) -> dict[str, float]:
     """CPU seconds per part between two readings: a process started meanwhile counts from
     zero; one that died meanwhile (kill -9) takes its last seconds with it, so a part's

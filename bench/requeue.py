@@ -33,10 +33,6 @@ from shared.batch_publish import Outgoing, publish_batch
 _READY_TIMEOUT_S = 600.0
 
 
-def _broker_cpu() -> float:
-    return sum(s for (part, _pid), s in profile.cpu_seconds().items() if part == "rabbitmq")
-
-
 async def _held(channel: AbstractChannel, queue: str, n: int) -> list[AbstractIncomingMessage]:
     await channel.set_qos(prefetch_count=n)
     held: list[AbstractIncomingMessage] = []
@@ -71,7 +67,7 @@ async def measure(url: str, how: str, n: int) -> tuple[float, float]:
                 await publish_batch(raw, batch, timeout=60)
             work = await connection.channel()
             held = await _held(work, queue.name, n)
-            cpu, began = _broker_cpu(), time.monotonic()
+            cpu, began = profile.broker_cpu(), time.monotonic()
             if how == "nack":
                 for message in held:
                     await message.nack(requeue=True)
@@ -81,7 +77,7 @@ async def measure(url: str, how: str, n: int) -> tuple[float, float]:
                 if time.monotonic() - began > _READY_TIMEOUT_S:
                     raise TimeoutError(f"{n} not ready after {_READY_TIMEOUT_S:g}s")
                 await asyncio.sleep(0.02)
-            return time.monotonic() - began, _broker_cpu() - cpu
+            return time.monotonic() - began, profile.broker_cpu() - cpu
         finally:
             await queue.delete(if_unused=False, if_empty=False)
 
