@@ -13,7 +13,8 @@ after a kill):
    and the events delivered per second (the services' ``orch_service_emits_total``);
 4. API p99 while they run: a list page of 100, a get, the stats;
 5. ``kill -9`` of the service with the most: the time until all are Processing elsewhere,
-   as a ratio to raw's redelivery of the same share;
+   as a ratio to raw's redelivery of the same share, and the CPU seconds each part used
+   meanwhile (with ``--profile``, py-spy's stacks of the manager and the survivors too);
 6. a stop of 10 %: the time until all are Deleted;
 7. false deaths over the whole point (``bench/deaths.py``; the killed service excluded);
 8. raw, once the product is gone, on an empty vhost: the broker alone (``bench/raw.py``, no
@@ -27,6 +28,7 @@ step's time limit. Results: ``bench/results/scale-<time>.json`` and ``.png`` (th
 
     python -m bench.scale                                      # make bench-scale
     python -m bench.scale --sizes 10000,100000 --workloads idle
+    python -m bench.scale --sizes 300000 --workloads idle --profile        # where failover goes
     python -m bench.scale --from bench/results/scale-A.json scale-B.json   # one table and curve
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
@@ -82,6 +85,7 @@ class Point:
     api_p99_ms: dict[str, float] = field(default_factory=dict)
     failover_count: int = 0
     failover_s: float = 0.0
+    failover_cpu_s: dict[str, float] = field(default_factory=dict)  # per part, while it ran
     raw_redelivery_count: int = 0
     raw_redelivery_s: float = 0.0
     stop_count: int = 0
@@ -137,8 +141,11 @@ class Watch:
 
 
 class ScalePoint:
-    def __init__(self, system: System, point: Point, rabbit: infra.RabbitNode, watch: Watch) -> None:
+    def __init__(
+        self, system: System, point: Point, rabbit: infra.RabbitNode, watch: Watch, profile_dir: Path | None = None
+    ) -> None:
         self.system = system
+        self.profile_dir = profile_dir
         self.watch = watch
         self.point = point
         self.rabbit = rabbit
@@ -312,30 +319,45 @@ class ScalePoint:
         killed.pids.add(victim.popen.pid)
         killed.service_ids.add(str(row["service_id"]))
         self.watch.killed_pids.add(victim.popen.pid)
-        began = time.monotonic()
-        victim.kill9()
+        roots = self.product_pids()
+        cpu_before = profile.cpu_seconds(roots)
+        with contextlib.ExitStack() as stack:
+            if self.profile_dir is not None:
+                pids = {s.name: s.popen.pid for s in self.services if s is not victim}
+                assert self.system.manager is not None
+                pids["manager"] = self.system.manager.popen.pid
+                pids |= profile.children(self.system.manager.popen.pid)
+                name = f"failover-{self.point.size}-{self.point.workload}"
+                stack.enter_context(profile.profiled(self.profile_dir, name, pids))
+            began = time.monotonic()
+            victim.kill9()
+            await self._moved_from(row["service_id"])
+            self.point.failover_count, self.point.failover_s = int(row["n"]), time.monotonic() - began
+        self.point.failover_cpu_s = profile.cpu_delta(cpu_before, profile.cpu_seconds(roots))
 
+    async def _moved_from(self, service_id: Any) -> None:
         async def moved() -> bool:
             assert self.db is not None
             # EXISTS, not count(*): counting a third of a million rows ten times a second took
             # a third of a core (top) from the system being measured.
             left = await self.db.fetchval(
                 "SELECT EXISTS (SELECT FROM observers WHERE status = 'Processing' AND service_id = $1)",
-                row["service_id"],
+                service_id,
             )
             return not left and await self._count_is("Processing", self.point.size)
 
         await self.until(moved, 1_800, "the killed service's share Processing elsewhere")
-        self.point.failover_count, self.point.failover_s = int(row["n"]), time.monotonic() - began
 
 
-def measure(point: Point, rabbit: infra.RabbitNode, postgres: infra.PostgresNode) -> str:
+def measure(
+    point: Point, rabbit: infra.RabbitNode, postgres: infra.PostgresNode, profile_dir: Path | None = None
+) -> str:
     """Run one point on a vhost and database of its own; returns the folder of its logs."""
     tag = f"bench_scale_{int(time.time())}"
     system = fresh_system(rabbit, postgres, tag, f"orch-scale-{point.size}-{point.workload}-")
     system.env |= BENCH_ENV
     try:
-        asyncio.run(_observe(system, point, rabbit))
+        asyncio.run(_observe(system, point, rabbit, profile_dir))
     finally:
         system.stop_all()
         _teardown(point, lambda: rabbit.delete_vhost(tag, timeout=3_600), lambda: postgres.drop_database(tag))
@@ -362,11 +384,11 @@ def _teardown(point: Point, *steps: Callable[[], None]) -> None:
             point.teardown_error += f"{type(e).__name__}: {e}; "
 
 
-async def _observe(system: System, point: Point, rabbit: infra.RabbitNode) -> None:
+async def _observe(system: System, point: Point, rabbit: infra.RabbitNode, profile_dir: Path | None) -> None:
     watch = Watch(system.procs)
     watcher = asyncio.create_task(watch.run())
     try:
-        await ScalePoint(system, point, rabbit, watch).run()
+        await ScalePoint(system, point, rabbit, watch, profile_dir).run()
     finally:
         watcher.cancel()
 
@@ -375,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="comma-separated sizes")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {', '.join(WORKLOADS)}")
+    parser.add_argument(
+        "--profile", action="store_true", help="record py-spy profiles of the manager and the survivors during failover"
+    )
     parser.add_argument("--from", dest="saved", nargs="+", help="draw the table and the curve of saved results")
     args = parser.parse_args(argv)
     if args.saved:
@@ -386,18 +411,21 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     if unknown := set(workloads) - set(WORKLOADS):
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    if args.profile and not profile.available():
+        parser.error("--profile needs py-spy on PATH (pip install py-spy)")
     infra.up()
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
     started = datetime.now(UTC)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"scale-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    profile_dir = RESULTS / f"profile-{started.strftime('%Y%m%dT%H%M%SZ')}" if args.profile else None
     points: list[Point] = []
     logs: dict[str, str] = {}
     for workload in workloads:
         for size in sizes:
             point = Point(size, workload)
             print(f"scale: {size:,} {workload} ...", flush=True)
-            logs[f"{size} {workload}"] = measure(point, rabbit, postgres)
+            logs[f"{size} {workload}"] = measure(point, rabbit, postgres, profile_dir)
             points.append(point)
             print(curve.row(point), flush=True)
             # Written after every point: a long run that is stopped keeps what it measured.
