@@ -18,14 +18,21 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 RATE_HZ = 97  # not a divisor of the event loop's typical periods
 
 
+def _py_spy() -> str | None:
+    """py-spy on PATH, or installed next to this Python (the project's venv, not activated)."""
+    beside = Path(sys.executable).with_name("py-spy")
+    return shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+
+
 def available() -> bool:
-    return shutil.which("py-spy") is not None
+    return _py_spy() is not None
 
 
 @contextlib.contextmanager
@@ -37,7 +44,18 @@ def profiled(out_dir: Path, scenario: str, pids: dict[str, int]) -> Iterator[Non
         out = out_dir / f"{scenario}-{name}.txt"
         recorders.append(
             subprocess.Popen(
-                ["py-spy", "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw", "-o", str(out)],
+                [
+                    _py_spy() or "py-spy",
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    str(RATE_HZ),
+                    "--format",
+                    "raw",
+                    "-o",
+                    str(out),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
