@@ -14,7 +14,8 @@ after a kill):
 4. API p99 while they run: a list page of 100, a get, the stats;
 5. ``kill -9`` of the service with the most: the time until all are Processing elsewhere,
    as a ratio to raw's redelivery of the same share, and the CPU seconds each part used
-   meanwhile (with ``--profile``, py-spy's stacks of the manager and the survivors too);
+   meanwhile (with ``--profile``, py-spy's stacks of the manager and the survivors too, and
+   of a second quiet minute after step 3's);
 6. a stop of 10 %: the time until all are Deleted;
 7. false deaths over the whole point (``bench/deaths.py``; the killed service excluded);
 8. raw, once the product is gone, on an empty vhost: the broker alone (``bench/raw.py``, no
@@ -86,6 +87,8 @@ class Point:
     failover_count: int = 0
     failover_s: float = 0.0
     failover_cpu_s: dict[str, float] = field(default_factory=dict)  # per part, while it ran
+    # The state consumer meanwhile: seconds busy per phase, batches, messages applied
+    failover_state: dict[str, float] = field(default_factory=dict)
     raw_redelivery_count: int = 0
     raw_redelivery_s: float = 0.0
     stop_count: int = 0
@@ -202,6 +205,16 @@ class ScalePoint:
                     total[name] = total.get(name, 0.0) + float(value)
         return total
 
+    async def state_counters(self) -> dict[str, float]:
+        """The state consumer's counters from the manager's /metrics: busy seconds per phase,
+        batches, messages applied."""
+        counters = {}
+        for line in (await self.http.get("/metrics")).text.splitlines():
+            if line.startswith(("orch_state_busy_seconds_total", "orch_state_batches_total", "orch_state_messages_")):
+                name, value = line.rsplit(" ", 1)
+                counters[name.removeprefix("orch_state_").replace('_total{phase="', ":").rstrip('"}')] = float(value)
+        return counters
+
     def product_pids(self) -> set[int]:
         """This system's processes (their children are counted with them): the broker node,
         the PostgreSQL cluster, the manager and the services."""
@@ -262,6 +275,9 @@ class ScalePoint:
             during = {name: after[name] - counters.get(name, 0.0) for name in after}
             p.events_per_s = during.get("orch_service_emits_total", 0.0) / STEADY_S
             p.lease_round_trip_p99_s = _p99_bound(during)
+            if self.profile_dir is not None:  # another quiet minute: py-spy's own cost stays out of the figures
+                with self._profiled("steady", self.services):
+                    await asyncio.sleep(STEADY_S)
 
             step = "api"
             p.api_p99_ms = await self.api_p99()
@@ -320,20 +336,26 @@ class ScalePoint:
         killed.service_ids.add(str(row["service_id"]))
         self.watch.killed_pids.add(victim.popen.pid)
         roots = self.product_pids()
-        cpu_before = profile.cpu_seconds(roots)
-        with contextlib.ExitStack() as stack:
-            if self.profile_dir is not None:
-                pids = {s.name: s.popen.pid for s in self.services if s is not victim}
-                assert self.system.manager is not None
-                pids["manager"] = self.system.manager.popen.pid
-                pids |= profile.children(self.system.manager.popen.pid)
-                name = f"failover-{self.point.size}-{self.point.workload}"
-                stack.enter_context(profile.profiled(self.profile_dir, name, pids))
+        cpu_before, state_before = profile.cpu_seconds(roots), await self.state_counters()
+        with self._profiled("failover", [s for s in self.services if s is not victim]):
             began = time.monotonic()
             victim.kill9()
             await self._moved_from(row["service_id"])
             self.point.failover_count, self.point.failover_s = int(row["n"]), time.monotonic() - began
         self.point.failover_cpu_s = profile.cpu_delta(cpu_before, profile.cpu_seconds(roots))
+        state_after = await self.state_counters()
+        self.point.failover_state = {k: round(v - state_before.get(k, 0.0), 2) for k, v in state_after.items()}
+
+    def _profiled(self, step: str, services: list[Proc]) -> contextlib.AbstractContextManager[None]:
+        """py-spy on the manager (both processes) and ``services`` while the block runs, with
+        ``--profile``."""
+        if self.profile_dir is None:
+            return contextlib.nullcontext()
+        pids = {s.name: s.popen.pid for s in services}
+        assert self.system.manager is not None
+        pids["manager"] = self.system.manager.popen.pid
+        pids |= profile.children(self.system.manager.popen.pid)
+        return profile.profiled(self.profile_dir, f"{step}-{self.point.size}-{self.point.workload}", pids)
 
     async def _moved_from(self, service_id: Any) -> None:
         async def moved() -> bool:

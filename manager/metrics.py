@@ -33,6 +33,16 @@ STATE_REGISTRY = CollectorRegistry()
 STATE_APPLIED = Counter(
     "orch_state_messages_applied", "State messages applied to the database", registry=STATE_REGISTRY
 )
+STATE_BUSY = Counter(
+    "orch_state_busy_seconds",
+    "Time the state consumer spent on batches, by phase (decode, transaction, publish, ack): a rate "
+    "near 1 s/s summed over phases means reports arrive faster than they are applied",
+    ["phase"],
+    registry=STATE_REGISTRY,
+)
+STATE_BATCHES = Counter(
+    "orch_state_batches", "Batches of state messages applied (one transaction each)", registry=STATE_REGISTRY
+)
 SERVICES_LOST = Counter(
     "orch_services_lost", "Services judged lost (their broker connection was gone)", registry=STATE_REGISTRY
 )

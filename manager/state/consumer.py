@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db.errors import is_transient
-from manager.metrics import STATE_APPLIED
+from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
 from manager.state.outgoing import Outgoing
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable, DecodeError
@@ -82,10 +82,16 @@ class StateConsumer:
             began = time.perf_counter()
             try:
                 deliveries = [d for d in [await self._decode(m) for m in batch] if d is not None]
+                decoded = time.perf_counter()
+                STATE_BUSY.labels("decode").inc(decoded - began)
                 if deliveries:
-                    await self._ack(await self._apply(deliveries))
+                    applied = await self._apply(deliveries)
+                    acking = time.perf_counter()
+                    await self._ack(applied)
+                    STATE_BUSY.labels("ack").inc(time.perf_counter() - acking)
             finally:
                 self._busy = False
+            STATE_BATCHES.inc()
             logger.debug("applied %d state message(s) in %.1f ms", len(batch), (time.perf_counter() - began) * 1000)
 
     async def _decode(self, message: AbstractIncomingMessage) -> Delivery | None:
@@ -101,6 +107,7 @@ class StateConsumer:
     async def _apply(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Apply in one transaction; on a deterministic failure fall back to one report
         per transaction. Returns the deliveries to ack (applied ones)."""
+        began = time.perf_counter()
         try:
             outgoing = await self._transaction([report for _, report in deliveries])
         except Exception:
@@ -113,7 +120,10 @@ class StateConsumer:
             with contextlib.suppress(Exception):
                 await message.reject(requeue=False)
             return []
+        publishing = time.perf_counter()
+        STATE_BUSY.labels("transaction").inc(publishing - began)
         await self._publish(outgoing)
+        STATE_BUSY.labels("publish").inc(time.perf_counter() - publishing)
         self.applied += len(deliveries)
         STATE_APPLIED.inc(len(deliveries))
         return deliveries
@@ -128,7 +138,7 @@ class StateConsumer:
                     await self.rules.preload(session, fresh)
                     now = datetime.now(UTC)
                     for report in fresh:
-                        outgoing.messages += (await self.rules.apply(session, report, now)).messages
+                        outgoing.add(await self.rules.apply(session, report, now))
                     await self.rules.flush(session)
                 return outgoing
             except Exception as e:
