@@ -35,8 +35,9 @@ STATE_APPLIED = Counter(
 )
 STATE_BUSY = Counter(
     "orch_state_busy_seconds",
-    "Time the state consumer spent on batches, by phase (decode, transaction, publish, ack): a rate "
-    "near 1 s/s summed over phases means reports arrive faster than they are applied",
+    "Time the state consumer spent by phase: transaction, publish and ack are its one worker, whose "
+    "summed rate near 1 s/s means reports arrive faster than they are applied; decode happens as "
+    "messages arrive, overlapping the others",
     ["phase"],
     registry=STATE_REGISTRY,
 )
