@@ -8,7 +8,8 @@ A session is two AMQP connections, so that liveness never waits behind bulk traf
     connection lives (``manager/liveness.py``);
   - ``lease``: the lease round trips. They must travel on the connection that holds the
     deliveries: a round trip answered on it proves the broker has not given them away.
-* ``publish`` — publisher confirms; state reports, inventories and observer events. RabbitMQ
+* ``publish`` — publisher confirms; state reports, inventories and observer events (batched
+  by ``emits.EventPublisher``, which writes on this connection's channel too). RabbitMQ
   throttles a connection that publishes faster than it can route (credit flow) and blocks it
   under a memory or disk alarm: on a connection of its own that throttling delays reports
   and emits, never the lease (issue 17: 5,000 events/s starved the lease round trips that
@@ -40,6 +41,7 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from observer_service import metrics
+from observer_service.emits import EventPublisher
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox, pack
 from shared import topology
@@ -100,6 +102,7 @@ class Session:
         self._held_back = False  # ``requeue_held`` closed them on purpose
         self._lease: AbstractChannel | None = None
         self._pub: AbstractChannel | None = None
+        self._events: EventPublisher | None = None
         # Emits in flight at once: past it an observer's emit waits (issue 17).
         self._emit_slots = asyncio.Semaphore(settings.emits_in_flight)
         self._start_consumers: list[tuple[Holder, str]] = []
@@ -116,6 +119,7 @@ class Session:
             self._pub = await self._publish.channel(publisher_confirms=True)
             self._pub.close_callbacks.add(self._on_closed)
             await topology.declare_common(self._pub)
+            self._events = EventPublisher(await self._pub.get_underlay_channel(), self.lease, self.fail)
             self._hold = await self._connect(url, name)
             self._lease = await self._hold.channel(publisher_confirms=False)
             self._lease.close_callbacks.add(self._on_closed)
@@ -164,6 +168,8 @@ class Session:
 
     async def close(self, reason: str = "closing") -> None:
         self.fail(reason, expected=True)
+        if self._events is not None:
+            await self._events.close(self.close_reason or reason)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -305,9 +311,9 @@ class Session:
             await self._emit_slots.acquire()
         try:
             self.lease.ensure()  # it may have lapsed while the emit waited
-            await self.publish(
-                routing_key, topology.persistent(body), exchange=topology.EVENTS_EXCHANGE, mandatory=False
-            )
+            if self._events is None or self.closed.is_set():
+                raise BrokerUnavailable("no broker session")
+            await self._events.publish(routing_key, body)  # batched with other emits (emits.py)
         except LeaseLost:
             raise
         except Exception as e:

@@ -46,12 +46,12 @@ async def publish_batch(
     channel: aiormq.Channel,
     messages: Sequence[Outgoing],
     *,
-    timeout: float,
+    timeout: float | None,
     exchange: str = "",
     mandatory: bool = False,
 ) -> list[ConfirmationFrameType | DeliveredMessage]:
-    """Publish every message, in order, and wait up to ``timeout`` seconds for the broker's
-    answer to each: ``basic.ack``, or the returned message for an unroutable mandatory one
+    """Publish every message, in order, and wait up to ``timeout`` seconds (None: as long as
+    it takes) for the broker's answer to each: ``basic.ack``, or the returned message for an unroutable mandatory one
     (on a channel opened with ``on_return_raises=False``, as aio-pika opens them).
 
     Raises ``TimeoutError``; ``DeliveryError`` for a ``basic.nack``; the channel's close
