@@ -18,7 +18,7 @@ from manager.errors import Invalid, Unavailable
 from manager.kinds import KindCatalog, NewObserver, OfferedKind, validate
 from observer_service import gc_policy
 from observer_service.capacity import Budgets, auto_capacity, sized
-from observer_service.gc_policy import FREEZE_EVERY, GcPolicy
+from observer_service.gc_policy import FREEZE_EVERY, GcPolicy, resident_bytes
 from observer_service.lease import Lease
 from observer_service.observer import Context, Running, _lease_back, supervise
 from observer_service.outbox import Outbox
@@ -184,6 +184,7 @@ def test_gc_policy_freezes_bursts_and_unfreezes_after_churn_or_a_fence() -> None
 class _Cycle:
     def __init__(self) -> None:
         self.me = self
+        self.payload: bytearray | None = None
 
 
 def _frozen_garbage() -> weakref.ref[_Cycle]:
@@ -222,27 +223,43 @@ def test_gc_policy_collects_frozen_garbage_that_grows_while_the_load_holds() -> 
     try:
         gc.collect()
         gc.freeze()
+        baseline = resident_bytes()
+        assert baseline is not None
         policy.check_for_leaks(running=1000)  # the reference
-        baseline = gc.get_freeze_count()
-        garbage = _frozen_garbage_until(int(baseline * 1.3))
+        garbage = _frozen_garbage_of(baseline // 5)  # +20 %
         policy.check_for_leaks(running=1050)  # below the growth that looks like a leak
         assert all(g() is not None for g in garbage)
-        grown = _frozen_garbage_until(int(baseline * 3))
+        grown = _frozen_garbage_of(baseline)  # about twice the reference
         policy.check_for_leaks(running=3000)  # as many more observers: growth explained
         assert all(g() is not None for g in grown)
-        more = _frozen_garbage_until(int(baseline * 5))
-        policy.check_for_leaks(running=3100)  # the load held, the frozen set did not
+        more = _frozen_garbage_of(2 * baseline)
+        policy.check_for_leaks(running=3100)  # the load held, the memory did not
         assert all(g() is None for g in garbage + grown + more)
     finally:
         gc.unfreeze()
 
 
-def _frozen_garbage_until(frozen: int) -> list[weakref.ref[_Cycle]]:
-    """Cycles frozen while alive, then dropped, until ``frozen`` objects are frozen."""
-    cycles = [_Cycle() for _ in range(max(frozen - gc.get_freeze_count(), 1))]
+def test_gc_policy_leak_check_does_not_walk_the_frozen_objects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting frozen objects walks them all: seconds at 333,000 emitting observers."""
+
+    def walks() -> int:
+        raise AssertionError("gc.get_freeze_count walks every frozen object")
+
+    monkeypatch.setattr(gc, "get_freeze_count", walks)
+    policy = GcPolicy()
+    policy.check_for_leaks(running=10)
+    policy.check_for_leaks(running=10)
+
+
+def _frozen_garbage_of(size: int) -> list[weakref.ref[_Cycle]]:
+    """Cycles of about ``size`` bytes in all (resident: the bytes are written), frozen while
+    alive, then dropped."""
+    chunk = 1 << 20
+    cycles = [_Cycle() for _ in range(max(size // chunk, 1))]
+    for cycle in cycles:
+        cycle.payload = bytearray(b"x" * chunk)
     gc.freeze()
-    refs = [weakref.ref(c) for c in cycles]
-    return refs
+    return [weakref.ref(c) for c in cycles]
 
 
 async def test_the_outbox_has_room_for_starts_until_its_high_water() -> None:
