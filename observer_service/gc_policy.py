@@ -38,9 +38,10 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
+
+from shared.process import statm_resident_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -141,13 +142,10 @@ class GcPolicy:
         logger.info("collected %d objects (%s) in %.0f ms", freed, why, (time.perf_counter() - started) * 1000)
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
 def resident_bytes() -> int | None:
     """This process's resident memory, from ``/proc/self/statm`` (a read of one small file)."""
     try:
         with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
+            return statm_resident_bytes(f.read())
     except (OSError, ValueError, IndexError):
         return None

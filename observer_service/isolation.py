@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.errors import LeaseLost
+from shared.process import statm_resident_bytes
 
 PIPE = asyncio.subprocess.PIPE
 
@@ -67,7 +68,6 @@ logger = logging.getLogger(__name__)
 _TICK_S = 0.25  # lease poll and liveness check; RSS every other tick
 _STARTUP_S = 30.0  # liveness allowance until the child's first line (imports on a busy host)
 _LINE_LIMIT = 16 * 2**20  # longest protocol line (an emit payload) we accept
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ class _Supervisor:
         if self.statm is None:
             return
         try:
-            rss_mb = int(os.pread(self.statm, 256, 0).split()[1]) * _PAGE / 2**20
+            rss_mb = statm_resident_bytes(os.pread(self.statm, 256, 0)) / 2**20
         except (OSError, ValueError, IndexError):
             return  # the process is exiting
         if rss_mb > limit_mb:
