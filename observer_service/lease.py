@@ -6,11 +6,16 @@ last heard from it, and only then hands its deliveries to another host. So if a 
 about t + H. We call the lease valid while ``now - t < H/2``: a process that was frozen
 (SIGSTOP, GC pause, swapped out) wakes up with a lapsed lease and must not act until it has
 dropped its session and started over.
+
+The lease is renewed on the holding connection's thread (``hold.py``) and read and waited
+for on the main loop: the instants are floats (one write, one read, each atomic), and the
+waiters' future is resolved on the loop it belongs to (``call_soon_threadsafe``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from shared.errors import LeaseLost
@@ -20,11 +25,17 @@ class Lease:
     def __init__(self, heartbeat_s: float) -> None:
         self.validity_s = heartbeat_s / 2
         self._renewed_at: float | None = None
+        # A round trip sent before the last revocation proves nothing about the session
+        # that follows it (the old one's was still under way when it was given up).
+        self._revoked_at = 0.0
         # Resolved at the next renewal or revocation: what paused observers wait on.
         self._change: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def renew(self, sent_at: float) -> None:
-        """Record a confirmed round trip that was sent at ``sent_at`` (monotonic)."""
+        """Record a confirmed round trip that was sent at ``sent_at`` (monotonic). Any thread."""
+        if sent_at <= self._revoked_at:
+            return
         if self._renewed_at is None or sent_at > self._renewed_at:
             self._renewed_at = sent_at
         self._wake()
@@ -37,10 +48,29 @@ class Lease:
         replies so late that the lease kept lapsing (issue 17: a failover of 100,000 took
         285 s). A cancelled waiter does not cancel the others' future (``shield``)."""
         if self._change is None:
-            self._change = asyncio.get_running_loop().create_future()
-        await asyncio.shield(self._change)
+            self._loop = asyncio.get_running_loop()
+            self._change = self._loop.create_future()
+        change = self._change
+        # Renewed or revoked (on the other thread) before the future was there to wake.
+        if self.is_valid() or self._renewed_at is None:
+            return
+        await asyncio.shield(change)
 
     def _wake(self) -> None:
+        loop = self._loop
+        if self._change is None or loop is None:
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._resolve()
+        else:
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(self._resolve)
+
+    def _resolve(self) -> None:
         change, self._change = self._change, None
         if change is not None and not change.done():
             change.set_result(None)
@@ -50,6 +80,8 @@ class Lease:
         return self._renewed_at
 
     def revoke(self) -> None:
+        """Any thread."""
+        self._revoked_at = time.monotonic()
         self._renewed_at = None
         self._wake()
 

@@ -22,9 +22,10 @@ from pydantic import ValidationError
 
 from observer_service import metrics
 from observer_service.gc_policy import GcPolicy
+from observer_service.hold import Holder
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox
-from observer_service.session import Holder, Session
+from observer_service.session import Session
 from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
 from shared.errors import DecodeError, LeaseLost
 from shared.kinds import LoadedKind
@@ -188,12 +189,13 @@ class Runner:
 
     # --- stop --------------------------------------------------------------------------
 
-    async def on_stop(self, stop: StopObserver | StopObservers) -> None:
+    def on_stop(self, stop: StopObserver | StopObservers) -> None:
+        """Start stopping what ``stop`` names (``stop_many``), in the background."""
         if isinstance(stop, StopObserver):
             ids, lives = [stop.observer_id], None if stop.life is None else [stop.life]
         else:
             ids, lives = stop.observer_ids, stop.lives
-        await self.stop_many(ids, stop.service_id, stop.reason, stop.sent_at, stop.session_id, lives)
+        self._spawn(self.stop_many(ids, stop.service_id, stop.reason, stop.sent_at, stop.session_id, lives))
 
     async def stop_many(
         self,

@@ -19,21 +19,20 @@ import os
 import signal
 import uuid
 
-from aio_pika.abc import AbstractIncomingMessage
-
 from observer_service import metrics
 from observer_service.capacity import sized
+from observer_service.hold import Holder
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner
-from observer_service.session import Holder, Session
-from observer_service.settle import settle
+from observer_service.session import Session
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
-from shared.errors import BrokerUnavailable, DecodeError
+from shared.errors import BrokerUnavailable
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
 from shared.messages import (
+    ControlMessage,
     DescribeRequest,
     IntroduceRequest,
     InventoryRequest,
@@ -46,7 +45,6 @@ from shared.messages import (
     ServiceStopped,
     StopObserver,
     StopObservers,
-    decode_control,
     digest_of,
 )
 from shared.settings import ServiceSettings, hostname
@@ -175,16 +173,10 @@ class ObserverService:
             return  # not ours to run any more; the broker requeues it
         self.runner.on_start(body, holder, tag, redelivered, session)
 
-    async def _on_control(self, message: AbstractIncomingMessage) -> None:
-        try:
-            command = decode_control(message.body)
-        except DecodeError as e:
-            logger.error("dead-lettering a malformed control message: %s", e)
-            await settle(message.reject(requeue=False))
-            return
-        await settle(message.ack())
+    def _on_control(self, command: ControlMessage) -> None:
+        """A control command, decoded and acked on the holding thread (``hold.py``)."""
         if isinstance(command, StopObserver | StopObservers):
-            await self.runner.on_stop(command)
+            self.runner.on_stop(command)
         elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
             self._send_inventory()
         elif isinstance(command, IsolateObservers) and command.service_id == self.service_id:

@@ -1,19 +1,20 @@
-"""One broker session: the only module of the service that touches aio-pika (and aiormq under it).
+"""One broker session: with ``hold.py``, the only code of the service that touches aio-pika
+(and aiormq under it).
 
-A session is two AMQP connections, so that liveness never waits behind bulk traffic:
-* ``hold`` — what makes this host the owner of its observers, and nothing bulky:
-  - the holders: channels that consume the pools' start queues (manual ack, one consumer
-    each, ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool);
-  - ``work``: this instance's exclusive control queue, whose presence tells the manager the
-    connection lives (``manager/liveness.py``);
-  - ``lease``: the lease round trips. They must travel on the connection that holds the
-    deliveries: a round trip answered on it proves the broker has not given them away.
-* ``publish`` — publisher confirms; state reports, inventories and observer events (batched
-  by ``emits.EventPublisher``, which writes on this connection's channel too). RabbitMQ
-  throttles a connection that publishes faster than it can route (credit flow) and blocks it
-  under a memory or disk alarm: on a connection of its own that throttling delays reports
-  and emits, never the lease (issue 17: 5,000 events/s starved the lease round trips that
-  shared their channel, and every service dropped its session).
+A session is two AMQP connections, so that liveness never waits behind bulk traffic, and two
+threads, so that it never waits behind the observers either:
+* ``hold`` (``hold.py``, a thread and event loop of its own): what makes this host the
+  owner of its observers: the start deliveries, the control queue and the lease round
+  trips, and nothing bulky. ``hold.py`` says why it has a thread.
+* ``publish`` (this module, the main loop with the observers): publisher confirms; state
+  reports, inventories and observer events (batched by ``emits.EventPublisher``, which
+  writes on this connection's channel too). RabbitMQ throttles a connection that publishes
+  faster than it can route (credit flow) and blocks it under a memory or disk alarm: on a
+  connection of its own that throttling delays reports and emits, never the lease (issue
+  17: 5,000 events/s starved the lease round trips that shared their channel, and every
+  service dropped its session). It holds no delivery, so its silence proves nothing about
+  ownership: its AMQP heartbeat is ``PUBLISH_HEARTBEAT_S`` (RabbitMQ's default), long
+  enough that an observers' loop late by seconds is not taken for a dead peer.
 
 Deliveries belong to the channel they came on. When either connection breaks the whole
 session is dead (``closed`` is set) and every observer started from it must be cancelled at
@@ -30,32 +31,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aio_pika
-import aiormq
-import aiormq.abc
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from observer_service import metrics
 from observer_service.emits import EventPublisher
+from observer_service.hold import ControlHandler, Holder, HoldingConnection, Settle, StartHandler
 from observer_service.lease import Lease
+from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
 from shared import topology
 from shared.errors import BrokerUnavailable, LeaseLost
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
-
-Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
-# The channel a start delivery came on: settling it needs that channel and the delivery tag.
-Holder = aiormq.abc.AbstractChannel
-# A start delivery, as the runner keeps it: the body, its holder, the delivery tag and whether
-# the broker redelivered it.
-StartHandler = Callable[[bytes, Holder, int, bool], None]
 
 ACK_TIMEOUT_HINT = (
     "the broker closed the channel because a delivery stayed unacked longer than its "
@@ -76,6 +68,7 @@ MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
 # on channels of up to 65,535 each, took minutes (make bench-scale). Held on channels of
 # this many, each settle walks at most this far; a channel costs the broker one process.
 HOLD_PER_CHANNEL = 4_096
+PUBLISH_HEARTBEAT_S = 60  # the publish connection's AMQP heartbeat (module docstring)
 
 
 def prefetch_chunks(workers_count: int, per_consumer: int = MAX_PREFETCH) -> list[int]:
@@ -93,65 +86,73 @@ class Session:
         self.lease = lease
         self.closed = asyncio.Event()
         self.close_reason = ""
-        self._hold: AbstractConnection | None = None
         self._publish: AbstractConnection | None = None
-        self._work: AbstractChannel | None = None
-        # The channels that hold start deliveries, one consumer each (``HOLD_PER_CHANNEL``);
-        # deliveries are consumed and settled on the raw aiormq channel under each.
-        self._holders: list[tuple[AbstractChannel, Holder]] = []
-        self._held_back = False  # ``requeue_held`` closed them on purpose
-        self._lease: AbstractChannel | None = None
         self._pub: AbstractChannel | None = None
         self._events: EventPublisher | None = None
+        # The holding connection and its thread (``hold.py``); settles reach it by mailbox.
+        self._thread: LoopThread | None = None
+        self._holding: HoldingConnection | None = None
+        self._to_hold: Mailbox | None = None
+        self._held_back = False  # ``requeue_held`` closed the holders on purpose
         # Emits in flight at once: past it an observer's emit waits (issue 17).
         self._emit_slots = asyncio.Semaphore(settings.emits_in_flight)
-        self._start_consumers: list[tuple[Holder, str]] = []
-        self._on_start: StartHandler | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------
 
-    async def open(self, on_start: StartHandler, on_control: Handler, outbox: Outbox) -> None:
-        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+    async def open(self, on_start: StartHandler, on_control: ControlHandler, outbox: Outbox) -> None:
+        """Both called on this (the main) loop: ``on_start`` per start delivery, in order,
+        and ``on_control`` per control command, already acked (a malformed one is
+        dead-lettered and never reaches it)."""
+        heartbeat = self.settings.amqp_heartbeat_s
         name = f"observer-service {self.settings.service_name}"
         try:
-            self._publish = await self._connect(url, f"{name} (publish)")
+            self._publish = await aio_pika.connect(
+                amqp_url_with_heartbeat(self.settings.amqp_url, max(heartbeat, PUBLISH_HEARTBEAT_S)),
+                client_properties={"connection_name": f"{name} (publish)"},
+            )
+            self._publish.close_callbacks.add(self._on_closed)
             self._pub = await self._publish.channel(publisher_confirms=True)
             self._pub.close_callbacks.add(self._on_closed)
             await topology.declare_common(self._pub)
             self._events = EventPublisher(await self._pub.get_underlay_channel(), self.lease, self.fail)
-            self._hold = await self._connect(url, name)
-            self._lease = await self._hold.channel(publisher_confirms=False)
-            self._lease.close_callbacks.add(self._on_closed)
-            await self._renew_lease()
-            self._work = await self._hold.channel(publisher_confirms=False)
-            self._work.close_callbacks.add(self._on_closed)
-            control = await topology.declare_control_queue(self._work, self.service_id)
-            await control.consume(on_control)
-            self._on_start = on_start
-            for pool in self.settings.pools:
-                queue = await topology.declare_start_queue(self._work, pool)
-                for prefetch in prefetch_chunks(self.settings.workers_count, HOLD_PER_CHANNEL):
-                    await self._hold_on_new_channel(queue.name, prefetch)
+            self._thread = LoopThread(f"hold {self.id.hex[:8]}", self.settings.event_loop)
+            self._to_hold = Mailbox(self._thread.loop)
+            self._holding = HoldingConnection(
+                self.lease, heartbeat, Mailbox(asyncio.get_running_loop()), self._fail_from_hold
+            )
+            chunks = prefetch_chunks(self.settings.workers_count, HOLD_PER_CHANNEL)
+            holds = [(pool, chunks) for pool in self.settings.pools]
+            await self._thread.call(
+                self._holding.open(
+                    amqp_url_with_heartbeat(self.settings.amqp_url, heartbeat),
+                    name,
+                    on_start,
+                    on_control,
+                    self.service_id,
+                    holds,
+                )
+            )
         except Exception as e:
             await self.close(f"open failed: {e!r}")
             raise BrokerUnavailable(f"cannot open a broker session: {e!r}") from e
-        self._tasks = [
-            asyncio.create_task(self._lease_loop(), name="lease"),
-            asyncio.create_task(self._outbox_loop(outbox), name="outbox"),
-        ]
+        self._tasks = [asyncio.create_task(self._outbox_loop(outbox), name="outbox")]
         logger.info("broker session open (pools=%s, prefetch=%d)", self.settings.pools, self.settings.workers_count)
-
-    async def _connect(self, url: str, name: str) -> AbstractConnection:
-        connection = await aio_pika.connect(url, client_properties={"connection_name": name})
-        connection.close_callbacks.add(self._on_closed)
-        return connection
 
     def _on_closed(self, _sender: Any, exc: BaseException | None) -> None:
         self.fail(f"closed by broker or network: {exc!r}", exc)
 
+    def _fail_from_hold(self, reason: str, exc: BaseException | None) -> None:
+        """The holding connection is gone (called on its thread). The lease goes at once, so
+        no observer acts from now on; the rest of ``fail`` runs on the main loop."""
+        if self.closed.is_set():
+            return
+        self.lease.revoke()
+        if self._holding is not None:
+            self._holding.to_main.post(self.fail, reason, exc)
+
     def fail(self, reason: str, exc: BaseException | None = None, *, expected: bool = False) -> None:
-        """Mark the session dead. Safe to call many times and from callbacks."""
+        """Mark the session dead. Safe to call many times and from callbacks (main loop)."""
         if self.closed.is_set():
             return
         self.lease.revoke()
@@ -175,60 +176,43 @@ class Session:
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
-        for connection in (self._hold, self._publish):
-            if connection is not None and not connection.is_closed:
+        if self._publish is not None and not self._publish.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._publish.close(), 5)
+        if self._thread is not None:
+            if self._holding is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(connection.close(), 5)
-
-    async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
-        assert self._hold is not None
-        channel = await self._hold.channel(publisher_confirms=False)
-        channel.close_callbacks.add(self._on_closed)
-        raw = await channel.get_underlay_channel()
-        self._holders.append((channel, raw))
-        await channel.set_qos(prefetch_count=prefetch)
-        ok = await raw.basic_consume(
-            queue, self._on_start_delivery, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
-        )
-        assert ok.consumer_tag is not None
-        self._start_consumers.append((raw, ok.consumer_tag))
+                    await asyncio.wait_for(self._thread.call(self._holding.close()), 10)
+            await self._thread.stop()
 
     async def stop_consuming(self) -> None:
         """Cancel the start consumers: no new observers, the held deliveries stay ours."""
-        for raw, tag in self._start_consumers:
-            with contextlib.suppress(Exception):
-                await raw.basic_cancel(tag)
-        self._start_consumers.clear()
+        if self._thread is not None and self._holding is not None:
+            await self._thread.call(self._holding.stop_consuming())
 
-    # --- start deliveries ----------------------------------------------------------------
-
-    async def _on_start_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
-        """aiormq's consumer callback. Start deliveries are taken on the raw channel, not as
-        aio-pika messages: a service keeps every start it runs for the observer's whole life,
-        and aio-pika's message with aiormq's frames is ~1.3 KiB of it (issue 17, density).
-        What is kept is the body and the tag; settling goes by tag (``ack``...)."""
-        delivery = message.delivery
-        assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
-        self._on_start(message.body, message.channel, delivery.delivery_tag or 0, bool(delivery.redelivered))
+    # --- settling start deliveries --------------------------------------------------------
+    # Each is handed to the holding thread in order and sent there; the caller does not
+    # wait for the frame to be written (nothing would come back: AMQP does not confirm a
+    # settle). Order against ``requeue_held`` holds: it sends what was posted before it.
 
     async def ack(self, holder: Holder, tag: int) -> None:
         """Settle a start delivery of this session: the observer is given away (stopped)."""
-        await self._holding(holder).basic_ack(tag)
+        self._settle("ack", holder, tag)
 
     async def requeue(self, holder: Holder, tag: int) -> None:
         """Hand a start back to the queue, for any service of the pool to take."""
-        await self._holding(holder).basic_nack(tag, requeue=True)
+        self._settle("requeue", holder, tag)
 
     async def reject(self, holder: Holder, tag: int) -> None:
         """Dead-letter a start (to the pool's error queue): never run again."""
-        await self._holding(holder).basic_reject(tag, requeue=False)
+        self._settle("reject", holder, tag)
 
-    def _holding(self, holder: Holder) -> Holder:
+    def _settle(self, operation: Settle, holder: Holder, tag: int) -> None:
         # Once its channel is closed (a dead session, or ``requeue_held``) a delivery is the
         # broker's again: settling it is an error (``settle`` ignores it).
-        if self._held_back or holder.is_closed:
+        if self._held_back or holder.is_closed or self._to_hold is None or self._holding is None:
             raise BrokerUnavailable("the channel of this delivery is closed: it went back to the queue")
-        return holder
+        self._to_hold.post(self._holding.settle, operation, holder, tag)
 
     async def requeue_held(self) -> None:
         """Give every held delivery back to the broker at once, by closing the channels that
@@ -240,53 +224,8 @@ class Session:
         the queue serves nobody meanwhile. The rest of the session (the lease, the outbox, the
         control queue) stays open."""
         self._held_back = True
-        holders, self._holders = self._holders, []
-        for channel, _ in holders:
-            channel.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on
-        for channel, _ in holders:
-            with contextlib.suppress(Exception):
-                await channel.close()
-
-    # --- lease -------------------------------------------------------------------------
-
-    async def _renew_lease(self) -> None:
-        assert self._lease is not None
-        sent_at = time.monotonic()
-        # Any synchronous method is a round trip; a passive declare is the cheapest.
-        await self._lease.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
-        self.lease.renew(sent_at)
-        metrics.LEASE_ROUND_TRIP.observe(time.monotonic() - sent_at)
-
-    async def _lease_loop(self) -> None:
-        """Renew every H/4. A slow round trip is waited for, however long, never cancelled
-        (aiormq closes the channel of a cancelled RPC) and never taken for a dead broker.
-
-        A lapsed lease pauses the observers (``ensure_lease`` refuses) but does not end the
-        session: a round trip that completes later on this same connection proves the broker
-        never declared it dead (it would have closed it), so nothing was given to anyone else
-        and the observers may go on. What ends a session is evidence that the connection is
-        gone: the broker closing it, the socket, or aiormq's heartbeat check (no frame at all
-        from the broker for 3 x (H + 1) s), each of which closes the connection and calls
-        ``_on_closed``. Giving up on a round trip unanswered for H instead ended every
-        session of a fleet whose broker was merely busy (issue 17: 300,000 observers emitting
-        once a minute), and the requeues made the broker busier still."""
-        period = self.settings.amqp_heartbeat_s / 4
-        renewal: asyncio.Task[None] | None = None
-        lapsed = False
-        while not self.closed.is_set():
-            if renewal is None or renewal.done():
-                if renewal is not None and renewal.exception() is not None:
-                    self.fail(f"lease round trip failed: {renewal.exception()!r}")
-                    return
-                renewal = asyncio.create_task(self._renew_lease())
-            await asyncio.wait({renewal}, timeout=period)
-            if self.lease.is_valid() == lapsed:
-                lapsed = not lapsed
-                if lapsed:
-                    logger.warning("lease lapsed (starved or slow broker): observers paused until it is renewed")
-                else:
-                    logger.info("lease renewed: observers resume")
-            await asyncio.sleep(max(0.0, period - (time.monotonic() - (self.lease.renewed_at or 0))))
+        if self._thread is not None and self._holding is not None:
+            await self._thread.call(self._holding.requeue_held())
 
     # --- publishing --------------------------------------------------------------------
 

@@ -13,7 +13,8 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any
 
-from observer_service.session import Holder, Session
+from observer_service.hold import Holder
+from observer_service.session import Session
 
 
 async def until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session]) -> bool:

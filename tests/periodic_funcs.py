@@ -35,6 +35,16 @@ async def sleepy(ctx: Any, path: str, sleep_s: float) -> None:
     _append(path, "finished")
 
 
+async def hog_loop(ctx: Any, seconds: float, path: str) -> None:
+    """Keeps the service's event loop busy for ``seconds`` without ever yielding, as a loop
+    with more observer work than it can run is; writes "start" and "end"."""
+    _append(path, "start")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
+    _append(path, "end")
+
+
 def add(ctx: Any, a: int, b: int) -> int:
     """A plain sync function (runs in a worker thread)."""
     return a + b

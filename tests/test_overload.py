@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 import zlib
+from pathlib import Path
 
 import aio_pika
 import httpx
@@ -330,6 +331,39 @@ def test_an_overloaded_broker_kills_nobody(system: System) -> None:
         120,
         "all Processing in the end",
     )
+
+
+def test_a_service_whose_loop_is_starved_keeps_its_session(system: System, tmp_path: Path) -> None:
+    # Given a service running tickers
+    manager = system.start_manager()
+    svc = system.start_service("svc-a", workers=50, ORCH_PERIODIC_MODULES="tests.periodic_funcs")
+    ids = [system.create(f"tick-{i}", args={"interval_s": 0.5})["id"] for i in range(10)]
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+
+    # When its observers' loop gets no turn for six AMQP heartbeat intervals (12 s): one
+    # observer keeps it busy without yielding, as an overloaded service's loop is
+    marks = tmp_path / "hog"
+    args = {"function": "tests.periodic_funcs:hog_loop", "kwargs": {"seconds": 12, "path": str(marks)}}
+    hog = system.create("hog", kind="periodic", args=args | {"interval_s": 3600})["id"]
+    wait_for(lambda: marks.exists() and "end" in marks.read_text(), 90, "the loop to be starved and to recover")
+
+    # Then the holding connection (its own thread) kept the session: nothing fenced, no
+    # service lost, and every observer still runs where it ran
+    time.sleep(3)
+    assert svc.alive()
+    assert "broker session lost" not in svc.text(), svc.text()[-3000:]
+    assert "fenced" not in svc.text()
+    assert metric(system, "orch_services_lost_total") == 0, manager.text()[-3000:]
+    stats = system.get("/api/stats").json()
+    assert stats["observers"].get("Failed", 0) == 0 and stats["probation"] == 0
+    alive = system.service_by_name("svc-a")
+    assert alive is not None
+    service_id = alive["id"]
+    for oid in [*ids, hog]:
+        observer = system.observer(oid)
+        assert (observer["status"], observer["service_id"]) == ("Processing", service_id), observer
+        assert "host_lost" not in event_names(system, oid)
 
 
 def test_a_burst_of_starts_past_the_outbox_waits_for_its_reports_and_drops_none(

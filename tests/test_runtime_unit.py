@@ -388,8 +388,8 @@ async def test_observers_paused_by_a_lapsed_lease_wait_on_it_without_a_timer_eac
     lease.renew(time.monotonic())  # renewed: all resume
     await asyncio.wait_for(asyncio.gather(*waiting), 5)
 
-    lease.revoke()
-    lease.renew(time.monotonic() - 1)  # lapsed again
+    lease = session.lease = Lease(heartbeat_s=0.2)  # the next session's lease: lapsed again
+    lease.renew(time.monotonic() - 1)
     waiting = paused(100)
     await asyncio.sleep(0.05)
     session.closed.set()  # the session dies (Session.fail revokes the lease): all give up

@@ -13,14 +13,16 @@ from collections.abc import AsyncIterator
 
 import aio_pika
 import pytest
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
 
 from observer_service import session as session_module
+from observer_service.hold import Holder
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
-from observer_service.session import Holder, Session
+from observer_service.session import Session
 from observer_service.settle import settle
 from shared import topology
+from shared.messages import ControlMessage
 from shared.settings import ServiceSettings
 from tools import infra
 
@@ -49,8 +51,8 @@ class Received:
         return next((h, t) for b, h, t, r in self.starts if b == body and r == redelivered)
 
 
-async def _ignore(message: AbstractIncomingMessage) -> None:
-    await message.ack()
+def _ignore(command: ControlMessage) -> None:
+    pass
 
 
 @pytest.fixture

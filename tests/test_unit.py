@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -16,6 +17,7 @@ from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
 from manager.state.outgoing import Outgoing
 from observer_service.lease import Lease
+from observer_service.loop_thread import Mailbox
 from observer_service.outbox import Outbox, pack
 from observer_service.session import prefetch_chunks
 from shared.errors import DecodeError, LeaseLost
@@ -88,6 +90,54 @@ def test_lease_lapses_when_the_last_round_trip_is_too_old() -> None:
     lease.renew(time.monotonic() - 1.5)
     with pytest.raises(LeaseLost, match="lapsed"):
         lease.ensure()
+
+
+def test_a_round_trip_sent_before_a_revocation_does_not_renew_the_lease() -> None:
+    # The old session's round trip, answered after the session was given up, proves nothing.
+    lease = Lease(heartbeat_s=2)
+    sent_at = time.monotonic()
+    lease.revoke()
+    lease.renew(sent_at)
+    assert not lease.is_valid()
+    lease.renew(time.monotonic())
+    assert lease.is_valid()
+
+
+async def test_a_renewal_on_another_thread_wakes_the_observers_waiting_on_this_loop() -> None:
+    # The holding thread renews; the observers wait on the main loop (hold.py).
+    lease = Lease(heartbeat_s=2)
+    lease.renew(time.monotonic() - 5)
+    waiters = [asyncio.create_task(lease.changed()) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    assert not any(w.done() for w in waiters)
+    renewer = threading.Thread(target=lambda: lease.renew(time.monotonic()))
+    renewer.start()
+    renewer.join()
+    await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    assert lease.is_valid()
+
+
+async def test_a_mailbox_runs_calls_from_other_threads_in_order_on_its_loop() -> None:
+    mailbox = Mailbox(asyncio.get_running_loop())
+    ran: list[tuple[int, int, bool]] = []
+    main = threading.get_ident()
+
+    def record(sender: int, n: int) -> None:
+        ran.append((sender, n, threading.get_ident() == main))
+
+    def send(sender: int) -> None:
+        for n in range(5_000):
+            mailbox.post(record, sender, n)
+
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        await asyncio.to_thread(sender.join)
+    await asyncio.sleep(0.1)
+    assert len(ran) == 15_000 and all(on_main for _, _, on_main in ran)
+    for i in range(3):
+        assert [n for s, n, _ in ran if s == i] == list(range(5_000))
 
 
 def test_outbox_keeps_order_and_drops_only_confirmed_heads() -> None:

@@ -1,0 +1,261 @@
+"""The holding connection, on a thread and event loop of its own.
+
+What makes this host the owner of its observers lives here, and nothing bulky:
+* the holders: channels that consume the pools' start queues (manual ack, one consumer each,
+  ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool);
+* ``work``: this instance's exclusive control queue, whose presence tells the manager the
+  connection lives (``manager/liveness.py``);
+* ``lease``: the lease round trips. They travel on the connection that holds the
+  deliveries: a round trip answered on it proves the broker has not given them away.
+
+Why a thread: overload is not death (issue 17). With 1,000,000 tickers emitting once a
+minute, each survivor of a ``kill -9`` held ~500,000 of them and had more than a second of
+observer work per second on its loop; one pass of the loop took seconds, the AMQP
+heartbeats and lease round trips waited behind it, the broker closed both services'
+connections for missed heartbeats (``missed heartbeats from client, timeout: 6s``) and
+they fenced 363,149 and 440,333 healthy observers. The connection had been given its own
+socket for that reason, but it still shared the observers' loop. On a thread of its own
+the interpreter hands it the GIL within its switch interval (5 ms) however much work the
+observers' loop has queued, so heartbeats and round trips go out on time, the lease stays
+valid and the observers merely run late, which is what they are. A frozen process (SIGSTOP,
+swapped out) still freezes both threads, and the lease still lapses.
+
+Every method here runs on the hold loop, except where it says "any thread". What crosses
+to the main loop goes through its ``Mailbox``, in order: start deliveries, control
+commands, and the session's failure. What comes back is settles (``settle``: posted in
+order, sent by one task, never awaited by the caller) and ``LoopThread.call`` for opening,
+closing and handing starts back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import aio_pika
+import aiormq
+import aiormq.abc
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+
+from observer_service import metrics
+from observer_service.lease import Lease
+from observer_service.loop_thread import Mailbox
+from shared import topology
+from shared.errors import DecodeError
+from shared.messages import ControlMessage, decode_control
+
+logger = logging.getLogger(__name__)
+
+# The channel a start delivery came on: settling it needs that channel and the delivery tag.
+Holder = aiormq.abc.AbstractChannel
+# A start delivery, as the runner keeps it: the body, its holder, the delivery tag and whether
+# the broker redelivered it. Called on the main loop.
+StartHandler = Callable[[bytes, Holder, int, bool], None]
+# A decoded control command (already acked), called on the main loop.
+ControlHandler = Callable[[ControlMessage], None]
+# Called (on any thread) when the connection is gone: the reason and the error, if any.
+FailHandler = Callable[[str, BaseException | None], None]
+Settle = Literal["ack", "requeue", "reject"]
+
+
+class HoldingConnection:
+    def __init__(self, lease: Lease, heartbeat_s: int, to_main: Mailbox, fail: FailHandler) -> None:
+        self.lease = lease
+        self._period = heartbeat_s / 4
+        self.to_main = to_main
+        self._fail = fail
+        self._connection: AbstractConnection | None = None
+        self._lease_channel: AbstractChannel | None = None
+        self._holders: list[AbstractChannel] = []
+        self._start_consumers: list[tuple[Holder, str]] = []
+        self._on_start: StartHandler | None = None
+        self._on_control: ControlHandler | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        # Settles posted by the main loop, sent in order by ``_settle_loop``.
+        self._settles: collections.deque[tuple[Settle, Holder, int]] = collections.deque()
+        self._settle_wakeup: asyncio.Event | None = None
+        self._settling = asyncio.Lock()
+
+    async def open(
+        self,
+        url: str,
+        name: str,
+        on_start: StartHandler,
+        on_control: ControlHandler,
+        service_id: Any,
+        holds: list[tuple[str, list[int]]],
+    ) -> None:
+        """Connect, take the lease, declare the control queue and consume each pool's start
+        queue on channels of the given prefetches (``holds``: pool, prefetch per channel)."""
+        self._on_start, self._on_control = on_start, on_control
+        self._settle_wakeup = asyncio.Event()
+        self._connection = await aio_pika.connect(url, client_properties={"connection_name": name})
+        self._connection.close_callbacks.add(self._on_closed)
+        self._lease_channel = await self._channel()
+        await self._renew_lease()
+        work = await self._channel()
+        control = await topology.declare_control_queue(work, service_id)
+        await control.consume(self._on_control_message)
+        for pool, prefetches in holds:
+            queue = await topology.declare_start_queue(work, pool)
+            for prefetch in prefetches:
+                await self._hold_on_new_channel(queue.name, prefetch)
+        self._tasks = [
+            asyncio.create_task(self._lease_loop(), name="lease"),
+            asyncio.create_task(self._settle_loop(), name="settle"),
+        ]
+
+    async def _channel(self) -> AbstractChannel:
+        assert self._connection is not None
+        channel = await self._connection.channel(publisher_confirms=False)
+        channel.close_callbacks.add(self._on_closed)
+        return channel
+
+    def _on_closed(self, _sender: Any, exc: BaseException | None) -> None:
+        if not self._closing:
+            self._fail(f"closed by broker or network: {exc!r}", exc)
+
+    async def close(self) -> None:
+        self._closing = True
+        # Settles posted before the close still go out if the connection lives: each was
+        # posted only once its report was confirmed, so it is owed to the broker.
+        if self._connection is not None and not self._connection.is_closed:
+            await self._send_settles()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if self._connection is not None and not self._connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._connection.close(), 5)
+
+    async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
+        channel = await self._channel()
+        raw = await channel.get_underlay_channel()
+        self._holders.append(channel)
+        await channel.set_qos(prefetch_count=prefetch)
+        ok = await raw.basic_consume(
+            queue, self._on_start_delivery, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
+        )
+        assert ok.consumer_tag is not None
+        self._start_consumers.append((raw, ok.consumer_tag))
+
+    async def stop_consuming(self) -> None:
+        for raw, tag in self._start_consumers:
+            with contextlib.suppress(Exception):
+                await raw.basic_cancel(tag)
+        self._start_consumers.clear()
+
+    async def requeue_held(self) -> None:
+        """Close the holders (``Session.requeue_held`` says why), after sending every settle
+        posted before: an ack of a stopped observer must not be turned into a requeue."""
+        await self._send_settles()
+        holders, self._holders = self._holders, []
+        for channel in holders:
+            channel.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on
+        for channel in holders:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    # --- deliveries and commands: to the main loop ---------------------------------------
+
+    async def _on_start_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
+        """aiormq's consumer callback. Start deliveries are taken on the raw channel, not as
+        aio-pika messages: a service keeps every start it runs for the observer's whole life,
+        and aio-pika's message with aiormq's frames is ~1.3 KiB of it (issue 17, density).
+        What is kept is the body and the tag; settling goes by tag."""
+        delivery = message.delivery
+        assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
+        self.to_main.post(
+            self._on_start, message.body, message.channel, delivery.delivery_tag or 0, bool(delivery.redelivered)
+        )
+
+    async def _on_control_message(self, message: AbstractIncomingMessage) -> None:
+        """Decoded here, acked here (a malformed one is dead-lettered, and the consumer goes
+        on), then handed to the main loop."""
+        try:
+            command = decode_control(message.body)
+        except DecodeError as e:
+            logger.error("dead-lettering a malformed control message: %s", e)
+            with contextlib.suppress(Exception):
+                await message.reject(requeue=False)
+            return
+        with contextlib.suppress(Exception):
+            await message.ack()
+        assert self._on_control is not None
+        self.to_main.post(self._on_control, command)
+
+    # --- settles: from the main loop -------------------------------------------------------
+
+    def settle(self, operation: Settle, holder: Holder, tag: int) -> None:
+        """Queue a settle (called on the hold loop, through its mailbox)."""
+        self._settles.append((operation, holder, tag))
+        if self._settle_wakeup is not None:
+            self._settle_wakeup.set()
+
+    async def _settle_loop(self) -> None:
+        assert self._settle_wakeup is not None
+        while True:
+            await self._settle_wakeup.wait()
+            self._settle_wakeup.clear()
+            await self._send_settles()
+
+    async def _send_settles(self) -> None:
+        async with self._settling:
+            while self._settles:
+                operation, holder, tag = self._settles.popleft()
+                # A closed channel's deliveries are the broker's again: nothing to settle.
+                with contextlib.suppress(Exception):
+                    if operation == "ack":
+                        await holder.basic_ack(tag, wait=False)
+                    elif operation == "requeue":
+                        await holder.basic_nack(tag, requeue=True, wait=False)
+                    else:
+                        await holder.basic_reject(tag, requeue=False, wait=False)
+
+    # --- lease -------------------------------------------------------------------------
+
+    async def _renew_lease(self) -> None:
+        assert self._lease_channel is not None
+        sent_at = time.monotonic()
+        # Any synchronous method is a round trip; a passive declare is the cheapest.
+        await self._lease_channel.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
+        self.lease.renew(sent_at)
+        metrics.LEASE_ROUND_TRIP.observe(time.monotonic() - sent_at)
+
+    async def _lease_loop(self) -> None:
+        """Renew every H/4. A slow round trip is waited for, however long, never cancelled
+        (aiormq closes the channel of a cancelled RPC) and never taken for a dead broker.
+
+        A lapsed lease pauses the observers (``ensure_lease`` refuses) but does not end the
+        session: a round trip that completes later on this same connection proves the broker
+        never declared it dead (it would have closed it), so nothing was given to anyone else
+        and the observers may go on. What ends a session is evidence that the connection is
+        gone: the broker closing it, the socket, or aiormq's heartbeat check (no frame at all
+        from the broker for 3 x (H + 1) s), each of which closes the connection and calls
+        ``_on_closed``. Giving up on a round trip unanswered for H instead ended every
+        session of a fleet whose broker was merely busy (issue 17: 300,000 observers emitting
+        once a minute), and the requeues made the broker busier still."""
+        renewal: asyncio.Task[None] | None = None
+        lapsed = False
+        while True:
+            if renewal is None or renewal.done():
+                if renewal is not None and renewal.exception() is not None:
+                    self._fail(f"lease round trip failed: {renewal.exception()!r}", None)
+                    return
+                renewal = asyncio.create_task(self._renew_lease())
+            await asyncio.wait({renewal}, timeout=self._period)
+            if self.lease.is_valid() == lapsed:
+                lapsed = not lapsed
+                if lapsed:
+                    logger.warning("lease lapsed (starved or slow broker): observers paused until it is renewed")
+                else:
+                    logger.info("lease renewed: observers resume")
+            await asyncio.sleep(max(0.0, self._period - (time.monotonic() - (self.lease.renewed_at or 0))))
