@@ -38,7 +38,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from observer_service import metrics
-from observer_service.emits import EventPublisher
+from observer_service.emits import EventPublisher, Slots
 from observer_service.hold import ControlHandler, Holder, HoldingConnection, Settle, StartHandler
 from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
@@ -95,7 +95,7 @@ class Session:
         self._to_hold: Mailbox | None = None
         self._held_back = False  # ``requeue_held`` closed the holders on purpose
         # Emits in flight at once: past it an observer's emit waits (issue 17).
-        self._emit_slots = asyncio.Semaphore(settings.emits_in_flight)
+        self._emit_slots = Slots(settings.emits_in_flight)
         self._tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------
@@ -244,7 +244,7 @@ class Session:
         dropped) and is counted in ``orch_service_emits_delayed``. Any failure means the
         channel is gone (or going): the observer must stop acting, so it gets ``LeaseLost``."""
         self.lease.ensure()
-        if self._emit_slots.locked():
+        if self._emit_slots.full():
             metrics.EMITS_DELAYED.inc()
         with metrics.EMITS_WAITING.track_inprogress():
             await self._emit_slots.acquire()

@@ -82,12 +82,18 @@ class LoopWatchdog:
             self._loop.call_later(self.period_s, self._tick, now + self.period_s)
 
     def _watch(self) -> None:
-        reported = 0.0
+        reported = 0.0  # the last tick before the stall being reported, 0 if none
         while not self._stop.wait(self.period_s):
-            stalled = time.monotonic() - self._last_tick
-            if stalled < self.stall_s or reported == self._last_tick:
+            last_tick = self._last_tick
+            if reported and last_tick != reported:
+                # Said once when it began; now how long it lasted (a loop stuck for minutes
+                # used to read "blocked for 1.1s" in the log, and nothing after).
+                logger.warning("event loop ran again after a stall of %.1fs", last_tick - reported)
+                reported = 0.0
+            stalled = time.monotonic() - last_tick
+            if stalled < self.stall_s or reported == last_tick:
                 continue
-            reported = self._last_tick
+            reported = last_tick
             logger.warning("event loop blocked for %.1fs %s", stalled, self._culprit())
 
     def _culprit(self) -> str:
