@@ -9,12 +9,14 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+from aiormq.exceptions import ChannelInvalidStateError
 from pydantic import ValidationError
 
 from bench.idle_floor import busy_seconds
 from manager.background import BackgroundLoops, StepSchedule
 from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
+from manager.state.consumer import StateConsumer
 from manager.state.outgoing import Outgoing
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
@@ -259,3 +261,18 @@ def test_outgoing_merges_stops_per_target_and_isolations_per_host_and_asks_once(
         InventoryRequest,
         IntroduceRequest,
     ]
+
+
+async def test_acking_state_messages_whose_channel_closed_meanwhile_does_not_raise() -> None:
+    # aio-pika's message.channel raises once its channel is closed; the consumer must carry
+    # on (the broker redelivers them, and they are skipped as applied before).
+    class ClosedChannelMessage:
+        @property
+        def channel(self) -> object:
+            raise ChannelInvalidStateError
+
+        async def ack(self, multiple: bool = False) -> None:
+            raise AssertionError("nothing to ack on a closed channel")
+
+    report = ServiceHeartbeat(service_id=uuid.uuid4(), running=0)
+    await StateConsumer._ack([(ClosedChannelMessage(), report)] * 2)  # type: ignore[list-item]
