@@ -83,6 +83,8 @@ class LoopWatchdog:
 
     def _watch(self) -> None:
         reported = 0.0  # the last tick before the stall being reported, 0 if none
+        blamed: asyncio.Task[object] | None = None  # the task running when it was reported
+        saturated = False  # said that other tasks ran in the same stall
         while not self._stop.wait(self.period_s):
             last_tick = self._last_tick
             if reported and last_tick != reported:
@@ -91,15 +93,30 @@ class LoopWatchdog:
                 logger.warning("event loop ran again after a stall of %.1fs", last_tick - reported)
                 reported = 0.0
             stalled = time.monotonic() - last_tick
-            if stalled < self.stall_s or reported == last_tick:
+            if stalled < self.stall_s:
                 continue
-            reported = last_tick
+            if reported == last_tick:
+                # Still the same stall. Another task running now means one pass of the loop
+                # runs many: it is saturated (more work than CPU), and the observer named
+                # when the stall began is only one of many.
+                running = self._current_task()
+                if not saturated and running is not None and running is not blamed:
+                    saturated = True
+                    logger.warning(
+                        "event loop saturated, not blocked by one observer: other tasks ran in the same "
+                        "stall (more observer work than this service has CPU for)"
+                    )
+                continue
+            reported, blamed, saturated = last_tick, self._current_task(), False
             logger.warning("event loop blocked for %.1fs %s", stalled, self._culprit())
+
+    def _current_task(self) -> asyncio.Task[object] | None:
+        return asyncio.current_task(self._loop) if self._loop is not None else None
 
     def _culprit(self) -> str:
         if self.gc_pauses is not None and self.gc_pauses.collecting:
             return "in a full garbage collection"
-        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        task = self._current_task()
         frame = sys._current_frames().get(self._loop_thread_id)
         where = f" at {frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
         if task is None:

@@ -155,9 +155,27 @@ async def test_the_watchdog_names_the_observer_that_blocks_the_loop(caplog: pyte
     assert watchdog.take_lag() >= 500
     assert any("blocked" in r.message and "by observer 1234" in r.message for r in caplog.records), caplog.text
     assert "test_runtime_unit.py" in caplog.text  # the line it is stuck on
+    assert "saturated" not in caplog.text  # one observer, not many
     # and, once it runs again, how long the stall lasted in all
     ended = [r.message for r in caplog.records if "ran again after a stall of" in r.message]
     assert len(ended) == 1 and float(ended[0].rsplit(" ", 1)[1].rstrip("s")) >= 0.7, caplog.text
+
+
+async def test_the_watchdog_tells_a_saturated_loop_from_one_blocking_observer(caplog: pytest.LogCaptureFixture) -> None:
+    # Many observers with a little work each, all ready in one pass: no single one blocks.
+    watchdog = LoopWatchdog(period_s=0.05, stall_s=0.3)
+    watchdog.start()
+
+    async def busy_observer() -> None:
+        time.sleep(0.002)  # noqa: ASYNC251 - a slice of CPU work, as a busy observer's
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="observer_service.watchdog"):
+            await asyncio.gather(*(asyncio.create_task(busy_observer(), name=f"observer {n}") for n in range(600)))
+            await asyncio.sleep(0.2)
+    finally:
+        watchdog.stop()
+    assert "event loop saturated, not blocked by one observer" in caplog.text, caplog.text
 
 
 def test_gc_policy_freezes_bursts_and_unfreezes_after_churn_or_a_fence() -> None:
