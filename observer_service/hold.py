@@ -34,6 +34,7 @@ import collections
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -67,7 +68,7 @@ class HoldingConnection:
     def __init__(self, lease: Lease, heartbeat_s: int, to_main: Mailbox, fail: FailHandler) -> None:
         self.lease = lease
         self._period = heartbeat_s / 4
-        self.to_main = to_main
+        self._to_main = to_main
         self._fail = fail
         self._connection: AbstractConnection | None = None
         self._lease_channel: AbstractChannel | None = None
@@ -88,7 +89,7 @@ class HoldingConnection:
         name: str,
         on_start: StartHandler,
         on_control: ControlHandler,
-        service_id: Any,
+        service_id: uuid.UUID,
         holds: list[tuple[str, list[int]]],
     ) -> None:
         """Connect, take the lease, declare the control queue and consume each pool's start
@@ -173,7 +174,7 @@ class HoldingConnection:
         What is kept is the body and the tag; settling goes by tag."""
         delivery = message.delivery
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
-        self.to_main.post(
+        self._to_main.post(
             self._on_start, message.body, message.channel, delivery.delivery_tag or 0, bool(delivery.redelivered)
         )
 
@@ -190,7 +191,7 @@ class HoldingConnection:
         with contextlib.suppress(Exception):
             await message.ack()
         assert self._on_control is not None
-        self.to_main.post(self._on_control, command)
+        self._to_main.post(self._on_control, command)
 
     # --- settles: from the main loop -------------------------------------------------------
 

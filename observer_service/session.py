@@ -93,6 +93,7 @@ class Session:
         self._thread: LoopThread | None = None
         self._holding: HoldingConnection | None = None
         self._to_hold: Mailbox | None = None
+        self._to_main: Mailbox | None = None  # the holding thread's way back to this loop
         self._held_back = False  # ``requeue_held`` closed the holders on purpose
         # Emits in flight at once: past it an observer's emit waits (issue 17).
         self._emit_slots = Slots(settings.emits_in_flight)
@@ -118,9 +119,8 @@ class Session:
             self._events = EventPublisher(await self._pub.get_underlay_channel(), self.lease, self.fail)
             self._thread = LoopThread(f"hold {self.id.hex[:8]}", self.settings.event_loop)
             self._to_hold = Mailbox(self._thread.loop)
-            self._holding = HoldingConnection(
-                self.lease, heartbeat, Mailbox(asyncio.get_running_loop()), self._fail_from_hold
-            )
+            self._to_main = Mailbox(asyncio.get_running_loop())
+            self._holding = HoldingConnection(self.lease, heartbeat, self._to_main, self._fail_from_hold)
             chunks = prefetch_chunks(self.settings.workers_count, HOLD_PER_CHANNEL)
             holds = [(pool, chunks) for pool in self.settings.pools]
             await self._thread.call(
@@ -148,8 +148,8 @@ class Session:
         if self.closed.is_set():
             return
         self.lease.revoke()
-        if self._holding is not None:
-            self._holding.to_main.post(self.fail, reason, exc)
+        if self._to_main is not None:
+            self._to_main.post(self.fail, reason, exc)
 
     def fail(self, reason: str, exc: BaseException | None = None, *, expected: bool = False) -> None:
         """Mark the session dead. Safe to call many times and from callbacks (main loop)."""
