@@ -5,7 +5,7 @@ order). A report leaves the outbox only after the broker confirmed it, so a brok
 loses nothing: the next session publishes the same reports again. The manager's rules are
 idempotent, so a report published twice (confirm lost with the connection) is harmless.
 
-One exception: an ``ObserverStarted`` (or an inventory) not yet published when its session
+One exception: a start report (or an inventory) not yet published when its session
 died is dropped.
 Its delivery went back to the queue with the session and may already run elsewhere;
 published late, it would tell the manager that this service took the observer over from
@@ -27,14 +27,18 @@ import asyncio
 import collections
 import logging
 import time
+import uuid
+from dataclasses import dataclass
 
 from shared.messages import (
     OBSERVER_REPORT_TYPES,
+    Isolation,
     Message,
     ObserverFailed,
     ObserverIsolated,
     ObserverRetrying,
     ObserversDescribed,
+    ObserversStarted,
     ObserverStarted,
     ObserverStopped,
     ReportBatch,
@@ -45,6 +49,26 @@ from shared.messages import (
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class StartedReport:
+    """An observer started, waiting in the outbox: ``pack`` sends runs of them as one
+    ``ObserversStarted``. A plain record rather than a pydantic ``ObserverStarted``: a
+    failover queues one per moved observer (see ``ObserversStarted``)."""
+
+    observer_id: uuid.UUID
+    service_id: uuid.UUID
+    session_id: uuid.UUID
+    redelivered: bool
+    isolation: Isolation
+
+    def key(self) -> tuple[uuid.UUID, uuid.UUID, bool, Isolation]:
+        """Reports with the same key travel in one ``ObserversStarted``."""
+        return self.service_id, self.session_id, self.redelivered, self.isolation
+
+
+Report = Message | StartedReport
+
+
 _DROP_LOG_S = 10.0
 
 
@@ -52,7 +76,7 @@ class Outbox:
     def __init__(self, max_size: int = 200_000, high_water: int = 20_000) -> None:
         # (report, the session it is about if it is only true while that session lives,
         #  a future resolved once the report left the outbox: True confirmed, False dropped)
-        self._items: collections.deque[tuple[Message, object | None, asyncio.Future[bool] | None]] = collections.deque()
+        self._items: collections.deque[tuple[Report, object | None, asyncio.Future[bool] | None]] = collections.deque()
         self._max_size = max_size
         self._high_water = min(high_water, max_size)
         self._not_empty = asyncio.Event()
@@ -63,7 +87,7 @@ class Outbox:
         self._dropped: collections.Counter[str] = collections.Counter()  # since the last log line
         self._drop_logged = 0.0
 
-    def put(self, message: Message, session: object | None = None) -> None:
+    def put(self, message: Report, session: object | None = None) -> None:
         self._put(message, session, None)
 
     def put_confirmed(self, message: Message) -> asyncio.Future[bool]:
@@ -73,7 +97,7 @@ class Outbox:
         self._put(message, None, confirmed)
         return confirmed
 
-    def _put(self, message: Message, session: object | None, confirmed: asyncio.Future[bool] | None) -> None:
+    def _put(self, message: Report, session: object | None, confirmed: asyncio.Future[bool] | None) -> None:
         if len(self._items) >= self._max_size:
             dropped, _, dropped_confirm = self._items.popleft()
             _resolve(dropped_confirm, False)
@@ -113,7 +137,7 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._items)
 
-    async def peek_batch(self, limit: int) -> list[Message]:
+    async def peek_batch(self, limit: int) -> list[Report]:
         """Wait for at least one report; return up to ``limit`` from the head, in order."""
         while not self._items:
             self._not_empty.clear()
@@ -145,7 +169,7 @@ class Outbox:
 
 
 # Reports that describe a session's deliveries: stale once it died.
-_TRUE_WHILE_SESSION_LIVES = (ObserverStarted, ServiceInventory, ServiceDigest, ObserversDescribed)
+_TRUE_WHILE_SESSION_LIVES = (StartedReport, ObserverStarted, ServiceInventory, ServiceDigest, ObserversDescribed)
 
 
 def _resolve(confirmed: asyncio.Future[bool] | None, value: bool) -> None:
@@ -156,13 +180,27 @@ def _resolve(confirmed: asyncio.Future[bool] | None, value: bool) -> None:
 REPORTS_PER_BATCH = 500
 
 
-def pack(messages: list[Message], per_batch: int = REPORTS_PER_BATCH) -> list[Message]:
-    """Pack runs of consecutive observer reports into ``ReportBatch`` messages, keeping the
-    order of everything; other messages pass as they are."""
+def pack(messages: list[Report], per_batch: int = REPORTS_PER_BATCH) -> list[Message]:
+    """The outbox's reports as messages, in order: a run of ``StartedReport`` with the same
+    key becomes one ``ObserversStarted``, a run of other observer reports one
+    ``ReportBatch`` (at most ``per_batch`` each); other messages pass as they are."""
     packed: list[Message] = []
-    run: list[ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated] = []
+    run: list[ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated | ObserverStarted] = []
+    started: list[StartedReport] = []
 
     def flush() -> None:
+        if started:
+            first = started[0]
+            packed.append(
+                ObserversStarted(
+                    service_id=first.service_id,
+                    session_id=first.session_id,
+                    redelivered=first.redelivered,
+                    isolation=first.isolation,
+                    observer_ids=[r.observer_id for r in started],
+                )
+            )
+            started.clear()
         if len(run) == 1:
             packed.append(run[0])
         elif run:
@@ -170,8 +208,12 @@ def pack(messages: list[Message], per_batch: int = REPORTS_PER_BATCH) -> list[Me
         run.clear()
 
     for message in messages:
-        if isinstance(message, OBSERVER_REPORT_TYPES):
-            if run and (len(run) >= per_batch or run[0].service_id != message.service_id):
+        if isinstance(message, StartedReport):
+            if run or (started and (len(started) >= per_batch or started[0].key() != message.key())):
+                flush()
+            started.append(message)
+        elif isinstance(message, OBSERVER_REPORT_TYPES):
+            if started or (run and (len(run) >= per_batch or run[0].service_id != message.service_id)):
                 flush()
             run.append(message)
         else:

@@ -24,7 +24,7 @@ from observer_service import metrics
 from observer_service.gc_policy import GcPolicy
 from observer_service.hold import Holder
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
-from observer_service.outbox import Outbox
+from observer_service.outbox import Outbox, StartedReport
 from observer_service.session import Session
 from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
 from shared.errors import DecodeError, LeaseLost
@@ -32,7 +32,6 @@ from shared.kinds import LoadedKind
 from shared.messages import (
     ObserverFailed,
     ObserverIsolated,
-    ObserverStarted,
     ObserverStopped,
     StartObserver,
     StopObserver,
@@ -177,12 +176,12 @@ class Runner:
 
     def _report_started(self, running: Running, redelivered: bool) -> None:
         self.outbox.put(
-            ObserverStarted(
-                observer_id=running.observer_id,
-                service_id=self.service_id,
-                redelivered=redelivered,
-                session_id=running.session.id,
-                isolation="process" if running.isolation == "process" else "async",
+            StartedReport(
+                running.observer_id,
+                self.service_id,
+                running.session.id,
+                redelivered,
+                "process" if running.isolation == "process" else "async",
             ),
             running.session,  # true only while that session lives
         )

@@ -227,6 +227,22 @@ class ObserverStarted(Message):
     isolation: Isolation = "async"
 
 
+class ObserversStarted(Message):
+    """One ``ObserverStarted`` per id, all by one service in one broker session with the same
+    ``redelivered`` and ``isolation``, in the order they started. What services send: a
+    failover hands each survivor hundreds of thousands of starts, and a pydantic report each
+    (its own message id, clock read, ~330 bytes of JSON) cost ~9 µs to build and encode on
+    the service and ~3 µs to decode on the manager; an id in a list costs ~0.2 µs and 40
+    bytes. ``ObserverStarted`` is still understood (a service of an older version)."""
+
+    type: Literal["ObserversStarted"] = "ObserversStarted"
+    service_id: uuid.UUID
+    session_id: uuid.UUID | None = None
+    redelivered: bool = False
+    isolation: Isolation = "async"
+    observer_ids: list[uuid.UUID] = Field(min_length=1)
+
+
 class ObserversDescribed(Message):
     """The start messages of the observers named in a ``DescribeRequest`` that this service
     runs (the others it does not run: nothing to adopt)."""
@@ -335,6 +351,7 @@ StateMessage = Annotated[
     | ServiceInventory
     | ServiceDigest
     | ObserverStarted
+    | ObserversStarted
     | ObserverStopped
     | ObserverRetrying
     | ObserverFailed

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from shared import topology
-from shared.messages import ObserverStarted, StopObserver
+from shared.messages import Message, ObserversStarted, ObserverStarted, StopObserver
 from tests.test_fencing import assert_never_on_two_hosts
 from tests.test_manager_repairs import sql
 from tools import infra
@@ -23,7 +23,7 @@ def event_names(system: System, observer_id: str) -> list[str]:
     return [e["event"] for e in system.get(f"/api/observers/{observer_id}/events").json()]
 
 
-def publish_report(system: System, report: ObserverStarted) -> None:
+def publish_report(system: System, report: Message) -> None:
     system.publish_raw(topology.STATE_QUEUE, report.encode())
 
 
@@ -121,8 +121,9 @@ def test_a_batch_delivered_again_is_not_applied_twice(system: System) -> None:
     system.wait_status(oid, "Processing")
     a = system.service_by_name("svc-a")
     assert a is not None
-    replayed = ObserverStarted(
-        observer_id=uuid.UUID(oid), service_id=uuid.UUID(a["id"]), session_id=uuid.uuid4(), redelivered=True
+    # What services send (an older service's ObserverStarted is skipped the same way)
+    replayed = ObserversStarted(
+        observer_ids=[uuid.UUID(oid)], service_id=uuid.UUID(a["id"]), session_id=uuid.uuid4(), redelivered=True
     )
     publish_report(system, replayed)  # applied: the same host, nothing changes
     wait_for(lambda: event_names(system, oid).count("started") == 2, 20, "the report applied")

@@ -55,7 +55,7 @@ def test_inventory_repairs_a_lost_observer_started(system: System) -> None:
     a.kill9()
     wait_for(lambda: "redelivered=True" in system.procs[-1].text(), 30, "moved to svc-b")
     # The report may still linger in svc-b's outbox for a moment after the log line.
-    wait_for(lambda: drop_state_messages(system, "ObserverStarted"), 10, "svc-b's ObserverStarted to be dropped")
+    wait_for(lambda: drop_state_messages(system, "ObserversStarted"), 10, "svc-b's start report to be dropped")
 
     # Then the next inventory of svc-b tells the manager where it runs
     system.start_manager()

@@ -22,7 +22,7 @@ from observer_service.emits import Slots
 from observer_service.gc_policy import FREEZE_EVERY, GcPolicy, resident_bytes
 from observer_service.lease import Lease
 from observer_service.observer import Context, Running, _lease_back, supervise
-from observer_service.outbox import Outbox
+from observer_service.outbox import Outbox, StartedReport
 from observer_service.runner import Runner
 from observer_service.watchdog import LoopWatchdog
 from shared.errors import LeaseLost
@@ -289,7 +289,7 @@ async def test_the_outbox_has_room_for_starts_until_its_high_water() -> None:
     service = uuid.uuid4()
     for _ in range(3):
         assert outbox.has_room()
-        outbox.put(ObserverStarted(observer_id=uuid.uuid4(), service_id=service))
+        outbox.put(StartedReport(uuid.uuid4(), service, uuid.uuid4(), False, "async"))
     assert not outbox.has_room()
     waiting = asyncio.create_task(outbox.room())
     await asyncio.sleep(0.01)
@@ -319,14 +319,15 @@ def test_a_full_outbox_says_what_it_dropped_in_one_line(caplog: pytest.LogCaptur
 async def test_unpublished_starts_and_inventories_of_a_dead_session_are_dropped() -> None:
     outbox, dead, live = Outbox(), object(), object()
     service, observer = uuid.uuid4(), uuid.uuid4()
-    outbox.put(ObserverStarted(observer_id=observer, service_id=service), dead)
+    outbox.put(StartedReport(observer, service, uuid.uuid4(), True, "async"), dead)
+    outbox.put(ObserverStarted(observer_id=observer, service_id=service), dead)  # the older form
     outbox.put(ServiceInventory(service_id=service, observer_ids=[observer]), dead)
     outbox.put(ObserverStopped(observer_id=observer, service_id=service), dead)  # an ack was sent: keep
-    outbox.put(ObserverStarted(observer_id=observer, service_id=service), live)
+    outbox.put(StartedReport(observer, service, uuid.uuid4(), False, "async"), live)
     outbox.put(ServiceHeartbeat(service_id=service, running=1))
-    assert outbox.discard_started(dead) == 2
+    assert outbox.discard_started(dead) == 3
     kept = await outbox.peek_batch(10)
-    assert [type(m).__name__ for m in kept] == ["ObserverStopped", "ObserverStarted", "ServiceHeartbeat"]
+    assert [type(m).__name__ for m in kept] == ["ObserverStopped", "StartedReport", "ServiceHeartbeat"]
 
 
 class _NoArgs(BaseModel):

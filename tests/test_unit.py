@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -20,7 +21,7 @@ from manager.state.consumer import StateConsumer
 from manager.state.outgoing import Outgoing
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
-from observer_service.outbox import Outbox, pack
+from observer_service.outbox import Outbox, StartedReport, pack
 from observer_service.session import prefetch_chunks
 from shared.errors import DecodeError, LeaseLost
 from shared.messages import (
@@ -28,7 +29,9 @@ from shared.messages import (
     IntroduceRequest,
     InventoryRequest,
     IsolateObservers,
+    ObserversStarted,
     ObserverStarted,
+    ObserverStopped,
     ReportBatch,
     ServiceHeartbeat,
     StartObserver,
@@ -149,7 +152,7 @@ def test_outbox_keeps_order_and_drops_only_confirmed_heads() -> None:
         for sid in ids:
             outbox.put(ServiceHeartbeat(service_id=sid, running=0))
         batch = await outbox.peek_batch(2)
-        assert [m.service_id for m in batch] == ids[1:3]  # type: ignore[attr-defined]  # the oldest was dropped
+        assert [m.service_id for m in batch] == ids[1:3]  # type: ignore[union-attr]  # the oldest was dropped
         outbox.drop_head(2)
         assert len(outbox) == 1
         assert not await outbox.wait_empty(0.01)
@@ -198,6 +201,47 @@ def test_pack_batches_consecutive_observer_reports_in_order() -> None:
     flattened = [r for m in packed if isinstance(m, ReportBatch) for r in m.reports]
     assert flattened == [started[0], started[1], started[3], started[4]]
     assert decode_state(packed[0].encode()) == packed[0]
+
+
+def test_pack_sends_runs_of_starts_with_the_same_session_as_one_message_in_order() -> None:
+    sid, session, other_session = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+    def started(session_id: uuid.UUID, redelivered: bool = True) -> StartedReport:
+        return StartedReport(uuid.uuid4(), sid, session_id, redelivered, "async")
+
+    run = [started(session) for _ in range(5)]
+    stop = ObserverStopped(observer_id=uuid.uuid4(), service_id=sid)
+    fresh, elsewhere = started(session, redelivered=False), started(other_session)
+    packed = pack([*run, stop, run[0], fresh, elsewhere], per_batch=3)
+
+    assert [type(m).__name__ for m in packed] == [
+        "ObserversStarted",  # run[0:3]: at most per_batch ids
+        "ObserversStarted",  # run[3:5]
+        "ObserverStopped",  # keeps its place between the starts
+        "ObserversStarted",  # run[0] again (started again after the stop)
+        "ObserversStarted",  # not redelivered: a message of its own
+        "ObserversStarted",  # another session
+    ]
+    messages = [decode_state(m.encode()) for m in packed]  # what the manager reads
+    ids = [list(m.observer_ids) for m in messages if isinstance(m, ObserversStarted)]
+    assert ids == [
+        [r.observer_id for r in run[:3]],
+        [r.observer_id for r in run[3:]],
+        [run[0].observer_id],
+        [fresh.observer_id],
+        [elsewhere.observer_id],
+    ]
+    first, not_redelivered, last = messages[0], messages[4], messages[5]
+    assert isinstance(first, ObserversStarted) and isinstance(not_redelivered, ObserversStarted)
+    assert isinstance(last, ObserversStarted)
+    assert (first.service_id, first.session_id, first.redelivered) == (sid, session, True)
+    assert not not_redelivered.redelivered and last.session_id == other_session
+
+
+def test_a_start_report_naming_no_observer_is_malformed() -> None:
+    report = ObserversStarted(service_id=uuid.uuid4(), observer_ids=[uuid.uuid4()]).model_dump(mode="json")
+    with pytest.raises(DecodeError):
+        decode_state(json.dumps({**report, "observer_ids": []}).encode())
 
 
 def test_background_steps_with_long_thresholds_run_at_a_quarter_of_them() -> None:

@@ -45,6 +45,7 @@ from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.messages import (
     OBSERVER_REPORT_TYPES,
+    ObserversStarted,
     ReportBatch,
     StateMessage,
     decode_state,
@@ -178,7 +179,7 @@ class StateConsumer:
                     await message.ack()
 
 
-_ONCE_ONLY = (*OBSERVER_REPORT_TYPES, ReportBatch)
+_ONCE_ONLY = (*OBSERVER_REPORT_TYPES, ObserversStarted, ReportBatch)
 
 _CLAIM = text(
     """

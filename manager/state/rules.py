@@ -46,6 +46,7 @@ from shared.messages import (
     ObserverReport,
     ObserverRetrying,
     ObserversDescribed,
+    ObserversStarted,
     ObserverStarted,
     ObserverStopped,
     ReportBatch,
@@ -99,6 +100,9 @@ class StateRules:
                 await self._digest(session, message, now, out)
             case ObserverStarted() | ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
                 await self._apply_observer_report(session, message, now, out)
+            case ObserversStarted():
+                for observer_id in message.observer_ids:
+                    await self._started(session, observer_id, message, now, out)
             case ObserversDescribed():
                 await self._described(session, message, now, out)
             case ReportBatch():
@@ -111,7 +115,7 @@ class StateRules:
     ) -> None:
         match report:
             case ObserverStarted():
-                await self._started(session, report, now, out)
+                await self._started(session, report.observer_id, report, now, out)
             case ObserverStopped():
                 await self._stopped(session, report, now)
             case ObserverRetrying():
@@ -181,13 +185,21 @@ class StateRules:
 
     # --- observers -------------------------------------------------------------------------
 
-    async def _started(self, session: AsyncSession, m: ObserverStarted, now: datetime, out: Outgoing) -> None:
-        obs = await self._observer(session, m.observer_id)
+    async def _started(
+        self,
+        session: AsyncSession,
+        observer_id: uuid.UUID,
+        m: ObserverStarted | ObserversStarted,
+        now: datetime,
+        out: Outgoing,
+    ) -> None:
+        """``observer_id`` started on ``m.service_id`` (in ``m.session_id``)."""
+        obs = await self._observer(session, observer_id)
         if obs is None:
-            self.suspicions.unknown.setdefault(m.observer_id, (m.service_id, time.monotonic()))
+            self.suspicions.unknown.setdefault(observer_id, (m.service_id, time.monotonic()))
             return
         if not await self._service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
-            logger.info("ignoring start of %s reported by dead or unknown service %s", m.observer_id, m.service_id)
+            logger.info("ignoring start of %s reported by dead or unknown service %s", observer_id, m.service_id)
             await self._introduce_if_unknown(session, m.service_id, out)
             return
         if obs.status in STOPPING_OR_GONE:
@@ -386,6 +398,8 @@ class StateRules:
         observer_ids: set[uuid.UUID] = set()
         service_ids: set[uuid.UUID] = set()
         for message in messages:
+            if isinstance(message, ObserversStarted):
+                observer_ids.update(message.observer_ids)
             reports = message.reports if isinstance(message, ReportBatch) else [message]
             for report in reports:
                 if isinstance(report, OBSERVER_REPORT_TYPES):
