@@ -35,6 +35,17 @@ from tools.infra.system import (
 )
 
 PG_OS_USER = "postgres"
+# What PostgreSQL's defaults (shared_buffers 128MB, max_wal_size 1GB) cost at scale: a
+# 1,000,000-observer fleet's tables and indexes are ~1.1 GB, and a failover rewrites a third
+# of their rows, scattered by id over every page. With 128 MB of buffers nearly every row
+# moved evicted a dirty page and read another back from the OS; with 1 GB of WAL a checkpoint
+# started within the failover and made every page touched after it log its whole image again.
+# Written on every start (orch.conf), so an existing cluster picks them up at its next start.
+TUNING = {
+    "shared_buffers": "1GB",
+    "max_wal_size": "8GB",
+    "checkpoint_timeout": "15min",
+}
 PG_FALLBACK_ROOT = Path("/var/tmp")
 # sun_path is 108 bytes; keep room for "/.s.PGSQL.65535".
 _MAX_SOCKET_DIR = 90
@@ -206,7 +217,8 @@ class PostgresNode:
             "# Written by tools/infra/postgres.py on every start.\n"
             f"listen_addresses = '{LOOPBACK}'\n"
             f"port = {self.port}\n"
-            f"unix_socket_directories = '{self.socket_dir}'\n",
+            f"unix_socket_directories = '{self.socket_dir}'\n"
+            + "".join(f"{name} = '{value}'\n" for name, value in TUNING.items()),
         )
         os.chown(conf, uid, gid)
 
