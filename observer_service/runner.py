@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from observer_service import metrics
 from observer_service.gc_policy import GcPolicy
+from observer_service.held import Held
 from observer_service.hold import Holder
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox, StartedReport
@@ -64,7 +65,7 @@ class Runner:
         self.service_id = service_id
         self.outbox = outbox
         self.kinds = kinds
-        self.running: dict[uuid.UUID, Running] = {}
+        self.running = Held()
         # Stops for observers we did not host: id -> (expiry (monotonic), when the stop was
         # sent, the life it stopped or None).
         self._stopped_ids: dict[uuid.UUID, tuple[float, datetime, int | None]] = {}
@@ -170,7 +171,7 @@ class Runner:
         running = Running(oid, body, holder, tag, session, ctx)
         running.isolation = start.isolation or loaded.kind.isolation
         self._run(running, loaded, args)
-        self.running[oid] = running
+        self.running.add(running)
         self._report_started(running, redelivered)
         logger.info("observer %s (%s %s) started, redelivered=%s", oid, start.kind, start.name, redelivered)
 
@@ -255,7 +256,7 @@ class Runner:
             if running.task is not None:
                 running.task.cancel()
             running.ctx.request_stop()
-            del self.running[running.observer_id]
+            self.running.remove(running.observer_id)
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # unwinding thousands of tasks at once starves the loop
         if fenced:
@@ -341,7 +342,7 @@ class Runner:
         """Cancel the tasks and wait one bounded grace for all of them to finish."""
         tasks = set()
         for running in ending:
-            self.running.pop(running.observer_id, None)
+            self.running.remove(running.observer_id)
             running.ctx.request_stop()
             if running.task is not None and not running.task.done():
                 running.task.cancel()
@@ -384,7 +385,7 @@ class Runner:
             reason = f"{type(outcome).__name__}: {outcome}"
         logger.error("observer %s failed: %s", running.observer_id, reason)
         metrics.FAILURES.inc()
-        self.running.pop(running.observer_id, None)
+        self.running.remove(running.observer_id)
         self.gc.ended(1, len(self.running))
         self.outbox.put(
             ObserverFailed(observer_id=running.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS])

@@ -45,7 +45,6 @@ from shared.messages import (
     ServiceStopped,
     StopObserver,
     StopObservers,
-    digest_of,
 )
 from shared.settings import ServiceSettings, hostname
 
@@ -237,10 +236,8 @@ class ObserverService:
         session = self.session
         if session is None:
             return
-        running = self.runner.inventory(session)
-        digest = ServiceDigest(
-            service_id=self.service_id, session_id=session.id, count=len(running), digest=digest_of(running)
-        )
+        count, digest_hex = self.runner.running.digest(session)
+        digest = ServiceDigest(service_id=self.service_id, session_id=session.id, count=count, digest=digest_hex)
         self.outbox.put(digest, session)
 
     async def _inventory_loop(self) -> None:

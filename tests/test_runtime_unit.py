@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import random
 import time
 import uuid
 import weakref
@@ -20,6 +21,7 @@ from observer_service import gc_policy
 from observer_service.capacity import Budgets, auto_capacity, sized
 from observer_service.emits import Slots
 from observer_service.gc_policy import FREEZE_EVERY, GcPolicy, resident_bytes
+from observer_service.held import Held
 from observer_service.lease import Lease
 from observer_service.observer import Context, Running, _lease_back, supervise
 from observer_service.outbox import Outbox, StartedReport
@@ -34,6 +36,7 @@ from shared.messages import (
     RetryPolicy,
     ServiceHeartbeat,
     ServiceInventory,
+    digest_of,
 )
 from shared.observer_api import ObserverKind
 from shared.settings import ServiceSettings
@@ -479,3 +482,29 @@ async def test_emit_slots_stay_cheap_when_waiters_deep_in_the_queue_give_up() ->
     assert slots.full()
     slots.release()  # skips the 20,000 given up: the slot is free
     assert not slots.full()
+
+
+def test_held_keeps_each_sessions_digest_as_observers_come_and_go() -> None:
+    # The digest a service sends is kept up to date as observers are added and removed
+    # instead of walking all of them every period: it must always equal digest_of over what
+    # each session really holds, whatever the order of adds, replacements and removes.
+    rng = random.Random(17)
+    held = Held()
+    sessions = [object(), object(), object()]
+    ids = [uuid.uuid4() for _ in range(300)]
+    for _ in range(5_000):
+        oid = rng.choice(ids)
+        if rng.random() < 0.6:
+            session = rng.choice(sessions)
+            held.add(Running(oid, b"{}", None, 1, session, None))  # type: ignore[arg-type]
+        else:
+            held.remove(oid)
+        if rng.random() < 0.05:
+            for session in sessions:
+                mine = [r.observer_id for r in held.values() if r.session is session]
+                assert held.digest(session) == (len(mine), digest_of(mine))
+    assert len(held) == len({r.observer_id for r in held.values()})
+    for session in sessions:
+        mine = [r.observer_id for r in held.values() if r.session is session]
+        assert held.digest(session) == (len(mine), digest_of(mine))
+    assert held.digest(object()) == (0, digest_of([]))
