@@ -105,7 +105,6 @@ class Observer(Base):
         ),
         Index("ix_observers_created", "created_at", "id"),
         Index("ix_observers_service", "service_id"),
-        Index("ix_observers_status_pool", "status", "pool"),
         Index("ix_observers_status_created", "status", "created_at", "id"),
         Index("ix_observers_attempts", text("(- attempts)"), "id"),
         Index("ix_observers_probation", "probation_since", postgresql_where=text("probation_since IS NOT NULL")),
