@@ -21,7 +21,17 @@ def make_engine(url: str) -> AsyncEngine:
     # pool_pre_ping: a pooled connection that died with the server (restart, failover,
     # pg_terminate_backend) is replaced at checkout rather than failing its next user; a
     # disconnect seen mid-query also invalidates the rest of the pool (SQLAlchemy does it).
-    return create_async_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    # No JIT: PostgreSQL compiles a query whose estimated cost passes jit_above_cost, and an
+    # array of ids inflates estimates; at 1,000,000 the host-death step's probation query
+    # over 333,000 ids was compiled with inlining and optimization, mid-failover
+    # (auto_explain, make bench-scale). Every query here is an index lookup or a short scan.
+    return create_async_engine(
+        url,
+        pool_size=10,
+        max_overflow=20,
+        pool_pre_ping=True,
+        connect_args={"server_settings": {"jit": "off"}},
+    )
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
