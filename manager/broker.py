@@ -284,14 +284,28 @@ class BrokerLink:
             raise BrokerUnavailable(f"the broker refused {refused} of {len(starts)} start message(s)")
 
     async def publish_control(self, message: Message) -> None:
-        """Broadcast a stop or an inventory request to every service."""
+        """Send a control command: to every service over the control fanout, or, when it
+        names one (``service_id``), straight to that service's own control queue.
+
+        Every service used to receive every command and drop those aimed at another one. In
+        a failover, each observer moved while the manager still counted its dead host alive
+        makes a stop aimed at that host (``rules._started``): at 1,000,000 that was up to
+        333,000 ids that every survivor decoded, on its holding thread, and threw away.
+        Sent to the target's queue, a command for a host that is gone (its exclusive queue
+        with it) is dropped by the broker. Both routes go over this one channel, so the
+        commands a service gets keep the order they were published in."""
         channel = await self._channel()
         raw = await self._unblocked(channel)
+        target = getattr(message, "service_id", None)
         try:
-            exchange = await channel.get_exchange(topology.CONTROL_EXCHANGE, ensure=False)
+            if target is None:
+                exchange = await channel.get_exchange(topology.CONTROL_EXCHANGE, ensure=False)
+                routing_key = ""
+            else:
+                exchange, routing_key = channel.default_exchange, topology.control_queue_name(target)
             publish = exchange.publish(
                 topology.persistent(message.encode(), message_id=str(message.message_id)),
-                routing_key="",
+                routing_key=routing_key,
                 mandatory=False,
                 timeout=_PUBLISH_TIMEOUT_S,
             )
