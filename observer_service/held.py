@@ -20,6 +20,7 @@ import uuid
 from collections.abc import ItemsView, ValuesView
 
 from observer_service.observer import Running
+from shared.messages import digest_text
 
 
 class Held:
@@ -58,10 +59,7 @@ class Held:
     def __len__(self) -> int:
         return len(self._running)
 
-    def __contains__(self, observer_id: object) -> bool:
-        return observer_id in self._running
-
     def digest(self, session: object) -> tuple[int, str]:
         """(count, digest) of what ``session`` holds, as ``digest_of`` would compute it."""
         count, xor = self._digests.get(session, (0, 0))
-        return count, f"{xor:032x}"
+        return count, digest_text(xor)

@@ -213,7 +213,12 @@ def digest_of(observer_ids: Iterable[uuid.UUID]) -> str:
     acc = 0
     for observer_id in observer_ids:
         acc ^= observer_id.int
-    return f"{acc:032x}"
+    return digest_text(acc)
+
+
+def digest_text(xor: int) -> str:
+    """How a digest travels and is compared: the 128-bit XOR as 32 hex digits."""
+    return f"{xor:032x}"
 
 
 class ObserverStarted(Message):
