@@ -167,6 +167,20 @@ class AbandonedObserver(Base):
     __table_args__ = (Index("ix_abandoned_observers_at", "at"),)
 
 
+class HostDeath(Base):
+    """A host judged dead (lost, or replaced by a restart under its name), at the instant its
+    victims' ``host_lost`` events carry: how many died in a window bounds how many hosts any
+    one observer can have lost in it (``manager/state/probation.py``)."""
+
+    __tablename__ = "host_deaths"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    service_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+
+    __table_args__ = (Index("ix_host_deaths_at", "at"),)
+
+
 class ObserverEvent(Base):
     """Append-only history of an observer (``GET /api/observers/{id}/events``)."""
 

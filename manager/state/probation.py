@@ -6,8 +6,9 @@ and then every one of its observers was merely nearby. Failing them turned an in
 a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
 
 * every takeover is recorded as a ``moved`` event (``from_service_id`` = the old host), and
-  when a host is judged dead (lost, or replaced by a restart under its name) each observer it
-  was running (still there, or moved away since its last heartbeat) gets ``host_lost``;
+  when a host is judged dead (lost, or replaced by a restart under its name) the death gets a
+  ``host_deaths`` row and each observer it was running (still there, or moved away since its
+  last heartbeat) gets ``host_lost``, both at the same instant;
 * ``after_host_deaths`` of those within ``window_s`` (counted since its last probation ended)
   put the observer on **probation**: its host is told to run it in a child process of its own
   (``IsolateObservers``; the start delivery stays held, nothing moves). There a crash, a
@@ -33,10 +34,10 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Float, and_, cast, func, literal, select
+from sqlalchemy import Float, and_, cast, func, insert, literal, select
 from sqlalchemy.orm import aliased
 
-from manager.db.models import EventType, Observer, ObserverEvent, ObserverStatus
+from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus
 from manager.db.sql import id_in
 from manager.state.rows import ObserverRows
 from shared.messages import RetryPolicy
@@ -81,7 +82,16 @@ async def host_died(
     # over waited behind it: the failover stalled on the record of the death that caused it.
     for observer_id in sorted(victims):
         rows.event(observer_id, EventType.HOST_LOST, now, service_id=service_id)
+    await session.execute(insert(HostDeath).values(service_id=service_id, at=now))
     if not victims or policy.after_host_deaths <= 0:
+        return {}
+    # An observer loses at most one host per death: while fewer hosts died in the window
+    # than the threshold, nobody can have reached it, and the count below (an index probe
+    # per victim: seconds for a whole host's share at 1,000,000) is not needed. That is
+    # every death of a healthy fleet; the count runs when deaths cluster.
+    since = now - timedelta(seconds=policy.window_s)
+    deaths = await session.scalar(select(func.count()).select_from(HostDeath).where(HostDeath.at > since))
+    if (deaths or 0) < policy.after_host_deaths:
         return {}
     await rows.flush()
     counts = await _deaths_since_last_probation(rows, victims, now, policy)
