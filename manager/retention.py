@@ -17,8 +17,10 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import text
+from sqlalchemy import delete, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.db.models import HostDeath
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ async def prune_events(sessions: async_sessionmaker[AsyncSession], days: float) 
     cutoff = datetime.now(UTC) - timedelta(days=days)
     async with sessions.begin() as session:
         result = await session.execute(_PRUNE, {"batch": BATCH, "cutoff": cutoff})
+        # The record of host deaths (a row per death, read within the probation window) goes
+        # with the history of the same age.
+        await session.execute(delete(HostDeath).where(HostDeath.at < cutoff))
     deleted = int(getattr(result, "rowcount", 0) or 0)
     if deleted:
         logger.info("deleted %d history event(s) older than %g day(s)", deleted, days)

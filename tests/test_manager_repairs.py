@@ -21,15 +21,17 @@ from tools import infra
 from tools.harness import REPO, System, wait_for
 
 
-def sql(database_url: str, query: str, *args: object) -> None:
-    async def run() -> None:
+def sql(database_url: str, query: str, *args: object) -> object:
+    """Run ``query``; returns the first column of its first row (None if it has none)."""
+
+    async def run() -> object:
         conn = await asyncpg.connect(database_url.replace("+asyncpg", ""))
         try:
-            await conn.execute(query, *args)
+            return await conn.fetchval(query, *args)
         finally:
             await conn.close()
 
-    asyncio.run(run())
+    return asyncio.run(run())
 
 
 def test_an_observer_with_no_row_is_adopted_unless_its_name_is_taken(system: System, tmp_path: Path) -> None:
@@ -214,6 +216,13 @@ def test_history_older_than_the_retention_window_is_deleted(system: System) -> N
         system.database_url,
         "UPDATE observer_events SET id = -id WHERE detail = 'old'",  # older ids, as if appended first
     )
+    old_death, recent_death = uuid.uuid4(), uuid.uuid4()
+    sql(
+        system.database_url,
+        "INSERT INTO host_deaths (service_id, at) VALUES ($1, now() - interval '40 days'), ($2, now())",
+        old_death,
+        recent_death,
+    )
     # A pass runs when the manager starts, then a minute later unless one found a full batch.
     assert system.manager is not None
     system.manager.kill9()
@@ -224,4 +233,6 @@ def test_history_older_than_the_retention_window_is_deleted(system: System) -> N
         return sum(1 for e in events if e["detail"] == "old")
 
     wait_for(lambda: old_left() == 0, 60, "the old history deleted")
+    deaths = sql(system.database_url, "SELECT array_agg(service_id) FROM host_deaths")
+    assert deaths == [recent_death]
     assert [e["event"] for e in system.get(f"/api/observers/{oid}/events").json()] == ["created", "started"]
