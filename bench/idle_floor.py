@@ -10,10 +10,14 @@ broker spends it on (``gc`` on dirty CPU schedulers is the garbage collection of
 large heaps, such as a queue holding N). Nothing publishes, consumes or acks meanwhile; the
 consumers' AMQP heartbeats are the only traffic.
 
-    python -m bench.idle_floor [--n 1000000] [--minutes 3] [--queue-version 2]   # URL from ORCH_AMQP_URL or .run/env
+    python -m bench.idle_floor [--n 1000000] [--minutes 3] [--queue-version 2] [--queue-mode lazy]
+    # URL from ORCH_AMQP_URL or .run/env
 
 ``--queue-version 2`` declares the queue with ``x-queue-version: 2``, RabbitMQ's second storage
-version of classic queues (opt-in on 3.10), to compare with the product's queues (version 1).
+version of classic queues (opt-in on 3.10), to compare with the product's queues (version 1);
+``--queue-mode lazy`` a classic queue that keeps its messages on disk rather than in memory.
+Each minute also names the five processes that did the most work in it (reductions) and
+their heaps.
 
 Prints the figures and writes ``bench/results/idle-floor-<UTC time>.json``.
 """
@@ -31,6 +35,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 
@@ -42,11 +47,31 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SETTLE_S = 20.0
 # One minute of microstate accounting, summed per (thread type, activity), in microseconds.
 _MSACC = (
-    "msacc:start(60000), lists:foldl(fun(#{type := T, counters := C}, Acc) -> maps:fold("
+    "Snap = fun() -> maps:from_list([{P, R} || P <- erlang:processes(),"
+    " {reductions, R} <- [erlang:process_info(P, reductions)]]) end,"
+    " S0 = Snap(),"
+    "msacc:start(60000), Stats = lists:foldl(fun(#{type := T, counters := C}, Acc) -> maps:fold("
     "fun(K, V, A) -> maps:update_with({T, K}, fun(X) -> X + V end, V, A) end, Acc, C) end,"
-    " #{}, msacc:stats())."
+    " #{}, msacc:stats()),"
+    " S1 = Snap(),"
+    " Delta = lists:reverse(lists:keysort(2, [{P, R - maps:get(P, S0, 0)} || {P, R} <- maps:to_list(S1)])),"
+    " Top = [lists:flatten(io_lib:format('top ~p reductions=~b heap_words=~b', [proc_lib:translate_initial_call(P),"
+    " D, case erlang:process_info(P, total_heap_size) of {_, H} -> H; _ -> 0 end]))"
+    " || {P, D} <- lists:sublist(Delta, 5)],"
+    " {Stats, Top}."
 )
+# The processes that did most work in the minute: what they are (initial call), how many
+# reductions, and their heap (a large one is what the dirty schedulers' collections copy).
+_TOP = re.compile(r"top \{(\w+),(\w+),(\d+)\} reductions=(\d+) heap_words=(\d+)")
 _COUNTER = re.compile(r"\{(\w+),(\w+)\}\s*=>\s*(\d+)")
+
+
+def busiest_processes(msacc_output: str) -> list[dict[str, object]]:
+    """The top of the minute by reductions: ``{"process": "m:f/a", "reductions", "heap_mib"}``."""
+    return [
+        {"process": f"{m}:{f}/{a}", "reductions": int(r), "heap_mib": round(int(h) * 8 / 2**20, 1)}
+        for m, f, a, r, h in _TOP.findall(msacc_output)
+    ]
 
 
 def busy_seconds(msacc_output: str) -> dict[str, float]:
@@ -59,15 +84,18 @@ def busy_seconds(msacc_output: str) -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
 
-async def measure(url: str, n: int, consumers: int, minutes: int, queue_version: int) -> dict[str, object]:
+async def measure(
+    url: str, n: int, consumers: int, minutes: int, queue_version: int, queue_mode: str
+) -> dict[str, object]:
     node = rabbit_node()
     queue_name = f"bench.idle-floor.{uuid.uuid4()}"
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
-        await channel.declare_queue(
-            queue_name, durable=True, arguments={"x-queue-type": "classic", "x-queue-version": queue_version}
-        )
+        arguments: dict[str, Any] = {"x-queue-type": "classic", "x-queue-version": queue_version}
+        if queue_mode != "default":
+            arguments["x-queue-mode"] = queue_mode
+        await channel.declare_queue(queue_name, durable=True, arguments=arguments)
         fleet = _Fleet()
         try:
             await fleet.start(url, queue_name, n, consumers)
@@ -82,9 +110,13 @@ async def measure(url: str, n: int, consumers: int, minutes: int, queue_version:
                 cpu, t0 = profile.broker_cpu(), time.monotonic()
                 output = await asyncio.to_thread(node.ctl, "eval", _MSACC)
                 seconds = profile.broker_cpu() - cpu
-                busy = busy_seconds(output)
-                per_minute.append({"cpu_s": round(seconds, 2), "wall_s": round(time.monotonic() - t0, 1), "busy": busy})
+                busy, top = busy_seconds(output), busiest_processes(output)
+                per_minute.append(
+                    {"cpu_s": round(seconds, 2), "wall_s": round(time.monotonic() - t0, 1), "busy": busy, "top": top}
+                )
                 print(f"minute {minute + 1}: broker {seconds:.2f} CPU s; busiest: {busy}", flush=True)
+                for process in top:
+                    print(f"    {process}", flush=True)
         finally:
             await fleet.close()
             await channel.queue_delete(queue_name)
@@ -93,6 +125,7 @@ async def measure(url: str, n: int, consumers: int, minutes: int, queue_version:
         "n": n,
         "consumers": consumers,
         "queue_version": queue_version,
+        "queue_mode": queue_mode,
         "hold_s": round(hold_s, 1),
         "minutes": per_minute,
         "cpu_s_per_min": cpu_s,
@@ -107,8 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--queue-version", type=int, choices=(1, 2), default=1, help="classic queue version (default 1)"
     )
+    parser.add_argument(
+        "--queue-mode", choices=("default", "lazy"), default="default", help="classic queue mode (default: default)"
+    )
     args = parser.parse_args(argv)
-    result = asyncio.run(measure(default_amqp_url(), args.n, args.consumers, args.minutes, args.queue_version))
+    result = asyncio.run(
+        measure(default_amqp_url(), args.n, args.consumers, args.minutes, args.queue_version, args.queue_mode)
+    )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"idle-floor-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
