@@ -84,8 +84,16 @@ def busy_seconds(msacc_output: str) -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
 
+async def _keep_awake(channel: aio_pika.abc.AbstractChannel, queue_name: str, every_s: float) -> None:
+    """A passive declare is a call to the queue process: one every ``every_s`` keeps it from
+    going idle long enough to hibernate."""
+    while True:
+        await channel.declare_queue(queue_name, passive=True)
+        await asyncio.sleep(every_s)
+
+
 async def measure(
-    url: str, n: int, consumers: int, minutes: int, queue_version: int, queue_mode: str
+    url: str, n: int, consumers: int, minutes: int, queue_version: int, queue_mode: str, keep_awake_s: float
 ) -> dict[str, object]:
     node = rabbit_node()
     queue_name = f"bench.idle-floor.{uuid.uuid4()}"
@@ -97,6 +105,7 @@ async def measure(
             arguments["x-queue-mode"] = queue_mode
         await channel.declare_queue(queue_name, durable=True, arguments=arguments)
         fleet = _Fleet()
+        awake: asyncio.Task[None] | None = None
         try:
             await fleet.start(url, queue_name, n, consumers)
             began = time.monotonic()
@@ -104,6 +113,8 @@ async def measure(
             await fleet.wait_held(n, "all held")
             hold_s = time.monotonic() - began
             print(f"{n:,} held by {consumers} consumers in {hold_s:.1f} s; quiet for {SETTLE_S:.0f} s", flush=True)
+            if keep_awake_s > 0:
+                awake = asyncio.create_task(_keep_awake(await connection.channel(), queue_name, keep_awake_s))
             await asyncio.sleep(SETTLE_S)
             per_minute = []
             for minute in range(minutes):
@@ -118,6 +129,8 @@ async def measure(
                 for process in top:
                     print(f"    {process}", flush=True)
         finally:
+            if awake is not None:
+                awake.cancel()
             await fleet.close()
             await channel.queue_delete(queue_name)
     cpu_s = [m["cpu_s"] for m in per_minute]
@@ -126,6 +139,7 @@ async def measure(
         "consumers": consumers,
         "queue_version": queue_version,
         "queue_mode": queue_mode,
+        "keep_awake_s": keep_awake_s,
         "hold_s": round(hold_s, 1),
         "minutes": per_minute,
         "cpu_s_per_min": cpu_s,
@@ -143,9 +157,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--queue-mode", choices=("default", "lazy"), default="default", help="classic queue mode (default: default)"
     )
+    parser.add_argument(
+        "--keep-awake", type=float, default=0.0, help="passive-declare the queue every this many seconds (0: never)"
+    )
     args = parser.parse_args(argv)
     result = asyncio.run(
-        measure(default_amqp_url(), args.n, args.consumers, args.minutes, args.queue_version, args.queue_mode)
+        measure(
+            default_amqp_url(),
+            args.n,
+            args.consumers,
+            args.minutes,
+            args.queue_version,
+            args.queue_mode,
+            args.keep_awake,
+        )
     )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"idle-floor-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
