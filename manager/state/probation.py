@@ -94,7 +94,7 @@ async def host_died(
     if (deaths or 0) < policy.after_host_deaths:
         return {}
     await rows.flush()
-    counts = await _deaths_since_last_probation(rows, victims, now, policy)
+    counts = await _deaths_since_last_probation(rows, victims, since, policy)
     if not counts:
         return {}
     isolate: dict[uuid.UUID, uuid.UUID] = {}
@@ -115,8 +115,10 @@ async def host_died(
 
 
 async def _deaths_since_last_probation(
-    rows: ObserverRows, victims: set[uuid.UUID], now: datetime, policy: ProbationPolicy
+    rows: ObserverRows, victims: set[uuid.UUID], since: datetime, policy: ProbationPolicy
 ) -> dict[uuid.UUID, int]:
+    """``host_lost`` events after ``since`` (the same window start as the count of deaths
+    that bounds them) and after the observer's last probation, per victim at the threshold."""
     ended = aliased(ObserverEvent)
     last_ended = (
         select(func.max(ended.at))
@@ -128,7 +130,7 @@ async def _deaths_since_last_probation(
         .where(
             ObserverEvent.event == EventType.HOST_LOST.value,
             id_in(ObserverEvent.observer_id, victims),
-            ObserverEvent.at > now - timedelta(seconds=policy.window_s),
+            ObserverEvent.at > since,
             ObserverEvent.at > func.coalesce(last_ended, literal("-infinity").cast(ObserverEvent.at.type)),
         )
         .group_by(ObserverEvent.observer_id)
