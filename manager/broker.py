@@ -89,6 +89,8 @@ class BrokerLink:
         self.connects = 0
         self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
         self._presence: aiormq.abc.AbstractConnection | None = None
+        self._waker: aiormq.abc.AbstractConnection | None = None
+        self._waker_channel: aiormq.abc.AbstractChannel | None = None
 
     def start(self, on_state: StateHandler | None) -> None:
         """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
@@ -215,10 +217,34 @@ class BrokerLink:
             raise BrokerUnavailable(f"cannot ask the broker which services are connected: {e!r}") from e
         return dict(zip(ids, answers, strict=True))
 
+    async def touch_start_queues(self, pools: Iterable[str]) -> None:
+        """A passive declare of each pool's start queue: a call to the queue's process,
+        which keeps it from hibernating (``manager/queue_waker.py``). On a connection of its
+        own: a slow answer holds up no publish, and a queue that does not exist (whose
+        passive declare closes the channel) costs only this channel, opened again for the
+        next pool. Raises ``BrokerUnavailable`` if the broker cannot be reached."""
+        try:
+            if self._waker is None or self._waker.is_closed:
+                url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+                self._waker = await aiormq.connect(url, client_properties={"connection_name": "manager: queue waker"})
+            for pool in pools:
+                if self._waker_channel is None or self._waker_channel.is_closed:
+                    self._waker_channel = await self._waker.channel()
+                declare = self._waker_channel.queue_declare(topology.start_queue_name(pool), passive=True)
+                with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+                    await asyncio.wait_for(declare, _PUBLISH_TIMEOUT_S)
+        except Exception as e:
+            if self._waker_channel is not None:  # an answer may still come: never reuse it
+                with contextlib.suppress(Exception):
+                    await self._waker_channel.close()
+                self._waker_channel = None
+            raise BrokerUnavailable(f"cannot reach the start queues: {e!r}") from e
+
     async def close(self) -> None:
-        if self._presence is not None:
-            with contextlib.suppress(Exception):
-                await self._presence.close()
+        for side in (self._presence, self._waker):
+            if side is not None:
+                with contextlib.suppress(Exception):
+                    await side.close()
         if self._connect_task is not None:
             self._connect_task.cancel()
             with contextlib.suppress(BaseException):

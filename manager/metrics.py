@@ -58,6 +58,11 @@ DIGEST_MISMATCHES = Counter(
     "Service digests that disagreed with the rows (each answered with a request for the whole inventory)",
     registry=STATE_REGISTRY,
 )
+START_QUEUES_KEPT_AWAKE = Gauge(
+    "orch_start_queues_kept_awake",
+    "Start queues kept from hibernating (their pools' live observers reach ORCH_START_QUEUE_KEEP_AWAKE_FROM)",
+    registry=STATE_REGISTRY,
+)
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
 API_REFUSED_BUSY = Counter(
     "orch_api_refused_busy", "Creates and stops refused with 503 (ORCH_API_IN_FLIGHT reached)", registry=REGISTRY

@@ -41,6 +41,7 @@ from manager.background import BackgroundLoops
 from manager.broker import BrokerLink
 from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.metrics import STATE_REGISTRY
+from manager.queue_waker import StartQueueWaker
 from manager.state.consumer import StateConsumer
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
@@ -72,13 +73,14 @@ class StateSide:
         self.consumer = StateConsumer(sessions, broker, rules)
         # Starts being published by this process (single-process mode shares the API's set).
         self.loops = BackgroundLoops(settings, sessions, broker, rules, in_flight or set(), self.consumer.idle)
+        self.waker = StartQueueWaker(settings, sessions, broker)
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
         await self.consumer.on_message(message)
 
     async def run(self) -> None:
         """Until cancelled."""
-        await asyncio.gather(self.consumer.run(), self.loops.run())
+        await asyncio.gather(self.consumer.run(), self.loops.run(), self.waker.run())
 
 
 # --- the child process ---------------------------------------------------------------------

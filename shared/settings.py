@@ -141,6 +141,10 @@ class ManagerSettings(CommonSettings):
     # Period of the background loops.
     sweep_interval_s: float = Field(default=1.0, gt=0)
     state_prefetch: int = Field(default=2000, ge=1, le=65535)
+    # A pool's start queue holding at least this many messages is kept from hibernating by a
+    # passive declare every start_queue_keep_awake_s (manager/queue_waker.py); 0: never.
+    start_queue_keep_awake_from: int = Field(default=100_000, ge=0)
+    start_queue_keep_awake_s: float = Field(default=0.5, gt=0)
     # Apply state and run the repairs in a child process of the API's (two cores, and a flood
     # of reports never stalls a request); false: everything in one process.
     state_process: bool = True

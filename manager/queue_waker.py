@@ -1,0 +1,81 @@
+"""Keeps the start queues that hold many messages from hibernating.
+
+A classic queue's process hibernates after about a second without a call (gen_server2's
+backoff), and hibernating compacts its whole heap; the next call wakes it, and the heap is
+rebuilt. Something wakes an idle queue every minute or two, so at 1,000,000 held deliveries
+the broker's idle floor was that cycle: about 3 CPU s (a heap of 0.84-1.19 GiB compacted and
+rebuilt) every other minute, most of the broker's idle share (``python -m bench.idle_floor``;
+a stack sampler found the queue process in ``gen_server2:wake_hib``). A passive declare of
+the queue is a call to its process: one every half second kept it awake, and the broker's
+idle minute went from 0.05-3.0 CPU s to a steady ~0.7, with the queue process's heap at
+40 MiB instead of 0.84 GiB (``bench.idle_floor --keep-awake 0.5``, README).
+
+Only a pool whose live observers (Created, Processing, OnDeleting: each one a message in its
+start queue) reach ``start_queue_keep_awake_from`` is kept awake: a small queue's compaction
+costs next to nothing, and a hibernating process takes the least memory.
+
+The declares go on a connection of the manager's own (``BrokerLink.touch_start_queues``), not
+on its publishing channel; no service's lease or heartbeat shares anything with them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.broker import BrokerLink
+from manager.db.counts import observer_counts
+from manager.db.models import LIVE_STATUSES
+from manager.metrics import START_QUEUES_KEPT_AWAKE
+from shared.settings import ManagerSettings
+
+logger = logging.getLogger(__name__)
+
+# The counts change slowly at this scale; reading them is a small query.
+_READ_POOLS_EVERY_S = 30.0
+
+
+async def pools_to_keep_awake(session: AsyncSession, keep_awake_from: int) -> list[str]:
+    """The pools with at least ``keep_awake_from`` live observers."""
+    live: collections.Counter[str] = collections.Counter()
+    for count in await observer_counts(session):
+        if count.status in LIVE_STATUSES:
+            live[count.pool] += count.n
+    return sorted(pool for pool, n in live.items() if n >= keep_awake_from)
+
+
+class StartQueueWaker:
+    def __init__(
+        self, settings: ManagerSettings, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.broker = broker
+
+    async def run(self) -> None:
+        """Until cancelled. Failures are logged (once until it works again), never raised."""
+        keep_awake_from = self.settings.start_queue_keep_awake_from
+        if keep_awake_from == 0:
+            return
+        pools: list[str] = []
+        next_read = 0.0
+        failing = False
+        while True:
+            try:
+                if time.monotonic() >= next_read:
+                    next_read = time.monotonic() + _READ_POOLS_EVERY_S
+                    async with self.sessions() as session:
+                        pools = await pools_to_keep_awake(session, keep_awake_from)
+                    START_QUEUES_KEPT_AWAKE.set(len(pools))
+                if pools and self.broker.ready.is_set():
+                    await self.broker.touch_start_queues(pools)
+                failing = False
+            except Exception as e:  # noqa: BLE001 - the broker or the database: the waker goes on
+                if not failing:
+                    logger.warning("cannot keep the start queues awake (%s); trying on", e)
+                failing = True
+            await asyncio.sleep(self.settings.start_queue_keep_awake_s)
