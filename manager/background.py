@@ -11,7 +11,8 @@ process at about 1.3 CPU s a minute while idle, at any size (``make bench-scale`
   still waiting in the queue is not judged as silence;
 * publish again the starts a crash left unconfirmed (``pending_starts``);
 * adopt observers reported running that have no row, after ``unknown_grace_s``;
-* fold the observer count deltas the triggers appended into the counts (``db/counts``).
+* fold the deltas the triggers appended into the observer counts (``db/counts``) and the
+  held digests (``state/digest``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from manager.rebuild import rebuild
 from manager.retention import BATCH as PRUNE_BATCH
 from manager.retention import EVERY_S as PRUNE_EVERY_S
 from manager.retention import prune_events
+from manager.state.digest import fold_digest_deltas
 from manager.state.probation import end_probations
 from manager.state.rows import ObserverRows
 from manager.state.rules import StateRules
@@ -264,6 +266,7 @@ class BackgroundLoops:
     async def fold_counts(self) -> None:
         async with self.sessions.begin() as session:
             await fold_deltas(session)
+            await fold_digest_deltas(session)
 
     async def describe_unknown(self) -> None:
         """Observers reported running that have no row, after ``unknown_grace_s`` (a create's

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from manager.db.counts import observer_counts
 from manager.db.models import LIVE_STATUSES, Observer, ObserverStatus, Service, ServiceStatus
 from manager.errors import Invalid, NotFound
+from manager.state.digest import held_per_service
 
 
 @dataclass(frozen=True)
@@ -97,17 +98,8 @@ async def get_observer(session: AsyncSession, observer_id: uuid.UUID) -> tuple[O
     return row[0], row[1]
 
 
-def _running_counts() -> Any:
-    return (
-        select(Observer.service_id, func.count().label("running"))
-        .where(Observer.status.in_((ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)))
-        .group_by(Observer.service_id)
-        .subquery()
-    )
-
-
 async def list_services(session: AsyncSession, include_deleted: bool = True) -> list[tuple[Service, int]]:
-    counts = _running_counts()
+    counts = held_per_service()
     order = case((Service.status == ServiceStatus.ALIVE, 0), (Service.status == ServiceStatus.LOST, 1), else_=2)
     query = select(Service, func.coalesce(counts.c.running, 0)).outerjoin(counts, counts.c.service_id == Service.id)
     if not include_deleted:
@@ -117,7 +109,7 @@ async def list_services(session: AsyncSession, include_deleted: bool = True) -> 
 
 
 async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Service, int]:
-    counts = _running_counts()
+    counts = held_per_service()
     row = (
         await session.execute(
             select(Service, func.coalesce(counts.c.running, 0))

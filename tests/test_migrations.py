@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from shared.messages import digest_of, digest_text
 from tools import infra
 from tools.harness import REPO
 
@@ -63,6 +64,63 @@ def test_0007_counts_the_host_deaths_already_in_the_history(postgres: infra.Post
         deaths = asyncio.run(read())
         assert deaths == sorted([(dead_twice, first), (dead_twice, second), (dead_once, second)])
         alembic(url, "downgrade", "0006")
+        alembic(url, "upgrade", "head")
+    finally:
+        postgres.drop_database(name)
+
+
+def test_0008_keeps_the_digests_of_what_is_held_already(postgres: infra.PostgresNode) -> None:
+    """Rows held before the upgrade are in the kept digests after it: a service's next digest
+    must match without a full inventory."""
+    name = f"t_mig_{uuid.uuid4().hex[:8]}"
+    postgres.create_database(name)
+    url = postgres.url(name)
+    svc_a, svc_b, session_a, session_b = (uuid.uuid4() for _ in range(4))
+    held = {(svc_a, session_a): [uuid.uuid4() for _ in range(5)], (svc_b, session_b): [uuid.uuid4() for _ in range(3)]}
+    try:
+        alembic(url, "upgrade", "0007")
+
+        async def fill() -> None:
+            conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+            try:
+                rows: list[tuple[uuid.UUID, str, uuid.UUID | None, uuid.UUID | None]] = [
+                    (oid, "OnDeleting" if i == 0 else "Processing", sid, ses)
+                    for (sid, ses), ids in held.items()
+                    for i, oid in enumerate(ids)
+                ]
+                rows += [(uuid.uuid4(), "Created", None, None), (uuid.uuid4(), "Deleted", svc_a, session_a)]
+                for i, (oid, status, sid, ses) in enumerate(rows):
+                    await conn.execute(
+                        "INSERT INTO observers (id, name, kind, args, pool, status, service_id, host_session_id) "
+                        "VALUES ($1, $2, 'ticker', '{}', 'default', $3, $4, $5)",
+                        oid,
+                        f"o{i}",
+                        status,
+                        sid,
+                        ses,
+                    )
+            finally:
+                await conn.close()
+
+        async def read() -> dict[tuple[uuid.UUID, uuid.UUID], tuple[int, str]]:
+            conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+            try:
+                rows = await conn.fetch("SELECT service_id, host_session_id, n, xor_hi, xor_lo FROM held_digests")
+                mask = (1 << 64) - 1
+                return {
+                    (r["service_id"], r["host_session_id"]): (
+                        r["n"],
+                        digest_text(((r["xor_hi"] & mask) << 64) | (r["xor_lo"] & mask)),
+                    )
+                    for r in rows
+                }
+            finally:
+                await conn.close()
+
+        asyncio.run(fill())
+        alembic(url, "upgrade", "head")
+        assert asyncio.run(read()) == {holder: (len(ids), digest_of(ids)) for holder, ids in held.items()}
+        alembic(url, "downgrade", "0007")
         alembic(url, "upgrade", "head")
     finally:
         postgres.drop_database(name)
