@@ -36,18 +36,29 @@ _READ = text(
 )
 
 # Like the counts' fold (``manager/db/counts.py``): deleting the deltas and adding them up
-# is one statement, so concurrent folds each move only the rows they deleted.
+# is one statement, so concurrent folds (two managers) each move only the rows they deleted.
+# Rows are locked in key order, so two folds never wait for each other in a cycle. The rows it
+# returns empty (a session that ended and whose observers moved away) are deleted next.
 _FOLD = text(
     """
     WITH moved AS (DELETE FROM held_digest_deltas RETURNING service_id, host_session_id, n, xor_hi, xor_lo)
     INSERT INTO held_digests (service_id, host_session_id, n, xor_hi, xor_lo)
-    SELECT service_id, host_session_id, sum(n), bit_xor(xor_hi), bit_xor(xor_lo) FROM moved GROUP BY 1, 2
+    SELECT service_id, host_session_id, sum(n), bit_xor(xor_hi), bit_xor(xor_lo) FROM moved
+    GROUP BY 1, 2 ORDER BY 1, 2
     ON CONFLICT (service_id, host_session_id) DO UPDATE SET
         n = held_digests.n + EXCLUDED.n,
         xor_hi = held_digests.xor_hi # EXCLUDED.xor_hi,
         xor_lo = held_digests.xor_lo # EXCLUDED.xor_lo
+    RETURNING service_id, host_session_id, n = 0 AND xor_hi = 0 AND xor_lo = 0
     """
 )
+# Only rows this fold just locked: a delete that scanned for empty rows could lock them in
+# another order than a concurrent fold.
+_FORGET = text(
+    "DELETE FROM held_digests WHERE (service_id, host_session_id) IN "
+    "(SELECT * FROM unnest(CAST(:services AS uuid[]), CAST(:sessions AS uuid[])))"
+)
+
 _HELD_PER_SERVICE = text(
     """
     SELECT service_id, sum(n) AS running FROM (
@@ -58,9 +69,6 @@ _HELD_PER_SERVICE = text(
     GROUP BY service_id
     """
 )
-
-# A session that holds nothing any more (its service died or stopped) leaves a zero row.
-_FORGET_EMPTY = text("DELETE FROM held_digests WHERE n = 0 AND xor_hi = 0 AND xor_lo = 0")
 
 _MASK = (1 << 64) - 1
 
@@ -81,5 +89,8 @@ def held_per_service() -> Any:
 
 async def fold_digest_deltas(session: AsyncSession) -> None:
     """Move the pending deltas into the digests (the background loop, every sweep)."""
-    await session.execute(_FOLD)
-    await session.execute(_FORGET_EMPTY)
+    folded = (await session.execute(_FOLD)).all()
+    empty = [(service_id, session_id) for service_id, session_id, is_empty in folded if is_empty]
+    if empty:
+        services, sessions = zip(*empty, strict=True)
+        await session.execute(_FORGET, {"services": list(services), "sessions": list(sessions)})
