@@ -27,12 +27,13 @@ _LIVE_IN_POOL = (
 )
 
 # Deleting the deltas and adding them up happen in one statement: concurrent folds (two
-# managers) each move only rows they deleted, and a reader sees them before or after.
+# managers) each move only rows they deleted, and a reader sees them before or after. Rows
+# are locked in key order, so two folds never wait for each other in a cycle.
 _FOLD = text(
     """
     WITH moved AS (DELETE FROM observer_count_deltas RETURNING kind, pool, status, n)
     INSERT INTO observer_counts (kind, pool, status, n)
-    SELECT kind, pool, status, sum(n) FROM moved GROUP BY 1, 2, 3
+    SELECT kind, pool, status, sum(n) FROM moved GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
     ON CONFLICT (kind, pool, status) DO UPDATE SET n = observer_counts.n + EXCLUDED.n
     """
 )
