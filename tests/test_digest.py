@@ -49,6 +49,12 @@ async def test_kept_digests_equal_the_rows_after_any_change_and_any_fold(databas
             await fold_digest_deltas(s)
 
     try:
+        async with sessions.begin() as s:
+            for service_id in (svc_a, svc_b):
+                await s.execute(
+                    text("INSERT INTO services (id, name, workers_count, status) VALUES (:id, 'svc', 500, 'alive')"),
+                    {"id": service_id},
+                )
         ids = [uuid.uuid4() for _ in range(300)]
         # Created rows (held by nobody), and rows inserted already held (an adoption)
         await change(

@@ -83,6 +83,11 @@ def test_0008_keeps_the_digests_of_what_is_held_already(postgres: infra.Postgres
         async def fill() -> None:
             conn = await asyncpg.connect(url.replace("+asyncpg", ""))
             try:
+                for service_id in (svc_a, svc_b):
+                    await conn.execute(
+                        "INSERT INTO services (id, name, workers_count, status) VALUES ($1, 'svc', 5, 'alive')",
+                        service_id,
+                    )
                 rows: list[tuple[uuid.UUID, str, uuid.UUID | None, uuid.UUID | None]] = [
                     (oid, "OnDeleting" if i == 0 else "Processing", sid, ses)
                     for (sid, ses), ids in held.items()
