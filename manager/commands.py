@@ -31,6 +31,7 @@ from manager.db.models import (
     FINAL_STATUSES,
     EventType,
     Observer,
+    ObserverEvent,
     ObserverStatus,
     PendingStart,
     Service,
@@ -153,6 +154,8 @@ class ObserverCommands:
             await self._execute(
                 "deleting the unpublished observers",
                 delete(Observer).where(id_in(Observer.id, ids)),
+                # After the rows: a report about one may have written an event until then.
+                delete(ObserverEvent).where(id_in(ObserverEvent.observer_id, ids)),
                 # Some starts may have been published: found running, they are stopped, not adopted.
                 text(
                     "INSERT INTO abandoned_observers (observer_id) SELECT unnest(CAST(:ids AS uuid[])) "

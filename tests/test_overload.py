@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared import topology
+from tests.test_manager_repairs import sql
 from tests.test_reliability import event_names
 from tests.test_write_races import wait_blocked_on_a_lock
 from tools import infra
@@ -84,6 +85,10 @@ def test_a_memory_alarm_delays_reports_and_refuses_creates_but_ends_no_session(
         assert response.headers["Retry-After"]
     assert refused[1].json()["detail"].startswith("the message broker is unreachable or overloaded")
     assert not system.observers(name="during-0") and not system.observers(name="during-1")
+    orphans = (
+        "SELECT count(*) FROM observer_events e WHERE NOT EXISTS (SELECT FROM observers o WHERE o.id = e.observer_id)"
+    )
+    assert sql(system.database_url, orphans) == 0  # their history went with their rows
     # ...but the service kept its session and its observers, and nobody was judged lost
     assert "broker session lost" not in svc.text(), svc.text()[-3000:]
     assert "fenced" not in svc.text()

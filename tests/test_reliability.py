@@ -256,11 +256,12 @@ def test_a_database_restored_from_an_older_backup_loses_no_running_observer(syst
     abandoned = system.create("told-failed", args={"interval_s": 0.5, "emit": False})
     for obs in (kept, abandoned):
         system.wait_status(obs["id"], "Processing")
-    sql(
-        system.database_url,
-        "DELETE FROM observers WHERE id = ANY($1::uuid[])",
-        [uuid.UUID(kept["id"]), uuid.UUID(abandoned["id"])],
-    )
+    for table, column in (("observers", "id"), ("observer_events", "observer_id")):  # a restore loses both
+        sql(
+            system.database_url,
+            f"DELETE FROM {table} WHERE {column} = ANY($1::uuid[])",
+            [uuid.UUID(kept["id"]), uuid.UUID(abandoned["id"])],
+        )
     sql(system.database_url, "INSERT INTO abandoned_observers (observer_id) VALUES ($1)", uuid.UUID(abandoned["id"]))
 
     wait_for(lambda: system.get(f"/api/observers/{kept['id']}").status_code == 200, 60, "adopted")

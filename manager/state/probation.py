@@ -75,11 +75,12 @@ async def host_died(
             select(Observer.id).where(Observer.service_id == service_id, Observer.status == ObserverStatus.PROCESSING)
         )
     )
-    # Not locked: an event's foreign key takes KEY SHARE on its observer, which the
-    # consumer's FOR NO KEY UPDATE (rows.py) does not exclude. Locking the victims first,
-    # as this step once did, held a dead host's whole share for the length of this
-    # transaction (seconds at 333,000), and every start reported by the hosts taking them
-    # over waited behind it: the failover stalled on the record of the death that caused it.
+    # Not locked: writing an event locks nothing of its observer (no foreign key, migration
+    # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (rows.py). Locking the
+    # victims first, as this step once did, held a dead host's whole share for the length of
+    # this transaction (seconds at 333,000), and every start reported by the hosts taking
+    # them over waited behind it: the failover stalled on the record of the death that
+    # caused it.
     for observer_id in sorted(victims):
         rows.event(observer_id, EventType.HOST_LOST, now, service_id=service_id)
     await session.execute(insert(HostDeath).values(service_id=service_id, at=now))

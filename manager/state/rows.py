@@ -8,9 +8,9 @@ costs a few microseconds per row.
 Rows are loaded ``FOR NO KEY UPDATE`` in id order (the order every writer of ``observers``
 uses, so the consumer and the API never deadlock) and stay locked until the transaction ends.
 Every writer of observer rows takes that mode, never ``FOR UPDATE``: it excludes the other
-writers but not the ``KEY SHARE`` lock a history event's foreign key takes on its observer, so
-recording events (a host death writes one per observer it ran) never waits for, nor
-deadlocks with, a transaction that changes those rows.
+writers but not a reader of the key. Recording events (a host death writes one per observer
+it ran) locks no observer row at all (no foreign key: migration 0009), so it never waits for,
+nor deadlocks with, a transaction that changes those rows.
 Pending changes are flushed before any query that filters on a column rules may change.
 
 Services are read as plain ``ServiceRow`` objects too, and ``ServiceRows`` is the only
