@@ -51,7 +51,7 @@ from typing import Any
 import asyncpg
 import httpx
 
-from bench import curve, profile
+from bench import broker_work, curve, profile
 from bench.deaths import Killed, close_ledger, open_ledger
 from bench.fresh import busiest_host, fresh_system
 from bench.raw import arun_raw
@@ -89,6 +89,8 @@ class Point:
     failover_cpu_s: dict[str, float] = field(default_factory=dict)  # per part, while it ran
     # The state consumer meanwhile: seconds busy per phase, batches, messages applied
     failover_state: dict[str, float] = field(default_factory=dict)
+    # The broker meanwhile: the kinds of process that did the most reductions (bench/broker_work.py)
+    failover_broker_work: list[dict[str, object]] = field(default_factory=list)
     raw_redelivery_count: int = 0
     raw_redelivery_s: float = 0.0
     stop_count: int = 0
@@ -336,6 +338,7 @@ class ScalePoint:
         killed.service_ids.add(str(row["service_id"]))
         self.watch.killed_pids.add(victim.popen.pid)
         roots = self.product_pids()
+        broker_work.mark(self.rabbit)  # before the CPU is read: the mark's own cost stays out
         cpu_before, state_before = profile.cpu_seconds(roots), await self.state_counters()
         with self._profiled("failover", [s for s in self.services if s is not victim]):
             began = time.monotonic()
@@ -343,6 +346,7 @@ class ScalePoint:
             await self._moved_from(row["service_id"])
             self.point.failover_count, self.point.failover_s = int(row["n"]), time.monotonic() - began
         self.point.failover_cpu_s = profile.cpu_delta(cpu_before, profile.cpu_seconds(roots))
+        self.point.failover_broker_work = broker_work.since(self.rabbit)
         state_after = await self.state_counters()
         self.point.failover_state = {k: round(v - state_before.get(k, 0.0), 2) for k, v in state_after.items()}
 
