@@ -107,6 +107,9 @@ class BackgroundLoops:
         """Seconds between runs of the steps that need not run every pass."""
         settings = self.settings
         return {
+            # A death is judged at most a quarter of the silence late; nothing waits for it
+            # (the broker hands a dead host's starts to the others as its connection drops).
+            "judge_heartbeats": self.liveness.silence.total_seconds() / 4,
             "restop": settings.restop_after_s / 4,
             "republish_unenqueued": settings.enqueue_sweep_after_s / 4,
             "republish_lost": settings.lost_start_after_s / 4,
