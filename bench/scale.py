@@ -81,6 +81,7 @@ class Point:
     postgres_kib_per_observer: float = 0.0
     steady_cpu_s: dict[str, float] = field(default_factory=dict)
     steady_cpu_pct_of_core: float = 0.0
+    steady_broker_work: list[dict[str, object]] = field(default_factory=list)  # as failover_broker_work
     events_per_s: float = 0.0
     lease_round_trip_p99_s: float = 0.0  # upper bound of the histogram bucket, steady window
     api_p99_ms: dict[str, float] = field(default_factory=dict)
@@ -269,9 +270,11 @@ class ScalePoint:
 
             step = "steady"
             roots = self.product_pids()
+            broker_work.mark(self.rabbit)
             counters, cpu_before = await self.service_counters(), profile.cpu_seconds(roots)
             await asyncio.sleep(STEADY_S)
             p.steady_cpu_s = profile.cpu_delta(cpu_before, profile.cpu_seconds(roots))
+            p.steady_broker_work = broker_work.since(self.rabbit)
             p.steady_cpu_pct_of_core = 100 * sum(p.steady_cpu_s.values()) / STEADY_S
             after = await self.service_counters()
             during = {name: after[name] - counters.get(name, 0.0) for name in after}
