@@ -7,8 +7,9 @@ the broker's idle floor was that cycle: about 3 CPU s (a heap of 0.84-1.19 GiB c
 rebuilt) every other minute, most of the broker's idle share (``python -m bench.idle_floor``;
 a stack sampler found the queue process in ``gen_server2:wake_hib``). A passive declare of
 the queue is a call to its process: one every half second kept it awake, and the broker's
-idle minute went from 0.05-3.0 CPU s to a steady ~0.7, with the queue process's heap at
-40 MiB instead of 0.84 GiB (``bench.idle_floor --keep-awake 0.5``, README).
+idle minute went from 0.05-3.0 CPU s to a steady ~0.7 (``bench.idle_floor --keep-awake 0.5``,
+README). Awake, the process keeps its heap: broker memory per held observer did not grow in
+``make bench-scale`` (2.90-2.93 KiB against 2.96).
 
 Only a pool whose live observers (Created, Processing, OnDeleting: each one a message in its
 start queue) reach ``start_queue_keep_awake_from`` is kept awake: a small queue's compaction
