@@ -180,21 +180,23 @@ def test_capacity_of_a_late_service_and_of_one_that_returns(system: System, rabb
     system.wait_status(system.create("cap-10", args={"emit": False})["id"], "Processing")
 
 
-async def _deadlock_the_host_death_step(system: System, ids: list[str], kill: object) -> None:
+async def _deadlock_the_host_death_step(system: System, ids: list[str], service_id: str, kill: object) -> None:
     engine = create_async_engine(system.database_url)
     try:
         async with engine.connect() as other:
-            # A writer that takes FOR UPDATE (as a DELETE does), one row first, more later in
-            # the same transaction: that conflicts with the KEY SHARE of the step's history
-            # events. A long deadlock_timeout here makes the host-death step the one aborted.
+            # A writer that locks in the other order than the step: first the service's row
+            # (which the step marks lost last), then the observers' rows (which the step locks
+            # FOR NO KEY UPDATE to put them on probation) FOR UPDATE, as a DELETE does. Writing
+            # history locks no observer row (no foreign key), so only a step that changes
+            # observer rows can deadlock. A long deadlock_timeout makes the step the one aborted.
             await other.execute(text("SET deadlock_timeout = '60s'"))
-            await other.execute(text("SELECT id FROM observers WHERE id = :id FOR UPDATE"), {"id": ids[-1]})
+            await other.execute(text("SELECT id FROM services WHERE id = :id FOR UPDATE"), {"id": service_id})
             assert callable(kill)
             kill()
-            await wait_blocked_on_a_lock(engine, "observer")
+            await wait_blocked_on_a_lock(engine, "UPDATE services")
             await other.execute(
                 text("SELECT id FROM observers WHERE id = ANY(CAST(:ids AS uuid[])) ORDER BY id FOR UPDATE"),
-                {"ids": ids[:-1]},
+                {"ids": ids},
             )
             await other.commit()
     finally:
@@ -202,15 +204,19 @@ async def _deadlock_the_host_death_step(system: System, ids: list[str], kill: ob
 
 
 def test_the_host_death_step_survives_a_deadlock(system: System) -> None:
-    # Given 20 observers Processing on svc-a (no inventories: they would lock rows too)
-    manager = system.start_manager()
+    # Given 20 observers Processing on svc-a (no inventories: they would lock rows too), and
+    # a manager that puts an observer on probation at its first host death (the step then
+    # locks its victims' rows before it marks the service lost)
+    manager = system.start_manager(ORCH_PROBATION_AFTER_HOST_DEATHS="1")
     svc = system.start_service("svc-a", workers=20, ORCH_INVENTORY_S="3600")
     ids = sorted(system.create(f"dl-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(20))
     for oid in ids:
         system.wait_status(oid, "Processing")
+    service = system.service_by_name("svc-a")
+    assert service is not None
 
     # When svc-a dies and recording its death deadlocks with another writer of those rows
-    asyncio.run(_deadlock_the_host_death_step(system, ids, svc.kill9))
+    asyncio.run(_deadlock_the_host_death_step(system, ids, service["id"], svc.kill9))
 
     # Then the step lost the race, ran again, and recorded the death of every observer's host
     wait_for(lambda: system.service_by_name("svc-a", status="lost"), 30, "svc-a lost")
