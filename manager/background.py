@@ -109,7 +109,7 @@ class BackgroundLoops:
         return {
             # A death is judged at most a quarter of the silence late; nothing waits for it
             # (the broker hands a dead host's starts to the others as its connection drops).
-            "judge_heartbeats": settings.heartbeat_s * settings.lost_after_heartbeats / 4,
+            "judge_heartbeats": settings.silence_s / 4,
             "restop": settings.restop_after_s / 4,
             "republish_unenqueued": settings.enqueue_sweep_after_s / 4,
             "republish_lost": settings.lost_start_after_s / 4,

@@ -55,7 +55,7 @@ class Liveness:
         probation: ProbationPolicy,
         isolate: Isolate,
     ) -> None:
-        self.silence = timedelta(seconds=settings.heartbeat_s * settings.lost_after_heartbeats)
+        self.silence = timedelta(seconds=settings.silence_s)
         self.sessions = sessions
         self.broker = broker
         self.probation = probation

@@ -185,6 +185,11 @@ class ManagerSettings(CommonSettings):
             raise ValueError("API tokens must be at least 8 characters long")
         return value
 
+    @property
+    def silence_s(self) -> float:
+        """How long a service may go unheard before the broker is asked whether it lives."""
+        return self.heartbeat_s * self.lost_after_heartbeats
+
     def default_retry(self) -> RetryPolicy:
         return RetryPolicy(
             max_attempts=self.retry_max_attempts or None,
