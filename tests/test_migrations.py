@@ -129,3 +129,51 @@ def test_0008_keeps_the_digests_of_what_is_held_already(postgres: infra.Postgres
         alembic(url, "upgrade", "head")
     finally:
         postgres.drop_database(name)
+
+
+def test_0010_lets_a_host_be_unknown_and_its_downgrade_forgets_such_hosts(postgres: infra.PostgresNode) -> None:
+    """Without the key an observer may name a host the services table lost (a restore from
+    an older backup: the rules re-host it when the service introduces itself); putting the
+    key back forgets those hosts instead of failing, and keeps the known ones."""
+    name = f"t_mig_{uuid.uuid4().hex[:8]}"
+    postgres.create_database(name)
+    url = postgres.url(name)
+    known, gone = uuid.uuid4(), uuid.uuid4()
+    kept, orphan = uuid.uuid4(), uuid.uuid4()
+    try:
+        alembic(url, "upgrade", "head")
+
+        async def fill() -> None:
+            conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+            try:
+                await conn.execute(
+                    "INSERT INTO services (id, name, workers_count, status, last_heartbeat_at) "
+                    "VALUES ($1, 'svc', 10, 'alive', now())",
+                    known,
+                )
+                for i, (oid, host) in enumerate(((kept, known), (orphan, gone))):
+                    await conn.execute(
+                        "INSERT INTO observers (id, name, kind, args, pool, status, service_id, host_session_id) "
+                        "VALUES ($1, $2, 'ticker', '{}', 'default', 'Processing', $3, $4)",
+                        oid,
+                        f"o{i}",
+                        host,
+                        uuid.uuid4(),
+                    )
+            finally:
+                await conn.close()
+
+        async def hosts() -> dict[uuid.UUID, tuple[uuid.UUID | None, bool]]:
+            conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+            try:
+                rows = await conn.fetch("SELECT id, service_id, host_session_id FROM observers")
+                return {r["id"]: (r["service_id"], r["host_session_id"] is not None) for r in rows}
+            finally:
+                await conn.close()
+
+        asyncio.run(fill())  # the orphan's insert fails while the key exists
+        alembic(url, "downgrade", "0009")
+        assert asyncio.run(hosts()) == {kept: (known, True), orphan: (None, False)}
+        alembic(url, "upgrade", "head")
+    finally:
+        postgres.drop_database(name)

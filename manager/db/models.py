@@ -74,7 +74,9 @@ class Observer(Base):
     args: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'::jsonb"))
     pool: Mapped[str] = mapped_column(String(64), nullable=False, server_default="default")
     status: Mapped[ObserverStatus] = mapped_column(_enum(ObserverStatus, "observer_status"), nullable=False)
-    service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True), ForeignKey("services.id"))
+    # No foreign key (migration 0010): a failover changes it for thousands of rows at once.
+    # The state rules write only hosts they know (services rows are never deleted).
+    service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text)
     retry: Mapped[dict[str, Any] | None] = mapped_column(JSONB)

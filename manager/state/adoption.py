@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 async def adopt(session: AsyncSession, rows: ObserverRows, m: ObserversDescribed, now: datetime, out: Outgoing) -> None:
     """Re-create the rows of the observers ``m`` describes, or stop them (see above). The
-    sender must be a known service (a foreign key)."""
+    sender must be a known service (it becomes their host)."""
     ids = [start.observer_id for start in m.starts]
     if not ids:
         return

@@ -194,8 +194,8 @@ class ServiceRows:
 
     Unlike observer rows they are read without a lock and every write is one immediate
     compare-and-set or upsert, not a change flushed later: a touch's outcome says at once
-    whether to ask the service to introduce itself; a born row is the foreign key of the
-    observer rows flushed after it; and a deletion locks its row at once, so a concurrent
+    whether to ask the service to introduce itself; a born row is in the cache before
+    any observer row names it as host; and a deletion locks its row at once, so a concurrent
     ``judge_heartbeats`` waits for it and finds it deleted rather than lost. A batch
     writes a few services (one heartbeat each every few seconds), not thousands, so one
     statement each costs little. Each write puts the row as written into the cache.

@@ -370,7 +370,8 @@ class StateRules:
         return service is not None and service.status in statuses
 
     async def _known_or_none(self, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
-        """The id, if it may be written as an observer's host (a foreign key)."""
+        """The id, if it may be written as an observer's host: only a known service (no foreign
+        key checks it since migration 0010; this does)."""
         return service_id if await self._services_of(session).get(service_id) is not None else None
 
     def _rows_of(self, session: AsyncSession) -> ObserverRows:
