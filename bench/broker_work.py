@@ -1,13 +1,23 @@
-"""Which broker processes did the work between two instants: reductions per kind of process
-(its initial call: ``rabbit_channel:init/1``, ``rabbit_prequeue:init/1`` for a queue, ...),
-summed, with how many processes of the kind and the largest heap among them.
+"""Where the broker's time went between two instants, three ways:
+
+* reductions per kind of process (its initial call: ``rabbit_channel:init/1``,
+  ``rabbit_prequeue:init/1`` for a queue, ...), summed, with how many processes of the kind and
+  the largest heap among them;
+* the VM's microstate accounting: seconds its threads spent per state (``scheduler:emulator``,
+  ``scheduler:gc``, ``dirty_cpu_scheduler:gc``, ``poll:check_io``, ...; sleep left out).
+  Reductions count function calls, not time: the idle minute at 1,000,000 listed about four
+  million of them, a fraction of a CPU second, while the broker used 1.3 to 1.6;
+* the collections of the process with the largest heap (the start queue's, a gigabyte at
+  1,000,000), traced: minor and major collections and the seconds they took. A major
+  collection (or a hibernation, which compacts the heap) of a gigabyte is a cost the node's
+  collection count cannot tell from a thousand small ones.
 
 ``mark`` keeps every process's reduction count in the broker (the ``rabbit`` application's
-environment, read back by ``since``): two ``rabbitmqctl eval`` calls, nothing running in
-between, so it costs the broker nothing while the measured step runs. The process running
-``since``'s own fold is left out (it counted millions of reductions of its own, as
-``proc_lib:init_p/5``). A last row gives the node's garbage collections meanwhile: a major
-collection of a queue process's heap of a gigabyte is a cost no reduction count shows.
+environment, read back by ``since``), resets and starts microstate accounting, and starts a
+tracer process: two ``rabbitmqctl eval`` calls, nothing running in between but the tracer
+(it receives a message per collection of one process), so it costs the broker next to
+nothing while the measured step runs. The process running ``since``'s own fold is left out
+(it counted millions of reductions of its own, as ``proc_lib:init_p/5``).
 """
 
 from __future__ import annotations
@@ -17,9 +27,29 @@ import re
 from tools import infra
 
 _KEY = "bench_reductions"
+_TRACER = "bench_gc_tracer"
+# The tracer: counts the traced process's collections and sums their durations
+# (monotonic_timestamp: nanoseconds) until asked, then answers and exits.
+_TRACE_LOOP = (
+    "Loop = fun L(Minor, Major, Ns, Since) -> receive"
+    " {trace_ts, _, gc_minor_start, _, T} -> L(Minor + 1, Major, Ns, T);"
+    " {trace_ts, _, gc_major_start, _, T} -> L(Minor, Major + 1, Ns, T);"
+    " {trace_ts, _, E, _, T} when (E =:= gc_minor_end orelse E =:= gc_major_end), Since =/= none ->"
+    "   L(Minor, Major, Ns + T - Since, none);"
+    " {report, From} -> From ! {gc_trace, Minor, Major, Ns};"
+    " _ -> L(Minor, Major, Ns, Since) end end"
+)
 _MARK = (
     f"application:set_env(rabbit, {_KEY}, maps:from_list([{{gc, erlang:statistics(garbage_collection)}}"
-    " | [{P, R} || P <- erlang:processes(), {reductions, R} <- [erlang:process_info(P, reductions)]]])), ok."
+    " | [{P, R} || P <- erlang:processes(), {reductions, R} <- [erlang:process_info(P, reductions)]]])),"
+    " erlang:system_flag(microstate_accounting, reset), erlang:system_flag(microstate_accounting, true),"
+    f" case whereis({_TRACER}) of undefined -> ok; Old -> exit(Old, kill) end,"
+    f" {_TRACE_LOOP},"
+    " {_, Big} = lists:max([{H, P} || P <- erlang:processes(),"
+    "   {total_heap_size, H} <- [erlang:process_info(P, total_heap_size)]]),"
+    f" Tracer = spawn(fun() -> Loop(0, 0, 0, none) end), register({_TRACER}, Tracer),"
+    " erlang:trace(Big, true, [garbage_collection, monotonic_timestamp, {tracer, Tracer}]),"
+    ' io:format("traced ~p~n", [proc_lib:translate_initial_call(Big)]), ok.'
 )
 _SINCE = (
     f"{{ok, S0}} = application:get_env(rabbit, {_KEY}), application:unset_env(rabbit, {_KEY}),"
@@ -28,26 +58,42 @@ _SINCE = (
     "     {{reductions, R}, {total_heap_size, H}} ->"
     "       K = proc_lib:translate_initial_call(P), D = R - maps:get(P, S0, 0),"
     "       maps:update_with(K, fun({D0, N0, H0}) -> {D0 + D, N0 + 1, max(H0, H)} end, {D, 1, H}, Acc);"
-    "     _ -> Acc end end, #{}, erlang:processes() -- [self()]),"
+    f"     _ -> Acc end end, #{{}}, erlang:processes() -- [self(), whereis({_TRACER})]),"
     " Top = lists:sublist(lists:reverse(lists:keysort(2, [{K, D, N, H} || {K, {D, N, H}} <- maps:to_list(Kinds)])), 8),"
+    " Msacc = erlang:statistics(microstate_accounting), erlang:system_flag(microstate_accounting, false),"
+    " States = lists:foldl(fun(#{type := Type, counters := C}, Acc) -> maps:fold(fun(State, V, A) ->"
+    "   maps:update_with({Type, State}, fun(X) -> X + V end, V, A) end, Acc, C) end, #{},"
+    "   case Msacc of undefined -> []; _ -> Msacc end),"
+    f" Traced = case whereis({_TRACER}) of undefined -> [];"
+    "   T -> T ! {report, self()}, receive {gc_trace, Mi, Ma, Ns} -> [{Mi, Ma, Ns}] after 5000 -> [] end end,"
     " [lists:flatten(io_lib:format('kind ~p reductions=~b processes=~b max_heap_words=~b', [K, D, N, H]))"
     "  || {K, D, N, H} <- Top]"
     " ++ [begin {G0, W0, _} = maps:get(gc, S0), {G1, W1, _} = erlang:statistics(garbage_collection),"
-    " lists:flatten(io_lib:format('gc collections=~b reclaimed_words=~b', [G1 - G0, W1 - W0])) end]."
+    " lists:flatten(io_lib:format('gc collections=~b reclaimed_words=~b', [G1 - G0, W1 - W0])) end]"
+    " ++ [lists:flatten(io_lib:format('msacc ~p:~p us=~b',"
+    "   [Type, State, erlang:convert_time_unit(V, perf_counter, microsecond)]))"
+    "  || {{Type, State}, V} <- lists:sort(maps:to_list(States)), State =/= sleep, V > 0]"
+    " ++ [lists:flatten(io_lib:format('traced minor=~b major=~b ns=~b', [Mi, Ma, Ns])) || {Mi, Ma, Ns} <- Traced]."
 )
 _KIND = re.compile(r"kind \{(\w+),(\w+),(\d+)\} reductions=(-?\d+) processes=(\d+) max_heap_words=(\d+)")
 _GC = re.compile(r"gc collections=(\d+) reclaimed_words=(\d+)")
+_MSACC = re.compile(r"msacc (\w+):(\w+) us=(\d+)")
+_TRACED_KIND = re.compile(r"traced \{(\w+),(\w+),(\d+)\}")
+_TRACED = re.compile(r"traced minor=(\d+) major=(\d+) ns=(\d+)")
 
 
-def mark(rabbit: infra.RabbitNode) -> None:
-    rabbit.ctl("eval", _MARK, timeout=60)
+def mark(rabbit: infra.RabbitNode) -> str:
+    """Start measuring; returns the kind of process whose collections are traced."""
+    printed = rabbit.ctl("eval", _MARK, timeout=60)
+    found = _TRACED_KIND.search(printed)
+    return f"{found[1]}:{found[2]}/{found[3]}" if found else "?"
 
 
-def since(rabbit: infra.RabbitNode) -> list[dict[str, object]]:
-    """The eight kinds of process that did the most reductions since ``mark``, then the
-    node's garbage collections."""
+def since(rabbit: infra.RabbitNode, traced: str = "?") -> list[dict[str, object]]:
+    """The eight kinds of process that did the most reductions since ``mark``, the node's
+    garbage collections, the seconds per thread state, and the traced process's collections."""
     printed = rabbit.ctl("eval", _SINCE, timeout=60)
-    kinds: list[dict[str, object]] = [
+    rows: list[dict[str, object]] = [
         {
             "process": f"{m}:{f}/{a}",
             "reductions": int(r),
@@ -56,8 +102,17 @@ def since(rabbit: infra.RabbitNode) -> list[dict[str, object]]:
         }
         for m, f, a, r, n, h in _KIND.findall(printed)
     ]
-    kinds += [
+    rows += [
         {"process": "garbage collection (all)", "collections": int(g), "reclaimed_mib": round(int(w) * 8 / 2**20, 1)}
         for g, w in _GC.findall(printed)
     ]
-    return kinds
+    busy = sorted(
+        ((round(int(us) / 1e6, 3), f"{kind}:{state}") for kind, state, us in _MSACC.findall(printed)), reverse=True
+    )
+    if busy:
+        rows.append({"process": "thread states (s)", **{name: seconds for seconds, name in busy}})
+    rows += [
+        {"process": f"collections of {traced}", "minor": int(mi), "major": int(ma), "seconds": round(int(ns) / 1e9, 3)}
+        for mi, ma, ns in _TRACED.findall(printed)
+    ]
+    return rows

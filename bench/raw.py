@@ -63,6 +63,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
+from bench import profile
 from observer_service.session import prefetch_chunks
 from shared.batch_publish import Outgoing, publish_batch
 
@@ -93,6 +94,9 @@ class RawResult:
     # what the broker does when the client's per-message cost is out of the way.
     batched_publish_rate: float = 0.0
     batched_hold_rate: float = 0.0
+    # CPU seconds while the survivors took the killed consumer's share over: the broker, and
+    # the surviving consumers (a lower bound for the broker: see ``profile.cpu_delta``).
+    redelivery_cpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 # --- consumer process ------------------------------------------------------------------
@@ -296,8 +300,10 @@ async def _measure(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: 
     hold_s = await fleet.wait_held(n, "all messages held") - t0
     split = tuple(c.held for c in fleet.children)
     victim = max(fleet.children, key=lambda c: c.held)
+    cpu_before = _cpu_seconds(fleet, victim)
     t_kill = fleet.kill(victim)
     redelivery_s = max(0.0, await fleet.wait_held(n, "all messages held again after kill -9") - t_kill)
+    cpu = profile.cpu_delta(cpu_before, _cpu_seconds(fleet, victim))
     return RawResult(
         n=n,
         publish_s=publish_s,
@@ -307,7 +313,15 @@ async def _measure(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: 
         killed_held=victim.held,
         redelivery_s=redelivery_s,
         split=split,
+        redelivery_cpu_s={"rabbitmq": cpu.get("rabbitmq", 0.0), "consumers": cpu.get("bench (load + raw)", 0.0)},
     )
+
+
+def _cpu_seconds(fleet: _Fleet, victim: _Child) -> dict[tuple[str, int], float]:
+    """CPU seconds so far of the broker (every RabbitMQ on the machine: the bench runs one)
+    and of the consumers that survive the kill."""
+    survivors = {c.proc.pid for c in fleet.children if c is not victim}
+    return {key: s for key, s in profile.cpu_seconds().items() if key[0] == "rabbitmq" or key[1] in survivors}
 
 
 async def _delete_queue(url: str, queue_name: str) -> None:

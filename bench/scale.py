@@ -90,10 +90,12 @@ class Point:
     failover_cpu_s: dict[str, float] = field(default_factory=dict)  # per part, while it ran
     # The state consumer meanwhile: seconds busy per phase, batches, messages applied
     failover_state: dict[str, float] = field(default_factory=dict)
-    # The broker meanwhile: the kinds of process that did the most reductions (bench/broker_work.py)
+    # The broker meanwhile: the kinds of process that did the most reductions, its threads' busy
+    # seconds per state, the collections of its largest heap (bench/broker_work.py)
     failover_broker_work: list[dict[str, object]] = field(default_factory=list)
     raw_redelivery_count: int = 0
     raw_redelivery_s: float = 0.0
+    raw_redelivery_cpu_s: dict[str, float] = field(default_factory=dict)  # broker and surviving consumers
     stop_count: int = 0
     stop_s: float = 0.0
     false_deaths: dict[str, int] = field(default_factory=dict)
@@ -270,11 +272,11 @@ class ScalePoint:
 
             step = "steady"
             roots = self.product_pids()
-            broker_work.mark(self.rabbit)
+            traced = broker_work.mark(self.rabbit)
             counters, cpu_before = await self.service_counters(), profile.cpu_seconds(roots)
             await asyncio.sleep(STEADY_S)
             p.steady_cpu_s = profile.cpu_delta(cpu_before, profile.cpu_seconds(roots))
-            p.steady_broker_work = broker_work.since(self.rabbit)
+            p.steady_broker_work = broker_work.since(self.rabbit, traced)
             p.steady_cpu_pct_of_core = 100 * sum(p.steady_cpu_s.values()) / STEADY_S
             after = await self.service_counters()
             during = {name: after[name] - counters.get(name, 0.0) for name in after}
@@ -341,7 +343,7 @@ class ScalePoint:
         killed.service_ids.add(str(row["service_id"]))
         self.watch.killed_pids.add(victim.popen.pid)
         roots = self.product_pids()
-        broker_work.mark(self.rabbit)  # before the CPU is read: the mark's own cost stays out
+        traced = broker_work.mark(self.rabbit)  # before the CPU is read: the mark's own cost stays out
         cpu_before, state_before = profile.cpu_seconds(roots), await self.state_counters()
         with self._profiled("failover", [s for s in self.services if s is not victim]):
             began = time.monotonic()
@@ -349,7 +351,7 @@ class ScalePoint:
             await self._moved_from(row["service_id"])
             self.point.failover_count, self.point.failover_s = int(row["n"]), time.monotonic() - began
         self.point.failover_cpu_s = profile.cpu_delta(cpu_before, profile.cpu_seconds(roots))
-        self.point.failover_broker_work = broker_work.since(self.rabbit)
+        self.point.failover_broker_work = broker_work.since(self.rabbit, traced)
         state_after = await self.state_counters()
         self.point.failover_state = {k: round(v - state_before.get(k, 0.0), 2) for k, v in state_after.items()}
 
@@ -397,6 +399,7 @@ def measure(
         try:
             raw = asyncio.run(arun_raw(rabbit.url_for(f"{tag}_raw"), point.size, 3, batched=False))
             point.raw_redelivery_count, point.raw_redelivery_s = raw.killed_held, raw.redelivery_s
+            point.raw_redelivery_cpu_s = raw.redelivery_cpu_s
         except Exception as e:  # noqa: BLE001 - recorded, as for the product
             point.stopped_at = f"raw: {type(e).__name__}: {e}"
         finally:
