@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 
+from bench.idle_floor import busy_seconds
 from tools import infra
 
 _KEY = "bench_reductions"
@@ -70,14 +71,12 @@ _SINCE = (
     "  || {K, D, N, H} <- Top]"
     " ++ [begin {G0, W0, _} = maps:get(gc, S0), {G1, W1, _} = erlang:statistics(garbage_collection),"
     " lists:flatten(io_lib:format('gc collections=~b reclaimed_words=~b', [G1 - G0, W1 - W0])) end]"
-    " ++ [lists:flatten(io_lib:format('msacc ~p:~p us=~b',"
-    "   [Type, State, erlang:convert_time_unit(V, perf_counter, microsecond)]))"
-    "  || {{Type, State}, V} <- lists:sort(maps:to_list(States)), State =/= sleep, V > 0]"
+    " ++ [lists:flatten(io_lib:format('msacc ~w',"
+    "   [maps:map(fun(_, V) -> erlang:convert_time_unit(V, perf_counter, microsecond) end, States)]))]"
     " ++ [lists:flatten(io_lib:format('traced minor=~b major=~b ns=~b', [Mi, Ma, Ns])) || {Mi, Ma, Ns} <- Traced]."
 )
 _KIND = re.compile(r"kind \{(\w+),(\w+),(\d+)\} reductions=(-?\d+) processes=(\d+) max_heap_words=(\d+)")
 _GC = re.compile(r"gc collections=(\d+) reclaimed_words=(\d+)")
-_MSACC = re.compile(r"msacc (\w+):(\w+) us=(\d+)")
 _TRACED_KIND = re.compile(r"traced \{(\w+),(\w+),(\d+)\}")
 _TRACED = re.compile(r"traced minor=(\d+) major=(\d+) ns=(\d+)")
 
@@ -92,7 +91,11 @@ def mark(rabbit: infra.RabbitNode) -> str:
 def since(rabbit: infra.RabbitNode, traced: str = "?") -> list[dict[str, object]]:
     """The eight kinds of process that did the most reductions since ``mark``, the node's
     garbage collections, the seconds per thread state, and the traced process's collections."""
-    printed = rabbit.ctl("eval", _SINCE, timeout=60)
+    return parse(rabbit.ctl("eval", _SINCE, timeout=60), traced)
+
+
+def parse(printed: str, traced: str = "?") -> list[dict[str, object]]:
+    """The rows ``since`` returns, from what its eval printed."""
     rows: list[dict[str, object]] = [
         {
             "process": f"{m}:{f}/{a}",
@@ -106,11 +109,9 @@ def since(rabbit: infra.RabbitNode, traced: str = "?") -> list[dict[str, object]
         {"process": "garbage collection (all)", "collections": int(g), "reclaimed_mib": round(int(w) * 8 / 2**20, 1)}
         for g, w in _GC.findall(printed)
     ]
-    busy = sorted(
-        ((round(int(us) / 1e6, 3), f"{kind}:{state}") for kind, state, us in _MSACC.findall(printed)), reverse=True
-    )
+    busy = busy_seconds(printed)
     if busy:
-        rows.append({"process": "thread states (s)", **{name: seconds for seconds, name in busy}})
+        rows.append({"process": "thread states (s)", **busy})
     rows += [
         {"process": f"collections of {traced}", "minor": int(mi), "major": int(ma), "seconds": round(int(ns) / 1e9, 3)}
         for mi, ma, ns in _TRACED.findall(printed)

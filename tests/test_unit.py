@@ -14,7 +14,10 @@ import pytest
 from aiormq.exceptions import ChannelInvalidStateError
 from pydantic import ValidationError
 
+from bench import broker_work
 from bench.idle_floor import busy_seconds
+from bench.scale import SCALE_ENV
+from bench.scenarios import BENCH_ENV
 from manager.background import BackgroundLoops, StepSchedule
 from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
@@ -43,6 +46,7 @@ from shared.messages import (
     decode_state,
 )
 from shared.settings import ManagerSettings, ServiceSettings, amqp_url_with_heartbeat
+from tools.harness import FAST_ENV
 
 
 def test_messages_round_trip_by_type() -> None:
@@ -276,6 +280,36 @@ def test_idle_floor_sums_microstate_accounting_by_activity_without_sleep() -> No
         "dirty_cpu_scheduler gc": 0.92,
         "scheduler emulator": 0.08,
     }
+
+
+def test_broker_work_reads_reductions_collections_thread_states_and_the_traced_heap() -> None:
+    printed = """["kind {rabbit_channel,init,1} reductions=3563695 processes=382 max_heap_words=229376",
+ "kind {rabbit_prequeue,init,1} reductions=400593 processes=9 max_heap_words=137522381",
+ "gc collections=1550 reclaimed_words=17065984",
+ "msacc #{{scheduler,sleep} => 7381565,{dirty_cpu_scheduler,gc} => 33357000,{scheduler,emulator} => 45652000}",
+ "traced minor=15 major=7 ns=32708000000"]"""
+    assert broker_work.parse(printed, "rabbit_prequeue:init/1") == [
+        {"process": "rabbit_channel:init/1", "reductions": 3563695, "processes": 382, "max_heap_mib": 1.8},
+        {"process": "rabbit_prequeue:init/1", "reductions": 400593, "processes": 9, "max_heap_mib": 1049.2},
+        {"process": "garbage collection (all)", "collections": 1550, "reclaimed_mib": 130.2},
+        {"process": "thread states (s)", "scheduler emulator": 45.65, "dirty_cpu_scheduler gc": 33.36},
+        {"process": "collections of rabbit_prequeue:init/1", "minor": 15, "major": 7, "seconds": 32.708},
+    ]
+
+
+def test_the_cost_curve_runs_the_product_at_its_default_settings() -> None:
+    """``make bench-scale`` measures the system as a user runs it: none of the test harness's
+    fast clocks nor ``make bench``'s timings may reach it, only warnings-only logging."""
+    for name in FAST_ENV.keys() | BENCH_ENV.keys():
+        if name == "ORCH_LOG_LEVEL":
+            continue
+        setting = name.removeprefix("ORCH_").lower()
+        models = [model for model in (ServiceSettings, ManagerSettings) if setting in model.model_fields]
+        assert models, f"{name} is not a setting"
+        default = models[0].model_fields[setting].default
+        assert float(SCALE_ENV[name]) == float(default), name
+    assert SCALE_ENV["ORCH_HEARTBEAT_S"] == "5.0" and SCALE_ENV["ORCH_SWEEP_INTERVAL_S"] == "1.0"
+    assert SCALE_ENV["ORCH_LOG_LEVEL"] == "WARNING"
 
 
 def test_outgoing_merges_stops_per_target_and_isolations_per_host_and_asks_once() -> None:
