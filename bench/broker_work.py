@@ -6,7 +6,9 @@
 * the VM's microstate accounting: seconds its threads spent per state (``scheduler:emulator``,
   ``scheduler:gc``, ``dirty_cpu_scheduler:gc``, ``poll:check_io``, ...; sleep left out).
   Reductions count function calls, not time: the idle minute at 1,000,000 listed about four
-  million of them, a fraction of a CPU second, while the broker used 1.3 to 1.6;
+  million of them while the broker used 1.3 to 1.6 CPU s, and what one costs varies too much
+  to turn one figure into the other. The states are thread time, not CPU: on busy cores they
+  include time the OS gave to other processes;
 * the collections of the process with the largest heap (the start queue's, a gigabyte at
   1,000,000), traced: minor and major collections and the seconds they took. A major
   collection (or a hibernation, which compacts the heap) of a gigabyte is a cost the node's
