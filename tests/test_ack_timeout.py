@@ -7,6 +7,7 @@ to show the failure the config prevents and that the service names the setting).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import re
@@ -46,6 +47,19 @@ def test_the_project_broker_wakes_its_channels_every_ten_minutes(rabbit: infra.R
     tick = rabbit.ctl("eval", "application:get_env(rabbit, channel_tick_interval).").strip()
     assert tick == "{ok,600000}", restart
     assert rabbit.ctl("eval", "application:get_env(rabbit, consumer_timeout).").strip() == "{ok,undefined}"
+
+
+def test_reusing_a_broker_started_with_other_settings_says_how_to_apply_them(
+    rabbit: infra.RabbitNode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A checkout pulled under a running broker: `up` reuses the node (something may be using
+    # it) and names the command that applies the new settings instead of staying silent.
+    dataclasses.replace(rabbit, product_settings=False).start()
+    said = capsys.readouterr().err
+    assert "started with other settings" in said and "python -m tools.infra down" in said
+    assert rabbit.is_running()
+    rabbit.start()
+    assert "other settings" not in capsys.readouterr().err
 
 
 def broker(tmp_path: Path, name: str, lift: bool) -> infra.RabbitNode:

@@ -141,6 +141,15 @@ class RabbitNode:
         )
         return env
 
+    def _advanced_config(self) -> str:
+        if not self.product_settings:
+            return "%% Written by tools/infra/rabbitmq.py (plain broker settings).\n[].\n"
+        return (
+            "%% Written by tools/infra/rabbitmq.py: the orchestrator's broker settings\n"
+            "%% (deploy/rabbitmq/advanced.config says why).\n"
+            f"[{{rabbit, [\n    {PRODUCT_RABBIT_ENV}\n]}}].\n"
+        )
+
     def _write_files(self) -> None:
         for value, what in ((self.user, "user"), (self.password, "password")):
             if not _CONF_VALUE.fullmatch(value):
@@ -160,14 +169,7 @@ class RabbitNode:
         if self.extra_conf.strip():
             conf += ["", "# extra_conf", self.extra_conf.strip()]
         write_private(self.config_file, "\n".join(conf) + "\n")
-        advanced = (
-            "%% Written by tools/infra/rabbitmq.py: the orchestrator's broker settings\n"
-            "%% (deploy/rabbitmq/advanced.config says why).\n"
-            f"[{{rabbit, [\n    {PRODUCT_RABBIT_ENV}\n]}}].\n"
-            if self.product_settings
-            else "%% Written by tools/infra/rabbitmq.py (plain broker settings).\n[].\n"
-        )
-        write_private(self.advanced_config_file, advanced)
+        write_private(self.advanced_config_file, self._advanced_config())
         write_private(self.plugins_file, "[].\n")
         write_private(self.base / "rabbitmq-env.conf", "# Intentionally empty (tools/infra/rabbitmq.py).\n")
         cookie = self.base / ".erlang.cookie"
@@ -252,6 +254,14 @@ class RabbitNode:
         """Start the node, or reuse it if it is already running. Blocks until it is ready."""
         if self.is_running():
             log(f"rabbitmq {self.node} already running on {LOOPBACK}:{self.port} (reused)")
+            with contextlib.suppress(OSError):
+                if self.advanced_config_file.read_text() != self._advanced_config():
+                    # A checkout updated under a running broker: say so, do not restart it
+                    # under whatever is using it.
+                    log(
+                        f"rabbitmq {self.node} was started with other settings than this checkout's "
+                        f"{self.advanced_config_file.name}: `python -m tools.infra down`, then `up`, applies them"
+                    )
             return
         if not RABBIT_SERVER.exists():
             raise InfraError(f"{RABBIT_SERVER} missing: run tools.infra.ensure_packages()")
