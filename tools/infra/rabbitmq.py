@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from tools.infra import conflicts
 from tools.infra.packages import RABBIT_SERVER, RABBITMQCTL
+from tools.infra.state import REPO
 from tools.infra.system import (
     LOOPBACK,
     InfraError,
@@ -37,13 +38,10 @@ from tools.infra.system import (
 
 # Distribution (node to node, rabbitmqctl) on loopback only, like AMQP.
 _ERL_LOOPBACK_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
-# The rabbit application's settings the orchestrator runs with: the same terms as
-# deploy/rabbitmq/advanced.config (a unit test compares them), which says why each is there.
-# consumer_timeout: observers hold their start unacked for the whole life of a job.
-# channel_tick_interval: RabbitMQ wakes every channel once a minute by default to check
-# consumer timeouts (lifted here); a channel holding 4,096 starts then re-hibernates and pays
-# ~10,000 reductions a minute for nothing. Ten minutes cuts the idle broker's largest cost.
-PRODUCT_RABBIT_ENV = "{consumer_timeout, undefined},\n    {channel_tick_interval, 600000}"
+# The orchestrator's broker settings (the consumer timeout lifted, channels woken every 10
+# minutes): the file compose ships, copied as it is, so what `make run`, the tests and the
+# benches run is what users get. The file says why each setting is there.
+SHIPPED_ADVANCED_CONFIG = REPO / "deploy" / "rabbitmq" / "advanced.config"
 # Characters allowed in user names and passwords written into rabbitmq.conf.
 _CONF_VALUE = re.compile(r"[A-Za-z0-9._~!$&*+,;=:@%^()\[\]{}|/?<>-]+")
 
@@ -144,11 +142,7 @@ class RabbitNode:
     def _advanced_config(self) -> str:
         if not self.product_settings:
             return "%% Written by tools/infra/rabbitmq.py (plain broker settings).\n[].\n"
-        return (
-            "%% Written by tools/infra/rabbitmq.py: the orchestrator's broker settings\n"
-            "%% (deploy/rabbitmq/advanced.config says why).\n"
-            f"[{{rabbit, [\n    {PRODUCT_RABBIT_ENV}\n]}}].\n"
-        )
+        return SHIPPED_ADVANCED_CONFIG.read_text()
 
     def _write_files(self) -> None:
         for value, what in ((self.user, "user"), (self.password, "password")):
