@@ -25,8 +25,8 @@ nothing while the measured step runs. The process running ``since``'s own fold i
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 
-from bench.idle_floor import busy_seconds
 from tools import infra
 
 _KEY = "bench_reductions"
@@ -81,6 +81,19 @@ _KIND = re.compile(r"kind \{(\w+),(\w+),(\d+)\} reductions=(-?\d+) processes=(\d
 _GC = re.compile(r"gc collections=(\d+) reclaimed_words=(\d+)")
 _TRACED_KIND = re.compile(r"traced \{(\w+),(\w+),(\d+)\}")
 _TRACED = re.compile(r"traced minor=(\d+) major=(\d+) ns=(\d+)")
+
+
+_COUNTER = re.compile(r"\{(\w+),(\w+)\}\s*=>\s*(\d+)")
+
+
+def busy_seconds(msacc_output: str) -> dict[str, float]:
+    """``{"<thread type> <activity>": seconds}`` from the printed msacc map, sleep left out,
+    the busiest first; entries under 10 ms are dropped."""
+    busy: dict[str, float] = defaultdict(float)
+    for thread, activity, micros in _COUNTER.findall(msacc_output):
+        if activity != "sleep":
+            busy[f"{thread} {activity}"] += int(micros) / 1e6
+    return {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
 
 def mark(rabbit: infra.RabbitNode) -> str:

@@ -31,7 +31,6 @@ import re
 import sys
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 import aio_pika
 
 from bench import profile
+from bench.broker_work import busy_seconds
 from bench.raw import _Fleet, _publish_batched, _start_message, default_amqp_url
 from tools.infra.stack import rabbit_node
 
@@ -63,7 +63,6 @@ _MSACC = (
 # The processes that did most work in the minute: what they are (initial call), how many
 # reductions, and their heap (a large one is what the dirty schedulers' collections copy).
 _TOP = re.compile(r"top \{(\w+),(\w+),(\d+)\} reductions=(\d+) heap_words=(\d+)")
-_COUNTER = re.compile(r"\{(\w+),(\w+)\}\s*=>\s*(\d+)")
 
 
 def busiest_processes(msacc_output: str) -> list[dict[str, object]]:
@@ -72,16 +71,6 @@ def busiest_processes(msacc_output: str) -> list[dict[str, object]]:
         {"process": f"{m}:{f}/{a}", "reductions": int(r), "heap_mib": round(int(h) * 8 / 2**20, 1)}
         for m, f, a, r, h in _TOP.findall(msacc_output)
     ]
-
-
-def busy_seconds(msacc_output: str) -> dict[str, float]:
-    """``{"<thread type> <activity>": seconds}`` from the printed msacc map, sleep left out,
-    the busiest first; entries under 10 ms are dropped."""
-    busy: dict[str, float] = defaultdict(float)
-    for thread, activity, micros in _COUNTER.findall(msacc_output):
-        if activity != "sleep":
-            busy[f"{thread} {activity}"] += int(micros) / 1e6
-    return {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
 
 async def _keep_awake(channel: aio_pika.abc.AbstractChannel, queue_name: str, every_s: float) -> None:

@@ -63,9 +63,10 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMessage
 
-from bench import profile
+from bench import broker_work, profile
 from observer_service.session import prefetch_chunks
 from shared.batch_publish import Outgoing, publish_batch
+from tools import infra
 
 __all__ = ["RawResult", "arun_raw", "default_amqp_url", "main", "run_raw"]
 
@@ -97,6 +98,9 @@ class RawResult:
     # CPU seconds while the survivors took the killed consumer's share over: the broker, and
     # the surviving consumers (a lower bound for the broker: see ``profile.cpu_delta``).
     redelivery_cpu_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    # With a node to ask (``arun_raw``'s ``rabbit``): where the broker's time went during the
+    # redelivery (``bench/broker_work.py``), to set beside the product's failover.
+    redelivery_broker_work: list[dict[str, object]] = dataclasses.field(default_factory=list)
 
 
 # --- consumer process ------------------------------------------------------------------
@@ -292,7 +296,9 @@ async def _measure_batched(channel: AbstractChannel, fleet: _Fleet, queue_name: 
     return n / publish_s, n / hold_s
 
 
-async def _measure(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: int) -> RawResult:
+async def _measure(
+    channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: int, rabbit: infra.RabbitNode | None
+) -> RawResult:
     messages = [_start_message(i) for i in range(n)]
     t0 = time.monotonic()
     await _publish_all(channel.default_exchange, queue_name, messages)
@@ -300,10 +306,12 @@ async def _measure(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: 
     hold_s = await fleet.wait_held(n, "all messages held") - t0
     split = tuple(c.held for c in fleet.children)
     victim = max(fleet.children, key=lambda c: c.held)
+    traced = broker_work.mark(rabbit) if rabbit is not None else ""  # before the CPU is read, as bench.scale does
     cpu_before = _cpu_seconds(fleet, victim)
     t_kill = fleet.kill(victim)
     redelivery_s = max(0.0, await fleet.wait_held(n, "all messages held again after kill -9") - t_kill)
     cpu = profile.cpu_delta(cpu_before, _cpu_seconds(fleet, victim))
+    work = broker_work.since(rabbit, traced) if rabbit is not None else []
     return RawResult(
         n=n,
         publish_s=publish_s,
@@ -314,6 +322,7 @@ async def _measure(channel: AbstractChannel, fleet: _Fleet, queue_name: str, n: 
         redelivery_s=redelivery_s,
         split=split,
         redelivery_cpu_s={"rabbitmq": cpu.get("rabbitmq", 0.0), "consumers": cpu.get("bench (load + raw)", 0.0)},
+        redelivery_broker_work=work,
     )
 
 
@@ -346,9 +355,12 @@ def _check_size(n: int, consumers: int) -> None:
         raise ValueError("n must be at least 1")
 
 
-async def arun_raw(amqp_url: str, n: int, consumers: int = 3, *, batched: bool = True) -> RawResult:
+async def arun_raw(
+    amqp_url: str, n: int, consumers: int = 3, *, batched: bool = True, rabbit: infra.RabbitNode | None = None
+) -> RawResult:
     """The scenario (see the module docstring), for callers already inside an event loop;
-    without ``batched``, the second pass (the manager's batch publisher) is skipped."""
+    without ``batched``, the second pass (the manager's batch publisher) is skipped; with
+    ``rabbit`` (the node behind ``amqp_url``), the redelivery's broker work is recorded."""
     _check_size(n, consumers)
     queue_name = f"bench.raw.{uuid.uuid4()}"
     batched_queue = f"{queue_name}.batched"
@@ -358,7 +370,7 @@ async def arun_raw(amqp_url: str, n: int, consumers: int = 3, *, batched: bool =
         try:
             await channel.declare_queue(queue_name, durable=True, arguments={"x-queue-type": "classic"})
             async with _fleet(amqp_url, queue_name, n, consumers) as fleet:
-                result = await _measure(channel, fleet, queue_name, n)
+                result = await _measure(channel, fleet, queue_name, n, rabbit)
             publish_rate = hold_rate = 0.0
             if batched:
                 await channel.declare_queue(batched_queue, durable=True, arguments={"x-queue-type": "classic"})

@@ -20,7 +20,7 @@ after a kill):
 7. false deaths over the whole point (``bench/deaths.py``; the killed service excluded);
 8. raw, once the product is gone, on an empty vhost: the broker alone (``bench/raw.py``, no
    product code on the path): N messages held by three consumers, one killed, the time until
-   its share is held again.
+   its share is held again, with the broker's work meanwhile recorded as in step 5.
 
 A point that does not complete is kept with the step it stopped at and what ran out: the
 machine's available memory at its lowest, a process that died (and its exit code), or the
@@ -117,6 +117,7 @@ class Point:
     raw_redelivery_count: int = 0
     raw_redelivery_s: float = 0.0
     raw_redelivery_cpu_s: dict[str, float] = field(default_factory=dict)  # broker and surviving consumers
+    raw_redelivery_broker_work: list[dict[str, object]] = field(default_factory=list)  # as failover_broker_work
     stop_count: int = 0
     stop_s: float = 0.0
     false_deaths: dict[str, int] = field(default_factory=dict)
@@ -419,9 +420,10 @@ def measure(
         # figures (memory above all), nor the product's on its.
         rabbit.add_vhost(f"{tag}_raw")
         try:
-            raw = asyncio.run(arun_raw(rabbit.url_for(f"{tag}_raw"), point.size, 3, batched=False))
+            raw = asyncio.run(arun_raw(rabbit.url_for(f"{tag}_raw"), point.size, 3, batched=False, rabbit=rabbit))
             point.raw_redelivery_count, point.raw_redelivery_s = raw.killed_held, raw.redelivery_s
             point.raw_redelivery_cpu_s = raw.redelivery_cpu_s
+            point.raw_redelivery_broker_work = raw.redelivery_broker_work
         except Exception as e:  # noqa: BLE001 - recorded, as for the product
             point.stopped_at = f"raw: {type(e).__name__}: {e}"
         finally:

@@ -15,7 +15,7 @@ from aiormq.exceptions import ChannelInvalidStateError
 from pydantic import ValidationError
 
 from bench import broker_work
-from bench.idle_floor import busy_seconds
+from bench.broker_work import busy_seconds
 from bench.scale import SCALE_ENV
 from bench.scenarios import BENCH_ENV
 from manager.background import BackgroundLoops, StepSchedule
