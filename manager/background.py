@@ -105,7 +105,7 @@ class BackgroundLoops:
         self.backlog_drained = False
         self._marker_checked = 0  # broker.connects when the rebuild marker was last checked
         self.lost_starts = LostStarts(sessions, broker, settings.lost_start_after_s)
-        self.liveness = Liveness(settings, sessions, broker, rules.probation, self._isolate)
+        self.liveness = Liveness(settings, sessions, broker, rules.probation, self._isolate, rules.moved_from_at)
         self._next_prune = 0.0  # monotonic time of the next history pruning
 
     def _periods(self) -> dict[str, float]:

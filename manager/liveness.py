@@ -13,6 +13,15 @@ recorded (``probation.host_died``). No answer from the broker is no evidence: no
 judged until it answers. Judging waits, as before, until the state backlog is drained: a
 ``ServiceStopped`` still in the queue must not be taken for a death.
 
+A death is not recorded while the dead host's share is still moving: recording it writes a
+``host_lost`` event for each of its observers (a third of a million at 1,000,000), and done
+in the middle of the takeover it took CPU the takeover needed (``make bench-scale``: the
+failover ratios to raw were highest in the runs where the step fell inside it;
+``docs/cost-curve.md``). The broker has already given the share away, so nothing waits for
+the record. It waits while the state rules applied a takeover from that host within the
+last judging period (``StateRules.moved_from_at``), for at most ``MOVING_GRACE`` silences,
+and the log says so once.
+
 The host-death step is one transaction that takes observer rows first, in id order, then
 the service row (the state consumer's order), and is run again when it loses a deadlock:
 before, it marked the service lost in one transaction and recorded the death in a second;
@@ -22,6 +31,7 @@ when the second lost a deadlock the death was never recorded (the service was al
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -40,6 +50,8 @@ from shared.settings import ManagerSettings
 logger = logging.getLogger(__name__)
 
 Isolate = Callable[[dict[uuid.UUID, uuid.UUID]], Awaitable[None]]
+# How many silences a death may wait for its host's share to finish moving.
+MOVING_GRACE = 20
 
 
 class _SpokeMeanwhile(Exception):
@@ -54,13 +66,18 @@ class Liveness:
         broker: BrokerLink,
         probation: ProbationPolicy,
         isolate: Isolate,
+        moved_from_at: dict[uuid.UUID, float],
     ) -> None:
         self.silence = timedelta(seconds=settings.silence_s)
+        self.period_s = settings.silence_s / 4  # how often the background loop judges
+        self.moving_grace = self.silence * MOVING_GRACE
+        self.moved_from_at = moved_from_at  # written by the state rules
         self.sessions = sessions
         self.broker = broker
         self.probation = probation
         self.isolate = isolate
         self._late: set[uuid.UUID] = set()  # late but connected, already said so
+        self._moving: set[uuid.UUID] = set()  # disconnected, share still moving, already said so
 
     async def judge(self) -> None:
         """One pass: ask the broker about every alive service whose heartbeats are late."""
@@ -73,10 +90,13 @@ class Liveness:
                     )
                 )
             ).all()
+        self._forget_old_moves()
         if not late:
             self._late.clear()
+            self._moving.clear()
             return
         connected = await self.broker.services_connected(service_id for service_id, _, _ in late)
+        moving: set[uuid.UUID] = set()
         for service_id, name, last_heard in late:
             if connected[service_id]:
                 if service_id not in self._late:
@@ -84,6 +104,16 @@ class Liveness:
                     logger.warning(
                         "service %s has not been heard of for %.0fs, but the broker says its connection lives "
                         "(busy or overloaded, or its reports wait in the state queue): not lost",
+                        name,
+                        (datetime.now(UTC) - last_heard).total_seconds(),
+                    )
+                continue
+            if self._share_moving(service_id, last_heard):
+                moving.add(service_id)
+                if service_id not in self._moving:
+                    logger.warning(
+                        "service %s has not been heard of for %.0fs and its broker connection is gone; other "
+                        "services are still taking its observers over: its death is recorded once they are done",
                         name,
                         (datetime.now(UTC) - last_heard).total_seconds(),
                     )
@@ -97,6 +127,24 @@ class Liveness:
                     last_heard,
                 )
         self._late = {service_id for service_id, _, _ in late if connected[service_id]}
+        self._moving = moving
+
+    def _share_moving(self, service_id: uuid.UUID, last_heard: datetime) -> bool:
+        """A takeover from this host was applied within the last judging period, and it fell
+        silent less than ``moving_grace`` ago."""
+        moved_at = self.moved_from_at.get(service_id)
+        return (
+            moved_at is not None
+            and time.monotonic() - moved_at < self.period_s
+            and datetime.now(UTC) - last_heard < self.moving_grace
+        )
+
+    def _forget_old_moves(self) -> None:
+        """Hosts whose observers moved away long ago (a live host's duplicates, a death
+        recorded by a restart under its name) are of no more use here."""
+        cutoff = time.monotonic() - self.moving_grace.total_seconds()
+        for service_id in [s for s, at in self.moved_from_at.items() if at < cutoff]:
+            del self.moved_from_at[service_id]
 
     async def declare_lost(self, service_id: uuid.UUID, last_heard: datetime) -> bool:
         """Record the death of a service silent since ``last_heard``; False if it spoke since."""
@@ -116,5 +164,6 @@ class Liveness:
             isolate = await retry_lost_races(transaction, f"the host death of {service_id}")
         except _SpokeMeanwhile:
             return False
+        self.moved_from_at.pop(service_id, None)
         await self.isolate(isolate)
         return True

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 import zlib
+from datetime import datetime
 from pathlib import Path
 
 import aio_pika
@@ -258,6 +259,43 @@ def test_the_host_death_step_does_not_wait_for_the_rows_the_consumer_changes(sys
     # longer locks a dead host's observers, so the starts of the hosts taking them over never
     # wait behind it
     asyncio.run(_hold_rows_while(system, ids, death_recorded))
+
+
+def test_a_death_is_recorded_once_its_share_has_moved(system: System) -> None:
+    # Given svc-a running 30 observers and svc-b full with 30 blockers, and a manager that
+    # asks about a service after 8 silent seconds (it judges every 2 s)
+    manager = system.start_manager(ORCH_LOST_AFTER_HEARTBEATS="8")
+    svc_a = system.start_service("svc-a", workers=30, ORCH_INVENTORY_S="3600")
+    moving = [system.create(f"moving-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(30)]
+    for oid in moving:
+        system.wait_status(oid, "Processing")
+    system.start_service("svc-b", workers=30, ORCH_INVENTORY_S="3600")
+    blockers = [system.create(f"blocker-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(30)]
+    for oid in blockers:
+        assert system.wait_status(oid, "Processing")["service_name"] == "svc-b"
+
+    # When svc-a dies and its share can only move as the blockers stop, one every 0.4 s: a
+    # takeover that outlasts the silence, as a third of a million observers' does at 1,000,000
+    svc_a.kill9()
+    for oid in blockers:
+        time.sleep(0.4)
+        assert system.delete(f"/api/observers/{oid}").status_code == 202
+
+    def all_on_b() -> bool:
+        observers = [system.observer(oid) for oid in moving]
+        return all(o["status"] == "Processing" and o["service_name"] == "svc-b" for o in observers)
+
+    wait_for(all_on_b, 60, "svc-a's share Processing on svc-b")
+    wait_for(lambda: system.service_by_name("svc-a", status="lost"), 60, "svc-a lost")
+
+    # Then its death was recorded after the last of its observers had moved, not beside the
+    # takeover, and the manager said why it waited
+    history = [e for oid in moving for e in system.get(f"/api/observers/{oid}/events").json()]
+    last_move = max(datetime.fromisoformat(e["at"]) for e in history if e["event"] == "moved")
+    deaths = [datetime.fromisoformat(e["at"]) for e in history if e["event"] == "host_lost"]
+    assert len(deaths) == len(moving)
+    assert min(deaths) > last_move
+    assert "still taking its observers over" in manager.text()
 
 
 class EventFlood:

@@ -84,6 +84,9 @@ class StateRules:
     def __init__(self, probation: ProbationPolicy) -> None:
         self.probation = probation
         self.suspicions = Suspicions()
+        # When a takeover from each host was last applied (monotonic seconds): while a dead
+        # host's share is still moving, its death waits (``manager/liveness.py``).
+        self.moved_from_at: dict[uuid.UUID, float] = {}
         # The rows of the transaction being applied (set by ``preload``).
         self._rows: tuple[ObserverRows, ServiceRows] | None = None
 
@@ -219,6 +222,7 @@ class StateRules:
                 return
         if host is not None and host != m.service_id:
             self._rows_of(session).event(obs.id, EventType.MOVED, now, service_id=m.service_id, from_service_id=host)
+            self.moved_from_at[host] = time.monotonic()
         else:
             self._rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
         obs.status = S.PROCESSING
