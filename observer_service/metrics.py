@@ -28,6 +28,11 @@ LEASE_ROUND_TRIP = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+STARTS_AWAITING_LEASE = Counter(
+    "orch_service_starts_awaiting_lease",
+    "Times starting deliveries paused until the fencing lease was renewed (it had lapsed)",
+    registry=REGISTRY,
+)
 STARTS_HELD_BACK = Counter(
     "orch_service_starts_held_back",
     "Times starting deliveries paused because ORCH_OUTBOX_HIGH_WATER reports awaited publishing",

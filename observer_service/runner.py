@@ -100,8 +100,14 @@ class Runner:
                     metrics.STARTS_HELD_BACK.inc()
                     await self.outbox.room()
                     continue
+                if not _may_act(self._inbox[0][4]):
+                    metrics.STARTS_AWAITING_LEASE.inc()
+                    await _until_lease(self._inbox[0][4])
+                    continue
                 with self.gc.burst():
                     while self._inbox and self.accepting and self.outbox.has_room():
+                        if not _may_act(self._inbox[0][4]):
+                            break
                         body, holder, tag, redelivered, session = self._inbox.popleft()
                         if session.closed.is_set():
                             continue  # the broker has requeued it with the session
@@ -421,3 +427,27 @@ class Runner:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _may_act(session: Session) -> bool:
+    """Whether a start from ``session`` may begin now: its lease is valid, or the session is
+    gone (its starts are skipped, not waited for)."""
+    return session.lease.is_valid() or session.closed.is_set()
+
+
+async def _until_lease(session: Session) -> None:
+    """Until ``session``'s lease is valid again or the session is gone.
+
+    Starting while the lease is lapsed would only park each new observer on it: its first
+    ``ensure_lease`` raises, and it waits for the renewal with a shielded future of its own,
+    to start over when the lease is back. A failover on a saturated machine lapses the lease
+    (the holding thread's round trips wait for the GIL and for a busy broker), and every
+    delivery started meanwhile paid that twice, plus the exception's cycle for the
+    collector. So the whole backlog waits here, once, and starts when the lease is back."""
+    lease = session.lease
+    while not _may_act(session):
+        if lease.renewed_at is None:
+            # Revoked: this session is ending (``Session.fail`` sets ``closed`` next, on this loop).
+            await session.closed.wait()
+        else:
+            await lease.changed()

@@ -10,6 +10,7 @@ import random
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -36,6 +37,7 @@ from shared.messages import (
     RetryPolicy,
     ServiceHeartbeat,
     ServiceInventory,
+    StartObserver,
     digest_of,
 )
 from shared.observer_api import ObserverKind
@@ -422,6 +424,67 @@ async def test_observers_paused_by_a_lapsed_lease_wait_on_it_without_a_timer_eac
     lease.revoke()
     results = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
     assert all(isinstance(r, LeaseLost) for r in results)
+
+
+async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> None:
+    """Deliveries that arrive while the lease is lapsed are not started until it is renewed:
+    started, each observer only parked itself on the lease (an exception, a shielded waiter
+    and a restart each), which made a failover on a saturated machine cost twice as much per
+    start on the service's loop as the same failover on a quiet one. Once the lease is back
+    they all start; the starts of a session that dies meanwhile are skipped."""
+    lease = Lease(heartbeat_s=0.2)
+    lease.renew(time.monotonic() - 1)  # lapsed
+    session = _FakeSession(lease)
+    outbox = Outbox()
+    runner = Runner(ServiceSettings(), uuid.uuid4(), outbox, {"idle": discover_kinds()["idle"]})
+
+    def deliver(count: int, to: _FakeSession) -> None:
+        for tag in range(count):
+            body = StartObserver(observer_id=uuid.uuid4(), name=f"o{tag}", kind="idle").model_dump_json()
+            runner.on_start(body.encode(), None, tag, False, to)  # type: ignore[arg-type]
+
+    deliver(50, session)
+    await asyncio.sleep(0.3)
+    assert len(runner.running) == 0 and len(outbox) == 0, "started (and reported) while the lease was lapsed"
+
+    lease.renew(time.monotonic())
+    await _until(lambda: len(runner.running) == 50)
+    await asyncio.sleep(0.05)
+    assert lease._change is None, "a started observer is parked on the lease"
+    assert len(outbox) == 50
+
+    lapsed = Lease(heartbeat_s=0.2)  # the next session's lease: lapsed again
+    lapsed.renew(time.monotonic() - 1)
+    gone = _FakeSession(lapsed)
+    deliver(20, gone)
+    await asyncio.sleep(0.05)
+    assert runner._draining  # waiting for the lease
+    gone.closed.set()  # the session dies (Session.fail revokes the lease too)
+    lapsed.revoke()
+    await _until(lambda: not runner._draining)
+    assert len(runner.running) == 50, "a start of a dead session was started"
+    session.closed.set()  # the end of the first session ends its observers quietly
+    for running in list(runner.running.values()):
+        assert running.task is not None
+        running.task.cancel()
+    await asyncio.sleep(0.05)
+
+
+class _FakeSession:
+    """What the runner reads of a session: whether it is gone, its lease, its id (hashable:
+    the held observers are counted per session)."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.closed = asyncio.Event()
+        self.lease = lease
+        self.id = uuid.uuid4()
+
+
+async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 async def test_emit_slots_serve_waiters_in_order_and_skip_the_cancelled() -> None:
