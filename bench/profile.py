@@ -136,7 +136,6 @@ def cpu_seconds(roots: set[int] | None = None) -> dict[tuple[str, int], float]:
     """CPU seconds (user + system) used so far by each live process of each part; with
     ``roots``, only those processes and their children (another checkout's servers and
     tests on the same machine are left out)."""
-    ticks = os.sysconf("SC_CLK_TCK")
     used: dict[tuple[str, int], float] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -152,8 +151,14 @@ def cpu_seconds(roots: set[int] | None = None) -> dict[tuple[str, int], float]:
         fields = stat.rpartition(")")[2].split()
         if roots is not None and int(proc.name) not in roots and int(fields[1]) not in roots:
             continue
-        used[(group, int(proc.name))] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        used[(group, int(proc.name))] = stat_cpu_seconds(fields)
     return used
+
+
+def stat_cpu_seconds(fields: list[str]) -> float:
+    """User + system CPU seconds from the fields of a ``/proc/<pid>/stat`` (or a thread's
+    ``/proc/<pid>/task/<tid>/stat``) after the command's closing parenthesis."""
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def broker_cpu() -> float:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -58,14 +57,13 @@ class Takeover:
 
 def thread_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds of the process's main thread and of all its other threads."""
-    ticks = os.sysconf("SC_CLK_TCK")
     main = other = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             fields = (task / "stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue  # ended meanwhile
-        seconds = (int(fields[11]) + int(fields[12])) / ticks
+        seconds = profile.stat_cpu_seconds(fields)
         if int(task.name) == pid:
             main += seconds
         else:
