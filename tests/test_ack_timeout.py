@@ -1,9 +1,13 @@
 """The broker's consumer_timeout must never restart an observer (issue #2 test 13), and the
 broker settings that ensure it are the same wherever the project runs a broker.
 
-Two extra brokers, both with ``consumer_timeout = 60000``: one with the project's
+Two extra brokers, both with ``consumer_timeout = 5000``: one with the project's
 advanced.config (the timeout lifted), one without it (the RabbitMQ default behaviour,
-to show the failure the config prevents and that the service names the setting)."""
+to show the failure the config prevents and that the service names the setting). A channel
+checks its consumer timeout only on its tick, and the shipped config makes that tick ten
+minutes: both brokers get a one-second tick at runtime (as RabbitMQ's own consumer-timeout
+suite does), or the lifted broker could not time a delivery out within the test even
+without the lift."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import functools
 import itertools
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +27,8 @@ from tools import infra
 from tools.harness import Proc, System, free_port, probe_args, read_ticks, wait_for
 from tools.infra.rabbitmq import SHIPPED_ADVANCED_CONFIG
 
-HOLD_S = 150
+HOLD_S = 30  # six consumer timeouts, thirty channel ticks
+TIMEOUT_MS = 5000
 
 
 def test_the_project_broker_runs_the_advanced_config_compose_ships(rabbit: infra.RabbitNode) -> None:
@@ -61,10 +67,15 @@ def broker(tmp_path: Path, name: str, lift: bool) -> infra.RabbitNode:
         dist_port=free_port(),
         user="orch",
         password="test-password",
-        extra_conf="consumer_timeout = 60000",
+        extra_conf=f"consumer_timeout = {TIMEOUT_MS}",
         product_settings=lift,
     )
     node.start()
+    # Read by every channel when it opens: set before the service connects.
+    node.ctl("eval", "application:set_env(rabbit, channel_tick_interval, 1000).")
+    assert node.ctl("eval", "application:get_env(rabbit, channel_tick_interval).").strip() == "{ok,1000}"
+    timeout = node.ctl("eval", "application:get_env(rabbit, consumer_timeout).").strip()
+    assert timeout == ("{ok,undefined}" if lift else f"{{ok,{TIMEOUT_MS}}}")
     return node
 
 
@@ -74,8 +85,8 @@ def has_text(proc: Proc, text: str) -> bool:
 
 @pytest.mark.slow
 def test_observer_outlives_the_consumer_timeout(tmp_path: Path, plugin_path: Path) -> None:
-    lifted = broker(tmp_path, "acklifted", lift=True)
-    plain = broker(tmp_path, "ackplain", lift=False)
+    with ThreadPoolExecutor(2) as pool:  # each boot mostly waits: start both at once
+        lifted, plain = pool.map(functools.partial(broker, tmp_path), ("acklifted", "ackplain"), (True, False))
     systems = {
         "lifted": System(amqp_url=lifted.url, database_url="unused", workdir=tmp_path),
         "plain": System(amqp_url=plain.url, database_url="unused", workdir=tmp_path),
