@@ -28,6 +28,7 @@ from observer_service.runner import Runner
 from observer_service.session import Session
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
+from shared.backoff import backoff_delay
 from shared.errors import BrokerUnavailable
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
@@ -50,8 +51,16 @@ from shared.settings import ServiceSettings, hostname
 
 logger = logging.getLogger(__name__)
 
+# Retrying costs the broker one refused connection or one short handshake, while every
+# second of backoff past the broker's return is a second the whole fleet runs nothing: hence
+# a low cap, and jitter so that a fleet cut at one instant does not retry in lockstep.
 _RECONNECT_MIN_S = 0.5
-_RECONNECT_MAX_S = 5.0
+_RECONNECT_MAX_S = 2.0
+
+
+def reconnect_delay(failures: int) -> float:
+    """Seconds to wait after ``failures`` failed attempts in a row to open a session."""
+    return backoff_delay(failures, _RECONNECT_MIN_S, _RECONNECT_MAX_S)
 
 
 class ObserverService:
@@ -113,17 +122,18 @@ class ObserverService:
                 task.cancel()
 
     async def _session_loop(self) -> None:
-        delay = _RECONNECT_MIN_S
+        failures = 0
         while not self.shutdown.is_set():
             session = Session(self.settings, self.service_id, self.lease)
             try:
                 await session.open(functools.partial(self._on_start, session=session), self._on_control, self.outbox)
             except BrokerUnavailable as e:
+                failures += 1
+                delay = reconnect_delay(failures)
                 logger.warning("%s; retrying in %.1fs", e, delay)
                 await _wait_any(self.shutdown, timeout=delay)
-                delay = min(delay * 2, _RECONNECT_MAX_S)
                 continue
-            delay = _RECONNECT_MIN_S
+            failures = 0
             self.session = session
             self._send_inventory()
             await _wait_any(self.shutdown, session.closed)

@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ValidationError
 
 from shared import egress, topology
+from shared.backoff import backoff_delay
 from shared.errors import EgressDenied, LeaseLost
 from shared.kinds import BUILTIN_KINDS, http_poll, periodic, websocket
 from shared.messages import RetryPolicy, StartObserver
@@ -131,8 +132,11 @@ def test_good_args_survive_the_managers_json_round_trip(kind: str, args: dict[st
 
 
 def test_backoff_doubles_up_to_the_cap_with_equal_jitter() -> None:
-    assert [websocket.backoff_delay(n, 0.5, 3.0, 1.0) for n in (1, 2, 3, 4, 50, 10_000)] == [0.5, 1, 2, 3, 3, 3]
-    assert websocket.backoff_delay(3, 0.5, 3.0, 0.0) == 1.0  # half of the base at the lowest
+    assert [backoff_delay(n, 0.5, 3.0, 1.0) for n in (1, 2, 3, 4, 50, 10_000)] == [0.5, 1, 2, 3, 3, 3]
+    assert backoff_delay(3, 0.5, 3.0, 0.0) == 1.0  # half of the base at the lowest
+    # Unspread, a fleet cut at one instant retries in lockstep: the delays must differ.
+    random_delays = {backoff_delay(50, 0.5, 2.0) for _ in range(20)}
+    assert len(random_delays) > 1 and all(1.0 <= d <= 2.0 for d in random_delays)
 
 
 def test_next_slot_skips_missed_slots() -> None:

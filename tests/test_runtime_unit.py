@@ -27,6 +27,7 @@ from observer_service.lease import Lease
 from observer_service.observer import Context, Running, _lease_back, supervise
 from observer_service.outbox import Outbox, StartedReport
 from observer_service.runner import Runner
+from observer_service.service import reconnect_delay
 from observer_service.watchdog import LoopWatchdog
 from shared.errors import LeaseLost
 from shared.kinds import BUILTIN_KINDS, LoadedKind, discover_kinds, load_ref
@@ -51,6 +52,16 @@ def test_retry_delays_grow_by_the_factor_up_to_the_cap_with_bounded_jitter() -> 
     assert policy.delay_s(10_000, 0) == 10  # no overflow
     assert [policy.gives_up(n) for n in (3, 4)] == [False, True]
     assert not RetryPolicy(max_attempts=None).gives_up(10**9)
+
+
+def test_a_service_retries_its_broker_session_jittered_and_within_two_seconds() -> None:
+    """Every second of backoff past the broker's return is a second the service runs nothing,
+    and a fleet cut at one instant must not retry in lockstep."""
+    first = [reconnect_delay(1) for _ in range(50)]
+    later = [reconnect_delay(n) for n in range(2, 200) for _ in range(5)]
+    assert all(0.25 <= d <= 0.5 for d in first)
+    assert all(d <= 2.0 for d in later) and max(later) > 1.0
+    assert len({round(d, 6) for d in first}) > 1
 
 
 def test_auto_capacity_takes_the_scarcer_of_cpu_and_memory() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import random
 import socket
 import ssl
 from typing import Any, Self
@@ -29,6 +28,7 @@ from pydantic import AnyWebsocketUrl, BaseModel, ConfigDict, Field, model_valida
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus, WebSocketException
 
+from shared.backoff import backoff_delay
 from shared.egress import EgressPolicy, connect_socket, current_policy
 from shared.observer_api import ObserverContext, ObserverKind
 
@@ -66,14 +66,6 @@ class WebSocketArgs(BaseModel):
         if self.max_backoff_s < self.initial_backoff_s:
             raise ValueError("max_backoff_s must be >= initial_backoff_s")
         return self
-
-
-def backoff_delay(failures: int, initial: float, maximum: float, spread: float) -> float:
-    """Delay after ``failures`` (>= 1) failures in a row: ``initial * 2**(failures-1)`` capped
-    at ``maximum``, scaled by ``0.5 + spread / 2`` (``spread`` in [0, 1]): equal jitter, so a
-    fleet of watchers cut off together does not reconnect in lockstep."""
-    base = min(maximum, initial * 2.0 ** min(failures - 1, 64))
-    return base * (0.5 + spread / 2)
 
 
 def parse(raw: str | bytes) -> Any:
@@ -144,7 +136,7 @@ async def run(args: WebSocketArgs, ctx: ObserverContext) -> None:
         failures += 1
         if args.max_consecutive_failures is not None and failures >= args.max_consecutive_failures:
             raise WebSocketError(f"{failures} consecutive failed connections to {url}, last: {reason}")
-        delay = backoff_delay(failures, args.initial_backoff_s, args.max_backoff_s, random.random())
+        delay = backoff_delay(failures, args.initial_backoff_s, args.max_backoff_s)
         ctx.logger.warning("%s: %s (%d in a row); reconnecting in %.1fs", url, reason, failures, delay)
         await asyncio.sleep(delay)
 
