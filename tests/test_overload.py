@@ -261,6 +261,34 @@ def test_the_host_death_step_does_not_wait_for_the_rows_the_consumer_changes(sys
     asyncio.run(_hold_rows_while(system, ids, death_recorded))
 
 
+def test_the_broker_rebuild_does_not_wait_for_rows_another_writer_holds(
+    system: System, rabbit: infra.RabbitNode, vhost: str
+) -> None:
+    # Given 20 observers Processing on svc-a, the rows of the five lowest ids held locked by
+    # another transaction (as a batch of the state consumer holds the rows of its reports)
+    manager = system.start_manager()
+    system.start_service("svc-a", workers=20, ORCH_INVENTORY_S="3600")
+    ids = sorted(system.create(f"rb-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(20))
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+    held, free = ids[:5], ids[5:]
+
+    def rebuilt_around_them() -> None:
+        # When the broker loses its data
+        rabbit.delete_vhost(vhost)
+        rabbit.add_vhost(vhost)
+        # Then the rebuild releases every row nobody holds while those stay locked: it no
+        # longer waits for a held row while holding others, which deadlocked it with the
+        # consumer (whose batch holds rows of many reports, not in one id order)
+        wait_for(lambda: all("released" in event_names(system, oid) for oid in free), 60, "the free rows released")
+
+    asyncio.run(_hold_rows_while(system, held, rebuilt_around_them))
+    # And once that writer let go, every observer runs again
+    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in ids), 60, "all Processing again")
+    assert "start(s) again from the database" in manager.text()
+    assert "deadlock" not in manager.text()
+
+
 def test_a_death_is_recorded_once_its_share_has_moved(system: System) -> None:
     # Given svc-a running 30 observers and svc-b full with 30 blockers, and a manager that
     # asks about a service after 8 silent seconds (it judges every 2 s)
