@@ -48,15 +48,15 @@ _DETAIL = "the broker lost its data: released, its start published again"
 # many reports in one transaction, each locking its rows in id order, so the rows it holds are
 # not in one id order overall. Waiting for them while holding others deadlocked the two in
 # half the 10,000-observer broker-loss runs of `make bench`.
+# The release loop ends when no row matches: both statements must use this one predicate.
+_HOSTED = "status = 'Processing' OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL))"
 _RELEASE = text(
-    """
+    f"""
     WITH released AS (
         UPDATE observers AS o
         SET status = CASE WHEN o.status = 'Processing' THEN 'Created'::observer_status ELSE o.status END,
             service_id = NULL, host_session_id = NULL, modified_at = :now
-        FROM (SELECT id, service_id FROM observers
-              WHERE status = 'Processing'
-                 OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL))
+        FROM (SELECT id, service_id FROM observers WHERE {_HOSTED}
               ORDER BY id FOR NO KEY UPDATE SKIP LOCKED) AS old
         WHERE o.id = old.id
         RETURNING o.id, old.service_id AS host
@@ -65,10 +65,7 @@ _RELEASE = text(
     SELECT id, :now, :event, host, :detail FROM released
     """
 )
-_ANY_HOSTED = text(
-    "SELECT EXISTS (SELECT 1 FROM observers WHERE status = 'Processing' "
-    "OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL)))"
-)
+_ANY_HOSTED = text(f"SELECT EXISTS (SELECT 1 FROM observers WHERE {_HOSTED})")
 _RELEASE_WAIT_S = 30.0  # for rows others hold; past it the next pass rebuilds again
 _RELEASE_POLL_S = 0.05
 
