@@ -29,7 +29,8 @@ from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.db.errors import DATABASE_ERRORS, describe, is_transient
 from manager.errors import RETRY_AFTER_S, ManagerError
 from manager.metrics import STATE_REGISTRY
-from manager.state_process import StateChild, StateSide, free_port
+from manager.state_child import StateChild
+from manager.state_process import StateSide
 from shared import __version__
 from shared.settings import ManagerSettings, get_manager_settings
 
@@ -55,7 +56,9 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": "internal error: a database operation failed"}, status_code=500)
 
 
-def create_app(settings: ManagerSettings | None = None) -> FastAPI:
+def create_app(settings: ManagerSettings | None = None, state_child: StateChild | None = None) -> FastAPI:
+    """The API; with ``settings.state_process``, its lifespan starts and watches ``state_child``
+    (spawned already by ``python -m manager``) or a new one."""
     settings = settings or get_manager_settings()
 
     @contextlib.asynccontextmanager
@@ -73,7 +76,7 @@ def create_app(settings: ManagerSettings | None = None) -> FastAPI:
         task: asyncio.Task[None] | None = None
         if settings.state_process:
             broker.start(None)
-            child = StateChild(metrics_port=free_port())
+            child = state_child or StateChild()
             child.start()
             app.state.state_metrics = child.metrics_text
         else:

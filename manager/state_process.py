@@ -27,12 +27,8 @@ import gc
 import logging
 import os
 import signal
-import socket
-import subprocess
-import sys
 import uuid
 
-import httpx
 import prometheus_client
 from aio_pika.abc import AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -45,17 +41,13 @@ from manager.queue_waker import StartQueueWaker
 from manager.state.consumer import StateConsumer
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
+from manager.state_child import METRICS_PORT_ENV, PARENT_PID_ENV
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
 from shared.process import die_with_parent
 from shared.settings import ManagerSettings, get_manager_settings
 
 logger = logging.getLogger("manager.state_process")  # not "__main__" when run with -m
-
-METRICS_PORT_ENV = "ORCH_STATE_METRICS_PORT"  # set by the parent for its child
-PARENT_PID_ENV = "ORCH_STATE_PARENT_PID"
-_RESTART_AFTER_S = 1.0
-_STOP_GRACE_S = 10.0
 
 
 class StateSide:
@@ -122,69 +114,6 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
         await broker.close()
         await engine.dispose()
     logger.info("state process stopped")
-
-
-# --- the parent's side -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (for the child's metrics)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class StateChild:
-    """The state process as seen from the API process: started, watched, restarted, stopped."""
-
-    def __init__(self, metrics_port: int) -> None:
-        self.metrics_port = metrics_port
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._watch: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._spawn()
-        self._watch = asyncio.create_task(self._keep_running(), name="state-process")
-
-    def _spawn(self) -> None:
-        # Called on the event-loop thread (see ``die_with_parent``).
-        env = os.environ | {METRICS_PORT_ENV: str(self.metrics_port), PARENT_PID_ENV: str(os.getpid())}
-        # Same stdout/stderr as the manager: one log for both halves.
-        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state_process"], env=env)
-        logger.info("state process started (pid %d)", self._proc.pid)
-
-    async def _keep_running(self) -> None:
-        while True:
-            assert self._proc is not None
-            code = await asyncio.to_thread(self._proc.wait)
-            logger.error("state process exited with %s; starting it again in %.0fs", code, _RESTART_AFTER_S)
-            await asyncio.sleep(_RESTART_AFTER_S)
-            self._spawn()
-
-    async def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(BaseException):
-                await self._watch
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.to_thread(proc.wait, _STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            await asyncio.to_thread(proc.wait)
-
-    async def metrics_text(self) -> str:
-        """The child's counters in the Prometheus text format ('' while it is unreachable)."""
-        try:
-            async with httpx.AsyncClient(timeout=2.0) as client:
-                response = await client.get(f"http://127.0.0.1:{self.metrics_port}/metrics")
-                response.raise_for_status()
-                return response.text
-        except httpx.HTTPError:
-            return ""
 
 
 if __name__ == "__main__":

@@ -188,6 +188,15 @@ def test_the_state_process_is_restarted_if_it_dies_and_dies_with_the_manager(sys
     wait_for(lambda: _gone(second), 10, "the state process to die with the manager")
 
 
+def test_a_manager_killed_while_it_starts_takes_its_state_process_along(system: System) -> None:
+    # ``python -m manager`` spawns the state process before it imports the API (so a restarted
+    # manager applies its backlog sooner): a kill -9 in between must leave no consumer behind.
+    manager = system.start_manager(wait=False)
+    child = wait_for(lambda: _state_process_of(manager.popen.pid) or 0, 20, "the state process", every=0.02)
+    manager.kill9()
+    wait_for(lambda: _gone(child), 10, "the state process to die with the manager")
+
+
 def test_a_single_process_manager_applies_state_too(system: System) -> None:
     manager = system.start_manager(ORCH_STATE_PROCESS="false")
     system.start_service("svc-a", workers=5)

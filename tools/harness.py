@@ -114,9 +114,10 @@ class System:
         self.procs.append(proc)
         return proc
 
-    def start_manager(self, **extra: str) -> Proc:
+    def start_manager(self, wait: bool = True, **extra: str) -> Proc:
         self.manager = self._spawn("manager", "manager", {"ORCH_MANAGER_PORT": str(self.manager_port)} | extra)
-        wait_for(lambda: self.get("/readyz").status_code == 200, 60, "the manager to be ready")
+        if wait:
+            wait_for(lambda: self.get("/readyz").status_code == 200, 60, "the manager to be ready")
         return self.manager
 
     def start_service(self, name: str, workers: int = 10, wait: bool = True, **extra: str) -> Proc:
