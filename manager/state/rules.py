@@ -177,11 +177,8 @@ class StateRules:
 
     async def _release_observers(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
         """The host is gone: its observers wait, hostless, for a new ObserverStarted."""
-        rows = await self._rows_of(session).load(
-            (Observer.service_id == service_id) & Observer.status.in_((S.PROCESSING, S.ON_DELETING))
-        )
         rows_of = self._rows_of(session)
-        for obs in rows:
+        for obs in await rows_of.hosted_by(service_id):
             obs.host(None)
             obs.modified_at = now
             if obs.status == S.PROCESSING:

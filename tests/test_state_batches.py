@@ -1,0 +1,94 @@
+"""Reports applied in one transaction see each other's effects (the state rules in-process, on a
+real PostgreSQL): a goodbye releases what its service started earlier in the same batch, and
+leaves alone what moved away from it earlier in that batch, though neither was written yet."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.db.engine import make_engine, make_sessionmaker
+from manager.db.models import Observer, ObserverEvent
+from manager.state.probation import ProbationPolicy
+from manager.state.rules import StateRules
+from shared.messages import ObserverStarted, ServiceStopped, StateMessage
+
+
+@pytest.fixture
+async def sessions(database: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = make_engine(database)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
+
+
+async def _service(session: AsyncSession, name: str, status: str) -> uuid.UUID:
+    sid = uuid.uuid4()
+    await session.execute(
+        text(
+            "INSERT INTO services (id, name, workers_count, pools, status) "
+            "VALUES (:sid, :name, 5, '[\"default\"]', CAST(:status AS service_status))"
+        ),
+        {"sid": sid, "name": name, "status": status},
+    )
+    return sid
+
+
+async def _hosted(session: AsyncSession, name: str, host: uuid.UUID) -> uuid.UUID:
+    oid = uuid.uuid4()
+    await session.execute(
+        text(
+            "INSERT INTO observers (id, name, kind, status, service_id) "
+            "VALUES (:oid, :name, 'ticker', 'Processing', :host)"
+        ),
+        {"oid": oid, "name": name, "host": host},
+    )
+    return oid
+
+
+async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_hosts(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    async with sessions.begin() as session:
+        leaving = await _service(session, "leaving", "alive")  # says goodbye in the batch
+        lost = await _service(session, "lost", "lost")  # says goodbye in the batch too
+        dead = await _service(session, "dead", "deleted")
+        taker = await _service(session, "taker", "alive")
+        moved_onto_leaving = await _hosted(session, "a", dead)
+        moved_off_lost = await _hosted(session, "b", lost)
+        stored_on_leaving = await _hosted(session, "c", leaving)
+
+    batch: list[StateMessage] = [
+        ObserverStarted(observer_id=moved_onto_leaving, service_id=leaving, redelivered=True),
+        ObserverStarted(observer_id=moved_off_lost, service_id=taker, redelivered=True),
+        ServiceStopped(service_id=leaving),
+        ServiceStopped(service_id=lost),
+    ]
+    rules = StateRules(ProbationPolicy(0, 60.0))
+    async with sessions.begin() as session:
+        await rules.preload(session, batch)
+        now = datetime.now(UTC)
+        for message in batch:
+            await rules.apply(session, message, now)
+        await rules.flush(session)
+
+    async with sessions() as session:
+        rows = {
+            o.id: (o.status.value, o.service_id)
+            for o in await session.scalars(
+                select(Observer).where(Observer.id.in_([moved_onto_leaving, moved_off_lost, stored_on_leaving]))
+            )
+        }
+        released_events = select(ObserverEvent.observer_id).where(ObserverEvent.event == "released")
+        released = set(await session.scalars(released_events))
+    # Started on ``leaving`` in this batch, then released by its goodbye: not left on a gone host.
+    assert rows[moved_onto_leaving] == ("Created", None)
+    # Moved to ``taker`` in this batch: the goodbye of its old host must not take it back.
+    assert rows[moved_off_lost] == ("Processing", taker)
+    # Stored as hosted by ``leaving``: released.
+    assert rows[stored_on_leaving] == ("Created", None)
+    assert released == {moved_onto_leaving, stored_on_leaving}
