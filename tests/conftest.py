@@ -9,12 +9,14 @@ import contextlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager.db.engine import make_engine, make_sessionmaker
 from tools import infra
 from tools.harness import REPO, System, unique
 
@@ -115,6 +117,14 @@ def database(postgres: infra.PostgresNode) -> Iterator[str]:
     postgres.create_database(name, template=TEMPLATE_DB)
     yield postgres.url(name)
     postgres.drop_database(name)
+
+
+@pytest.fixture
+async def sessions(database: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on the test's own database, for tests that drive manager code in-process."""
+    engine = make_engine(database)
+    yield make_sessionmaker(engine)
+    await engine.dispose()
 
 
 @pytest.fixture

@@ -5,25 +5,15 @@ leaves alone what moved away from it earlier in that batch, though neither was w
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.db.engine import make_engine, make_sessionmaker
 from manager.db.models import Observer, ObserverEvent
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.messages import ObserverStarted, ServiceStopped, StateMessage
-
-
-@pytest.fixture
-async def sessions(database: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(database)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def _service(session: AsyncSession, name: str, status: str) -> uuid.UUID:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 from sqlalchemy import select, text
@@ -15,7 +15,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from manager.admission import Admission
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
-from manager.db.engine import make_engine, make_sessionmaker
 from manager.db.models import Observer, ObserverStatus, PendingStart
 from manager.errors import Unavailable
 from shared.messages import RetryPolicy, StartObserver
@@ -91,13 +90,6 @@ class BrokerDownWhileAReportLands(BrokerLink):
     async def publish_starts(self, starts: Sequence[StartObserver], *, rebuilding: bool = False) -> None:
         await self.meanwhile()
         await super().publish_starts(starts, rebuilding=rebuilding)
-
-
-@pytest.fixture
-async def sessions(database: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = make_engine(database)
-    yield make_sessionmaker(engine)
-    await engine.dispose()
 
 
 async def failed_observer(sessions: async_sessionmaker[AsyncSession]) -> tuple[uuid.UUID, uuid.UUID]:
