@@ -125,12 +125,7 @@ class ObserverRows:
         )
         rows = []
         for values in result.all():
-            row = self._rows.get(values[0])
-            if row is None:
-                row = Row(*values)
-                row._saved = row.state()
-                self._rows[row.id] = row
-            rows.append(row)
+            rows.append(self._rows.get(values[0]) or self._remember(values))
         return rows
 
     async def hosted_by(self, service_id: uuid.UUID) -> list[Row]:
@@ -151,11 +146,15 @@ class ObserverRows:
         rows = [row for row in self._rows.values() if row.service_id == service_id and row.status in hosted]
         for values in result.all():
             if values[0] not in self._rows:
-                row = Row(*values)
-                row._saved = row.state()
-                self._rows[row.id] = row
-                rows.append(row)
+                rows.append(self._remember(values))
         return rows
+
+    def _remember(self, values: Sequence[Any]) -> Row:
+        """A row just read (and locked), cached with its stored state as the saved one."""
+        row = Row(*values)
+        row._saved = row.state()
+        self._rows[row.id] = row
+        return row
 
     async def preload(self, ids: set[uuid.UUID]) -> None:
         if ids:
