@@ -44,6 +44,7 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from observer_service import metrics
+from observer_service.holder_channel import hold_channel
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
 from shared import topology
@@ -139,14 +140,11 @@ class HoldingConnection:
 
     async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
         channel = await self._channel()
-        raw = await channel.get_underlay_channel()
+        raw = hold_channel(await channel.get_underlay_channel(), self._on_start_delivery)
         self._holders.append(channel)
         await channel.set_qos(prefetch_count=prefetch)
-        ok = await raw.basic_consume(
-            queue, self._on_start_delivery, arguments={"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS}
-        )
-        assert ok.consumer_tag is not None
-        self._start_consumers.append((raw, ok.consumer_tag))
+        tag = await raw.consume(queue, {"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS})
+        self._start_consumers.append((raw, tag))
 
     async def stop_consuming(self) -> None:
         for raw, tag in self._start_consumers:
@@ -167,11 +165,12 @@ class HoldingConnection:
 
     # --- deliveries and commands: to the main loop ---------------------------------------
 
-    async def _on_start_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
-        """aiormq's consumer callback. Start deliveries are taken on the raw channel, not as
-        aio-pika messages: a service keeps every start it runs for the observer's whole life,
-        and aio-pika's message with aiormq's frames is ~1.3 KiB of it (issue 17, density).
-        What is kept is the body and the tag; settling goes by tag."""
+    def _on_start_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
+        """The holders' delivery handler, called on their reader (``HolderChannel``). Start
+        deliveries are taken on the raw channel, not as aio-pika messages: a service keeps
+        every start it runs for the observer's whole life, and aio-pika's message with
+        aiormq's frames is ~1.3 KiB of it (issue 17, density). What is kept is the body and
+        the tag; settling goes by tag."""
         delivery = message.delivery
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
         self._to_main.post(
