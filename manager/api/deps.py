@@ -12,7 +12,8 @@ from manager.commands import ObserverCommands
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
-    async with request.app.state.sessions() as session:
+    """A read-only session (``make_read_engine``): writes go through ``ObserverCommands``."""
+    async with request.app.state.read_sessions() as session:
         yield session
 
 

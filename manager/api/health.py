@@ -19,7 +19,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> JSONResponse:
     checks: dict[str, str] = {}
     try:
-        async with request.app.state.sessions() as session:
+        async with request.app.state.read_sessions() as session:
             await session.execute(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as e:  # noqa: BLE001 - report, never raise
