@@ -7,9 +7,12 @@ import subprocess
 import sys
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
+import pytest
 
+from manager.db.engine import SchemaOutdated, head_revision
 from shared.messages import digest_of, digest_text
 from tools import infra
 from tools.harness import REPO
@@ -177,3 +180,23 @@ def test_0010_lets_a_host_be_unknown_and_its_downgrade_forgets_such_hosts(postgr
         alembic(url, "upgrade", "head")
     finally:
         postgres.drop_database(name)
+
+
+def test_the_head_the_manager_checks_for_is_alembics() -> None:
+    """``head_revision`` reads the migration files without alembic (it is imported at every
+    manager start): it must name the head alembic upgrades to."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(REPO / "migrations"))
+    assert head_revision() == ScriptDirectory.from_config(config).get_current_head()
+
+
+def test_migrations_with_two_heads_are_refused(tmp_path: Path) -> None:
+    for revision, down in (("a", None), ("b", "a"), ("c", "a"), ("d", ("b", "c"))):
+        (tmp_path / f"{revision}.py").write_text(f"revision: str = {revision!r}\ndown_revision = {down!r}\n")
+    assert head_revision(tmp_path) == "d"  # a merge revision joins the two branches
+    (tmp_path / "d.py").unlink()
+    with pytest.raises(SchemaOutdated, match=r"2 heads \(\['b', 'c'\]\)"):
+        head_revision(tmp_path)
