@@ -29,14 +29,16 @@ def ref(name: str) -> str:
 
 
 def _children(pid: int) -> set[int]:
-    """Direct children of ``pid`` (zombies included)."""
+    """Direct children of ``pid`` that run Python (zombies included): observer children.
+    Other children are not these tests': the session's vhost pool (``tests/conftest.py``)
+    makes and deletes vhosts with ``rabbitmqctl`` on a thread of this process meanwhile."""
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rpartition(")")[2].split()
+            head, _, tail = stat.read_text().rpartition(")")
         except OSError:
             continue
-        if int(fields[1]) == pid:
+        if int(tail.split()[1]) == pid and head.partition("(")[2].startswith("python"):
             found.add(int(stat.parent.name))
     return found
 
