@@ -25,7 +25,7 @@ from manager.api.auth import require_token, warn_if_open
 from manager.api.limits import BodySizeLimit
 from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
-from manager.db.engine import check_schema, make_engine, make_read_engine, make_sessionmaker
+from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.db.errors import DATABASE_ERRORS, describe, is_transient
 from manager.errors import RETRY_AFTER_S, ManagerError
 from manager.metrics import STATE_REGISTRY
@@ -67,7 +67,7 @@ def create_app(settings: ManagerSettings | None = None, state_child: StateChild 
         engine = make_engine(settings.database_url)
         await check_schema(engine)
         sessions = make_sessionmaker(engine)
-        read_engine = make_read_engine(settings.database_url)
+        read_engine = make_engine(settings.database_url, read_only=True)
         broker = BrokerLink(settings)
         commands = ObserverCommands(sessions, broker, settings.default_retry(), Admission(settings.api_in_flight))
         app.state.sessions = sessions

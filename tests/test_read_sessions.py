@@ -1,4 +1,4 @@
-"""The API's read sessions (``manager.db.engine.make_read_engine``) on a real PostgreSQL:
+"""The API's read sessions (``manager.db.engine.make_engine(read_only=True)``) on a real PostgreSQL:
 no transaction wraps their statements, and they cannot write."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from manager.db.engine import make_read_engine, make_sessionmaker
+from manager.db.engine import make_engine, make_sessionmaker
 
 
 async def test_each_statement_of_a_read_session_is_its_own_transaction(database: str) -> None:
-    engine = make_read_engine(database)
+    engine = make_engine(database, read_only=True)
     try:
         async with make_sessionmaker(engine)() as session:
             first = await session.scalar(text("SELECT now()"))
@@ -27,7 +27,7 @@ async def test_each_statement_of_a_read_session_is_its_own_transaction(database:
 
 
 async def test_a_read_session_refuses_to_write(database: str) -> None:
-    engine = make_read_engine(database)
+    engine = make_engine(database, read_only=True)
     try:
         async with make_sessionmaker(engine)() as session:
             with pytest.raises(DBAPIError, match="read-only transaction"):

@@ -12,7 +12,7 @@ from manager.commands import ObserverCommands
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
-    """A read-only session (``make_read_engine``): writes go through ``ObserverCommands``."""
+    """A read-only session (``make_engine(read_only=True)``): writes go through ``ObserverCommands``."""
     async with request.app.state.read_sessions() as session:
         yield session
 

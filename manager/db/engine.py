@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
@@ -16,7 +17,16 @@ class SchemaOutdated(RuntimeError):
     pass
 
 
-def make_engine(url: str) -> AsyncEngine:
+def make_engine(url: str, *, read_only: bool = False) -> AsyncEngine:
+    """The engine of the manager's writers, or with ``read_only`` the API's reads (lists,
+    gets, stats, metrics, readiness): autocommit, so a request costs PostgreSQL two round
+    trips (the pre-ping and its query) instead of six. In a transaction, SQLAlchemy's asyncpg
+    pre-ping is BEGIN, a ping and ROLLBACK (for pgbouncer), and the query is wrapped in BEGIN
+    and ROLLBACK: on a busy 2-core machine every round trip waits for PostgreSQL's process and
+    then for ours to be scheduled, and the list page's p99 at 100,000 tickers (make bench) was
+    that waiting, not the query. Nothing is lost: READ COMMITTED takes a snapshot per
+    statement anyway, and the server refuses writes there. A pool of its own, as the
+    isolation level belongs to the connection."""
     # pool_pre_ping: a pooled connection that died with the server (restart, failover,
     # pg_terminate_backend) is replaced at checkout rather than failing its next user; a
     # disconnect seen mid-query also invalidates the rest of the pool (SQLAlchemy does it).
@@ -24,32 +34,12 @@ def make_engine(url: str) -> AsyncEngine:
     # array of ids inflates estimates; at 1,000,000 the host-death step's probation query
     # over 333,000 ids was compiled with inlining and optimization, mid-failover
     # (auto_explain, make bench-scale). Every query here is an index lookup or a short scan.
-    return create_async_engine(
-        url,
-        pool_size=10,
-        max_overflow=20,
-        pool_pre_ping=True,
-        connect_args={"server_settings": {"jit": "off"}},
-    )
-
-
-def make_read_engine(url: str) -> AsyncEngine:
-    """The API's reads (lists, gets, stats, metrics, readiness): autocommit, so a request
-    costs PostgreSQL two round trips (the pre-ping and its query) instead of six. In a
-    transaction, SQLAlchemy's asyncpg pre-ping is BEGIN, a ping and ROLLBACK (for pgbouncer),
-    and the query is wrapped in BEGIN and ROLLBACK: on a busy 2-core machine every round
-    trip waits for PostgreSQL's process and then for ours to be scheduled, and the list
-    page's p99 at 100,000 tickers (make bench) was that waiting, not the query. Nothing is
-    lost: READ COMMITTED takes a snapshot per statement anyway, and nothing here writes.
-    Its own small pool, as the isolation level belongs to the connection."""
-    return create_async_engine(
-        url,
-        isolation_level="AUTOCOMMIT",
-        pool_size=5,
-        max_overflow=10,
-        pool_pre_ping=True,
-        connect_args={"server_settings": {"jit": "off", "default_transaction_read_only": "on"}},
-    )
+    server_settings = {"jit": "off"}
+    options: dict[str, Any] = {"pool_size": 10, "max_overflow": 20}
+    if read_only:
+        server_settings["default_transaction_read_only"] = "on"
+        options = {"isolation_level": "AUTOCOMMIT", "pool_size": 5, "max_overflow": 10}
+    return create_async_engine(url, pool_pre_ping=True, connect_args={"server_settings": server_settings}, **options)
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
