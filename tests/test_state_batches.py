@@ -1,6 +1,7 @@
 """Reports applied in one transaction see each other's effects (the state rules in-process, on a
 real PostgreSQL): a goodbye releases what its service started earlier in the same batch, and
-leaves alone what moved away from it earlier in that batch, though neither was written yet."""
+leaves alone what moved away from it earlier in that batch, though neither was written yet; an
+inventory judges the rows its batch changed as changed, and nothing is written twice."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.db.models import Observer, ObserverEvent
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
-from shared.messages import ObserverStarted, ServiceStopped, StateMessage
+from shared.messages import ObserverStarted, ServiceInventory, ServiceStopped, StateMessage
 
 
 async def _service(session: AsyncSession, name: str, status: str) -> uuid.UUID:
@@ -40,6 +41,22 @@ async def _hosted(session: AsyncSession, name: str, host: uuid.UUID) -> uuid.UUI
     return oid
 
 
+async def _apply(sessions: async_sessionmaker[AsyncSession], batch: list[StateMessage]) -> int:
+    """Apply ``batch`` in one transaction as the consumer does; the observer rows it updated
+    (counting a row written twice twice)."""
+    rules = StateRules(ProbationPolicy(0, 60.0))
+    async with sessions.begin() as session:
+        await rules.preload(session, batch)
+        now = datetime.now(UTC)
+        for message in batch:
+            await rules.apply(session, message, now)
+        await rules.flush(session)
+        updates = await session.scalar(
+            text("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'observers'")
+        )
+    return int(updates or 0)
+
+
 async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_hosts(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
@@ -58,13 +75,7 @@ async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_host
         ServiceStopped(service_id=leaving),
         ServiceStopped(service_id=lost),
     ]
-    rules = StateRules(ProbationPolicy(0, 60.0))
-    async with sessions.begin() as session:
-        await rules.preload(session, batch)
-        now = datetime.now(UTC)
-        for message in batch:
-            await rules.apply(session, message, now)
-        await rules.flush(session)
+    await _apply(sessions, batch)
 
     async with sessions() as session:
         rows = {
@@ -82,3 +93,37 @@ async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_host
     # Stored as hosted by ``leaving``: released.
     assert rows[stored_on_leaving] == ("Created", None)
     assert released == {moved_onto_leaving, stored_on_leaving}
+
+
+async def test_an_inventory_judges_the_rows_its_batch_changed_and_each_row_is_written_once(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A fleet restart while the manager was down: its backlog holds the old services'
+    goodbyes, the new ones' inventories (sent when their sessions open) and their starts. An
+    inventory used to write every change pending before it and the starts wrote the same
+    rows again (make bench, catch-up)."""
+    async with sessions.begin() as session:
+        old = await _service(session, "old", "alive")
+        new = await _service(session, "new", "alive")
+        kept = await _hosted(session, "kept", old)
+        gone = await _hosted(session, "gone", old)
+    on_new = uuid.uuid4()  # the new service's broker session
+
+    batch: list[StateMessage] = [
+        ServiceStopped(service_id=old),
+        ServiceInventory(service_id=new, observer_ids=[], session_id=on_new),  # at its session's start
+        ObserverStarted(observer_id=kept, service_id=new, redelivered=True, session_id=on_new),
+        ObserverStarted(observer_id=gone, service_id=new, redelivered=True, session_id=on_new),
+        # Later it runs only ``kept``: ``gone`` is hosted by it in this batch alone, in memory.
+        ServiceInventory(service_id=new, observer_ids=[kept], session_id=on_new),
+    ]
+    updates = await _apply(sessions, batch)
+
+    async with sessions() as session:
+        rows = {
+            o.id: (o.status.value, o.service_id, o.host_session_id)
+            for o in await session.scalars(select(Observer).where(Observer.id.in_([kept, gone])))
+        }
+    assert rows[kept] == ("Processing", new, on_new)
+    assert rows[gone] == ("Created", None, None)  # not running where the batch put it: released
+    assert updates == 2, f"{updates} row updates for 2 observers: a row was written more than once"

@@ -12,7 +12,8 @@ writers but not a reader of the key. Recording events (a host death writes one p
 it ran) locks no observer row at all (no foreign key: migration 0009), so it never waits for,
 nor deadlocks with, a transaction that changes those rows.
 Pending changes are flushed before any query that filters on a column rules may change
-(``hosted_by`` instead judges the cached rows in memory).
+(``load``), unless the caller judges the cached rows in memory (``matching``); queries on
+ids alone need no flush.
 
 Services are read as plain ``ServiceRow`` objects too, and ``ServiceRows`` is the only
 writer of ``services`` on the state side (the consumer, and the liveness judgment that marks
@@ -22,7 +23,7 @@ one lost); its writes are immediate (see there why).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -118,36 +119,46 @@ class ObserverRows:
         self._events.append(NewEvent(observer_id, event, at, service_id, from_service_id, detail))
 
     async def load(self, where: ColumnElement[bool]) -> list[Row]:
-        """Lock and return the rows matching ``where`` (cached ones keep their state)."""
+        """Lock and return the rows matching ``where`` as stored after writing every pending
+        change (cached ones keep their state). For queries on columns rules change; a caller
+        that can judge the cached rows itself uses :meth:`matching`, which writes nothing."""
         await self.flush()
+        return await self._select(where)
+
+    async def _select(self, where: ColumnElement[bool]) -> list[Row]:
+        """Lock and return the rows the stored state says match ``where``: right for every
+        row not cached here (only cached rows have pending changes), and for any query on
+        ids alone (ids never change)."""
+        return [self._rows.get(values[0]) or self._remember(values) for values in await self._locked(where)]
+
+    async def matching(self, where: ColumnElement[bool], judge: Callable[[Row], bool]) -> list[Row]:
+        """Lock and return the rows that match as this transaction sees them, without
+        flushing first: ``where`` (the query) judges the rows not cached here, whose stored
+        state is the transaction's; ``judge`` (the same condition, in Python) judges the
+        cached ones, whose stored state may be stale. Flushing would write every changed row
+        before the query and again when it changed once more: a manager catching up on a
+        fleet restart released each goodbye's rows and moved them to their new hosts in one
+        batch, and wrote 50,000 rows for 30,000 observers (``make bench``, catch-up); a new
+        service's inventory in that batch did the same until it used this."""
+        rows = [row for row in self._rows.values() if judge(row)]
+        rows += [self._remember(values) for values in await self._locked(where) if values[0] not in self._rows]
+        return rows
+
+    async def _locked(self, where: ColumnElement[bool]) -> Sequence[Any]:
+        """The stored rows matching ``where``, locked in id order (see the module's docstring)."""
         result = await self.session.execute(
             select(*_COLUMNS).where(where).order_by(Observer.id).with_for_update(key_share=True)
         )
-        rows = []
-        for values in result.all():
-            rows.append(self._rows.get(values[0]) or self._remember(values))
-        return rows
+        return result.all()
 
     async def hosted_by(self, service_id: uuid.UUID) -> list[Row]:
         """Lock and return the rows ``service_id`` hosts (Processing or OnDeleting) as this
-        transaction sees them, without flushing first: the query judges the rows not cached
-        here (their stored state is the transaction's), memory judges the cached ones (their
-        stored state may be stale). Flushing would write every changed row before the query
-        and again when it changed once more: a manager catching up on a fleet restart
-        released each goodbye's rows and moved them to their new hosts in one batch, and
-        wrote 50,000 rows for 30,000 observers (``make bench``, catch-up)."""
+        transaction sees them (:meth:`matching`)."""
         hosted = (ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
-        result = await self.session.execute(
-            select(*_COLUMNS)
-            .where((Observer.service_id == service_id) & Observer.status.in_(hosted))
-            .order_by(Observer.id)
-            .with_for_update(key_share=True)
+        return await self.matching(
+            (Observer.service_id == service_id) & Observer.status.in_(hosted),
+            lambda row: row.service_id == service_id and row.status in hosted,
         )
-        rows = [row for row in self._rows.values() if row.service_id == service_id and row.status in hosted]
-        for values in result.all():
-            if values[0] not in self._rows:
-                rows.append(self._remember(values))
-        return rows
 
     def _remember(self, values: Sequence[Any]) -> Row:
         """A row just read (and locked), cached with its stored state as the saved one."""
@@ -158,14 +169,14 @@ class ObserverRows:
 
     async def preload(self, ids: set[uuid.UUID]) -> None:
         if ids:
-            found = {row.id for row in await self.load(id_in(Observer.id, ids))}
+            found = {row.id for row in await self._select(id_in(Observer.id, ids))}
             self._absent |= ids - found
 
     async def get(self, observer_id: uuid.UUID) -> Row | None:
         row = self._rows.get(observer_id)
         if row is not None or observer_id in self._absent:
             return row
-        rows = await self.load(Observer.id == observer_id)
+        rows = await self._select(Observer.id == observer_id)
         if not rows:
             self._absent.add(observer_id)
         return rows[0] if rows else None
