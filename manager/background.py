@@ -28,7 +28,6 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.commands import start_message
 from manager.db.counts import fold_deltas
 from manager.db.errors import describe, is_transient
 from manager.db.models import (
@@ -46,6 +45,7 @@ from manager.rebuild import rebuild
 from manager.retention import BATCH as PRUNE_BATCH
 from manager.retention import EVERY_S as PRUNE_EVERY_S
 from manager.retention import prune_events
+from manager.starts import start_message
 from manager.state.digest import fold_digest_deltas
 from manager.state.probation import end_probations
 from manager.state.rows import ObserverRows

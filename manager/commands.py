@@ -16,7 +16,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol, cast
+from typing import Any
 
 import pydantic_core
 from sqlalchemy import Executable, delete, func, select, text, update
@@ -42,8 +42,9 @@ from manager.db.sql import id_in
 from manager.errors import Conflict, Invalid, NotFound, Unavailable
 from manager.history import NewEvent, insert_events
 from manager.kinds import KindCatalog, NewObserver, validate
+from manager.starts import build_start, start_message
 from shared.errors import BrokerUnavailable
-from shared.messages import Isolation, RetryPolicy, StartObserver, stop_messages
+from shared.messages import RetryPolicy, StartObserver, stop_messages
 
 logger = logging.getLogger(__name__)
 
@@ -55,44 +56,6 @@ class StopResult:
     stopping: list[uuid.UUID]  # now (or already) OnDeleting
     final: list[uuid.UUID]  # already Deleted or Failed
     unknown: list[uuid.UUID]
-
-
-class StartFields(Protocol):
-    """What a start message is made of: an observer row, or a create request's spec."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def kind(self) -> str: ...
-    @property
-    def args(self) -> dict[str, Any]: ...
-    @property
-    def pool(self) -> str: ...
-    @property
-    def isolation(self) -> str | None: ...
-    @property
-    def memory_limit_mb(self) -> float | None: ...
-
-
-def build_start(observer_id: uuid.UUID, fields: StartFields, retry: RetryPolicy, life: int = 0) -> StartObserver:
-    """The one place a start message is built (creates, restarts and every re-publish)."""
-    return StartObserver(
-        observer_id=observer_id,
-        name=fields.name,
-        kind=fields.kind,
-        args=fields.args,
-        pool=fields.pool,
-        retry=retry,
-        isolation=cast("Isolation | None", fields.isolation),  # validated on create
-        memory_limit_mb=fields.memory_limit_mb,
-        life=life,
-    )
-
-
-def start_message(obs: Observer) -> StartObserver:
-    """The start message of an observer row (restart, the sweepers, the rebuild)."""
-    retry = RetryPolicy.model_validate(obs.retry) if obs.retry is not None else RetryPolicy()
-    return build_start(obs.id, obs, retry, obs.life)
 
 
 class ObserverCommands:

@@ -28,9 +28,9 @@ from sqlalchemy import exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.commands import start_message
 from manager.db.models import Observer, ObserverStatus, PendingStart
 from manager.db.sql import id_in
+from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
 
