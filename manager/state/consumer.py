@@ -36,6 +36,7 @@ rest).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -64,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 _DB_RETRY_S = 1.0
 _PUBLISH_AHEAD = 4
+# The first batch waits for deliveries that keep arriving at least every _ARRIVAL_GAP_S.
+_FIRST_BATCH_WAIT_S = 1.0
+_ARRIVAL_GAP_S = 0.02
 
 Delivery = tuple[AbstractIncomingMessage, StateMessage]
 
@@ -112,8 +116,12 @@ class StateConsumer:
             tasks.create_task(self._publish_loop())
 
     async def _apply_loop(self) -> None:
+        first = True
         while True:
             deliveries = [await self._inbox.get()]
+            if first:
+                await self._while_arriving()
+                first = False
             while len(deliveries) < self.max_batch and not self._inbox.empty():
                 deliveries.append(self._inbox.get_nowait())
             self._busy = True
@@ -125,7 +133,23 @@ class StateConsumer:
                 self._busy = False
             STATE_BATCHES.inc()
             elapsed_ms = (time.perf_counter() - began) * 1000
-            logger.debug("applied %d state message(s) in %.1f ms", len(deliveries), elapsed_ms)
+            if logger.isEnabledFor(logging.DEBUG):
+                kinds = collections.Counter(type(report).__name__ for _, report in deliveries)
+                logger.debug("applied %d state message(s) in %.1f ms: %s", len(deliveries), elapsed_ms, dict(kinds))
+
+    async def _while_arriving(self) -> None:
+        """Before the first batch: once a delivery came, wait while more keep arriving (up to
+        ``max_batch``, at most ``_FIRST_BATCH_WAIT_S``). A manager that starts with a backlog
+        gets it pushed up to the prefetch within moments; its first delivery, applied alone,
+        was a transaction of its own, and when it was a goodbye it wrote every row of that
+        service only for the next batch to move them again (make bench, catch-up: a lone
+        goodbye of 10,000 observers took 1.0 s of 7.5)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _FIRST_BATCH_WAIT_S
+        arrived = -1
+        while arrived < self._inbox.qsize() < self.max_batch and loop.time() < deadline:
+            arrived = self._inbox.qsize()
+            await asyncio.sleep(_ARRIVAL_GAP_S)
 
     async def _publish_loop(self) -> None:
         """Publish each committed batch's follow-ups, then ack its deliveries, in commit order."""
