@@ -318,14 +318,15 @@ class StateRules:
             & (Observer.service_id == sid)
             & Observer.host_session_id.is_not_distinct_from(m.session_id)
         )
-        held_here = (Observer.service_id == sid) & Observer.status.in_((S.PROCESSING, S.ON_DELETING))
+        held = (S.PROCESSING, S.ON_DELETING)
+        held_here = (Observer.service_id == sid) & Observer.status.in_(held)
         conflicts = self.suspicions.conflicts
 
         def disagrees(row: Row) -> bool:  # the query's condition, for the rows cached in this batch
             if row.id in listed:
                 here = row.status == S.PROCESSING and row.service_id == sid and row.host_session_id == m.session_id
                 return not here or row.id in conflicts
-            return (row.service_id == sid and row.status in (S.PROCESSING, S.ON_DELETING)) or row.id in conflicts
+            return (row.service_id == sid and row.status in held) or row.id in conflicts
 
         rows = await self._rows_of(session).matching(
             (id_in(Observer.id, listed) & ~running_here)

@@ -64,7 +64,7 @@ def __getattr__(name: str) -> Any:
     websockets and click, rich and pygments with them: 0.15-0.35 s of each manager and state
     process's start, which a catching-up manager spends before it applies the first report."""
     if name == "BUILTIN_KINDS":
-        kinds = {loaded.kind.name: loaded.kind for loaded in _builtins().values()}
+        kinds = {name: loaded.kind for name, loaded in _builtins().items()}
         globals()["BUILTIN_KINDS"] = kinds
         return kinds
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
