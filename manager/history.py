@@ -6,19 +6,27 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import EventType, ObserverEvent
+from manager.db.sql import factor
 
+# Events are sent as their ids and, for each, the number of its (at, event, service_id,
+# from_service_id, detail) among the batch's distinct ones (``manager.db.sql.factor``);
+# inserted in the order given, so one observer's events get ascending ids as they happened.
 _INSERT = text(
     """
     INSERT INTO observer_events (observer_id, at, event, service_id, from_service_id, detail)
-    SELECT * FROM unnest(
-        CAST(:observer_ids AS uuid[]), CAST(:ats AS timestamptz[]), CAST(:events AS text[]),
-        CAST(:service_ids AS uuid[]), CAST(:from_ids AS uuid[]), CAST(:details AS text[])
-    )
+    SELECT e.observer_id, d.at, d.event, d.service_id, d.from_service_id, d.detail
+    FROM unnest(CAST(:observer_ids AS uuid[]), CAST(:keys AS integer[])) WITH ORDINALITY AS e(observer_id, k, n)
+    JOIN unnest(
+        CAST(:ats AS timestamptz[]), CAST(:events AS text[]), CAST(:service_ids AS uuid[]),
+        CAST(:from_ids AS uuid[]), CAST(:details AS text[])
+    ) WITH ORDINALITY AS d(at, event, service_id, from_service_id, detail, k) USING (k)
+    ORDER BY e.n
     """
 )
 
@@ -39,17 +47,24 @@ async def insert_events(session: AsyncSession, events: list[NewEvent]) -> None:
     """One statement for any number of events (a failover moves thousands at once)."""
     if not events:
         return
+    keys, (ats, kinds, service_ids, from_ids, details) = factor(events, _described)
     await session.execute(
         _INSERT,
         {
             "observer_ids": [e.observer_id for e in events],
-            "ats": [e.at for e in events],
-            "events": [e.event.value for e in events],
-            "service_ids": [e.service_id for e in events],
-            "from_ids": [e.from_service_id for e in events],
-            "details": [e.detail[:_MAX_DETAIL] if e.detail else None for e in events],
+            "keys": keys,
+            "ats": ats,
+            "events": kinds,
+            "service_ids": service_ids,
+            "from_ids": from_ids,
+            "details": details,
         },
     )
+
+
+def _described(e: NewEvent) -> tuple[Any, ...]:
+    """What an event says besides whose it is."""
+    return e.at, e.event.value, e.service_id, e.from_service_id, e.detail[:_MAX_DETAIL] if e.detail else None
 
 
 async def list_events(

@@ -127,3 +127,48 @@ async def test_an_inventory_judges_the_rows_its_batch_changed_and_each_row_is_wr
     assert rows[kept] == ("Processing", new, on_new)
     assert rows[gone] == ("Created", None, None)  # not running where the batch put it: released
     assert updates == 2, f"{updates} row updates for 2 observers: a row was written more than once"
+
+
+async def test_a_batch_writes_each_row_and_event_as_its_rules_left_them_and_in_order(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """Rows and events are written with what they share sent once (``manager.db.sql.factor``):
+    each row still gets its own attempts and state, and each observer's events keep the order
+    they happened in."""
+    async with sessions.begin() as session:
+        old = await _service(session, "old", "alive")
+        new = await _service(session, "new", "alive")
+        often, once, left = [await _hosted(session, name, old) for name in ("often", "once", "left")]
+        await session.execute(text("UPDATE observers SET attempts = 5 WHERE id = :oid"), {"oid": often})
+    on_new = uuid.uuid4()
+
+    batch: list[StateMessage] = [
+        ServiceStopped(service_id=old),
+        ObserverStarted(observer_id=often, service_id=new, redelivered=True, session_id=on_new),
+        ObserverStarted(observer_id=once, service_id=new, redelivered=True, session_id=on_new),
+    ]
+    await _apply(sessions, batch)
+
+    async with sessions() as session:
+        rows = {
+            o.id: (o.status.value, o.service_id, o.host_session_id, o.attempts)
+            for o in await session.scalars(select(Observer).where(Observer.id.in_([often, once, left])))
+        }
+        history = (
+            await session.execute(
+                select(ObserverEvent.observer_id, ObserverEvent.event, ObserverEvent.service_id)
+                .where(ObserverEvent.observer_id.in_([often, once, left]))
+                .order_by(ObserverEvent.id)
+            )
+        ).all()
+    assert rows == {
+        often: ("Processing", new, on_new, 6),
+        once: ("Processing", new, on_new, 1),
+        left: ("Created", None, None, 0),
+    }
+    events = {oid: [(event, sid) for o, event, sid in history if o == oid] for oid in (often, once, left)}
+    assert events == {
+        often: [("released", None), ("started", new)],
+        once: [("released", None), ("started", new)],
+        left: [("released", None)],
+    }

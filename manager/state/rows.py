@@ -33,7 +33,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
-from manager.db.sql import id_in
+from manager.db.sql import factor, id_in
 from manager.history import NewEvent, insert_events
 from shared.messages import ServiceBorn
 
@@ -49,19 +49,23 @@ _COLUMNS = (
     Observer.probation_clean_since,
 )
 
+# Rows are sent as id, attempts and the number of the rest of their state among the batch's
+# distinct ones (``manager.db.sql.factor``): the rows a batch moves share a host, a session
+# and an instant.
 _WRITE = text(
     """
     UPDATE observers AS o
-    SET status = v.status::observer_status, service_id = v.service_id, attempts = v.attempts,
-        last_error = v.last_error, modified_at = v.modified_at, host_session_id = v.host_session_id,
-        probation_since = v.probation_since, probation_clean_since = v.probation_clean_since
-    FROM unnest(
-        CAST(:ids AS uuid[]), CAST(:statuses AS text[]), CAST(:service_ids AS uuid[]),
-        CAST(:attempts AS integer[]), CAST(:errors AS text[]), CAST(:modified AS timestamptz[]),
-        CAST(:sessions AS uuid[]), CAST(:probation AS timestamptz[]), CAST(:clean AS timestamptz[])
-    ) AS v(id, status, service_id, attempts, last_error, modified_at, host_session_id, probation_since,
-           probation_clean_since)
-    WHERE o.id = v.id
+    SET status = s.status::observer_status, service_id = s.service_id, attempts = r.attempts,
+        last_error = s.last_error, modified_at = s.modified_at, host_session_id = s.host_session_id,
+        probation_since = s.probation_since, probation_clean_since = s.probation_clean_since
+    FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:keys AS integer[])) AS r(id, attempts, k)
+    JOIN unnest(
+        CAST(:statuses AS text[]), CAST(:service_ids AS uuid[]), CAST(:errors AS text[]),
+        CAST(:modified AS timestamptz[]), CAST(:sessions AS uuid[]), CAST(:probation AS timestamptz[]),
+        CAST(:clean AS timestamptz[])
+    ) WITH ORDINALITY AS s(status, service_id, last_error, modified_at, host_session_id, probation_since,
+                           probation_clean_since, k) USING (k)
+    WHERE o.id = r.id
     """
 )
 
@@ -190,22 +194,37 @@ class ObserverRows:
         changed = [row for row in self._rows.values() if row.changed()]
         if not changed:
             return
+        keys, (statuses, service_ids, errors, modified, sessions, probation, clean) = factor(changed, _shared)
         await self.session.execute(
             _WRITE,
             {
                 "ids": [r.id for r in changed],
-                "statuses": [r.status.value for r in changed],
-                "service_ids": [r.service_id for r in changed],
                 "attempts": [r.attempts for r in changed],
-                "errors": [r.last_error for r in changed],
-                "modified": [r.modified_at for r in changed],
-                "sessions": [r.host_session_id for r in changed],
-                "probation": [r.probation_since for r in changed],
-                "clean": [r.probation_clean_since for r in changed],
+                "keys": keys,
+                "statuses": statuses,
+                "service_ids": service_ids,
+                "errors": errors,
+                "modified": modified,
+                "sessions": sessions,
+                "probation": probation,
+                "clean": clean,
             },
         )
         for row in changed:
             row._saved = row.state()
+
+
+def _shared(row: Row) -> tuple[Any, ...]:
+    """A row's state but its attempts (which differ from row to row), as ``_WRITE`` takes it."""
+    return (
+        row.status.value,
+        row.service_id,
+        row.last_error,
+        row.modified_at,
+        row.host_session_id,
+        row.probation_since,
+        row.probation_clean_since,
+    )
 
 
 @dataclass(frozen=True, slots=True)
