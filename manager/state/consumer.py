@@ -52,6 +52,7 @@ from manager.db.errors import is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
 from manager.state.outgoing import Outgoing
 from manager.state.rules import StateRules
+from shared.collector import paused_collection
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.messages import (
     OBSERVER_REPORT_TYPES,
@@ -199,13 +200,18 @@ class StateConsumer:
         while True:
             outgoing = Outgoing()
             try:
-                async with self.sessions.begin() as session:
-                    fresh = await _first_time(session, reports)
-                    await self.rules.preload(session, fresh)
-                    now = datetime.now(UTC)
-                    for report in fresh:
-                        outgoing.add(await self.rules.apply(session, report, now))
-                    await self.rules.flush(session)
+                # A catch-up's batch builds a row, a change and two events per observer: with
+                # the collector on, ~950 collections took 0.86-1.18 s of its 4.3-4.8 s
+                # transaction (make bench, catch-up; 0.05 s with it paused). See
+                # ``shared.collector``.
+                with paused_collection():
+                    async with self.sessions.begin() as session:
+                        fresh = await _first_time(session, reports)
+                        await self.rules.preload(session, fresh)
+                        now = datetime.now(UTC)
+                        for report in fresh:
+                            outgoing.add(await self.rules.apply(session, report, now))
+                        await self.rules.flush(session)
                 return outgoing
             except Exception as e:
                 if not is_transient(e):
