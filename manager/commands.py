@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.admission import Admission
 from manager.broker import BrokerLink
+from manager.create_groups import CreateGroups
 from manager.db.counts import live_in_pool_query
 from manager.db.errors import describe, is_transient
 from manager.db.models import (
@@ -39,7 +40,7 @@ from manager.db.models import (
 )
 from manager.db.retry import retry_lost_races
 from manager.db.sql import id_in
-from manager.errors import Conflict, Invalid, NotFound, Unavailable
+from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
 from manager.history import NewEvent, insert_events
 from manager.kinds import KindCatalog, NewObserver, validate
 from manager.starts import build_start, start_message
@@ -71,6 +72,7 @@ class ObserverCommands:
         self.broker = broker
         self.default_retry = default_retry
         self._catalog_cache: tuple[float, KindCatalog] | None = None
+        self.groups = CreateGroups(self.create_validated)
         # Starts this process is publishing right now: the sweeper leaves them alone, however
         # slow the broker's confirms are.
         self.in_flight: set[uuid.UUID] = set()
@@ -78,14 +80,17 @@ class ObserverCommands:
     # --- create ----------------------------------------------------------------------------
 
     async def create(self, spec: NewObserver) -> CreatedObserver:
-        return (await self.create_many([spec]))[0]
+        """One observer, created together with the single creates that arrive meanwhile
+        (``manager/create_groups.py``); validated alone, so its errors are its own."""
+        with self.admission.admit(1, "creating"):
+            return await self.groups.create((await self._validated([spec]))[0])
 
     async def create_many(self, specs: list[NewObserver]) -> list[CreatedObserver]:
         _refuse_duplicate_names(specs)
         with self.admission.admit(len(specs), "creating"):
-            return await self._create_many(specs)
+            return await self.create_validated(await self._validated(specs))
 
-    async def _create_many(self, specs: list[NewObserver]) -> list[CreatedObserver]:
+    async def _validated(self, specs: list[NewObserver]) -> list[NewObserver]:
         many = len(specs) > 1
 
         def validated(catalog: KindCatalog) -> list[NewObserver]:
@@ -95,10 +100,15 @@ class ObserverCommands:
             ]
 
         try:
-            specs = validated(await self._catalog())
+            return validated(await self._catalog())
         except (Invalid, Unavailable):
             # The cached catalog may predate a service that was just born: ask again once.
-            specs = validated(await self._catalog(fresh=True))
+            return validated(await self._catalog(fresh=True))
+
+    async def create_validated(self, specs: list[NewObserver]) -> list[CreatedObserver]:
+        """Create ``specs`` (already validated) all or nothing: ``Conflict`` if a name is
+        taken (or repeated), ``NoCapacity`` if a pool cannot take them, ``Unavailable`` if
+        the broker refuses."""
         policies: dict[tuple[tuple[str, Any], ...], RetryPolicy] = {}  # a bulk usually shares one
 
         def policy(retry: dict[str, Any] | None) -> RetryPolicy:
@@ -206,9 +216,9 @@ class ObserverCommands:
         )
         total, used = (await session.execute(select(total_workers, live_in_pool_query(pool)))).one()
         if not total:
-            raise Unavailable(f"no live observer service serves pool {pool!r}; start one or use another pool")
+            raise NoCapacity(f"no live observer service serves pool {pool!r}; start one or use another pool")
         if used + wanted > total:
-            raise Unavailable(
+            raise NoCapacity(
                 f"pool {pool!r} is full: {used}/{total} workers busy, {wanted} more requested; "
                 "stop observers or add services"
             )

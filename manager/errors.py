@@ -29,6 +29,10 @@ class Unavailable(ManagerError):
     status_code = 503
 
 
+class NoCapacity(Unavailable):
+    """A pool has no live service, or too few free workers for a create."""
+
+
 # Seconds a client is told to wait (``Retry-After``) with every 503: about what the manager
 # needs to notice that the broker or the database is back (both reconnect within seconds).
 RETRY_AFTER_S = 5

@@ -67,6 +67,15 @@ STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still
 API_REFUSED_BUSY = Counter(
     "orch_api_refused_busy", "Creates and stops refused with 503 (ORCH_API_IN_FLIGHT reached)", registry=REGISTRY
 )
+API_CREATE_GROUP = Histogram(
+    "orch_api_create_group_size",
+    "Single creates that shared one transaction and one publish (manager/create_groups.py)",
+    registry=REGISTRY,
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000),
+)
+API_CREATES_WAITING = Gauge(
+    "orch_api_creates_waiting", "Single creates waiting for the group before theirs to finish", registry=REGISTRY
+)
 API_LATENCY = Histogram(
     "orch_api_request_seconds",
     "API request latency",
