@@ -5,7 +5,6 @@ its own 409 for a name taken or repeated in its group, its own 503 past a full p
 from __future__ import annotations
 
 import asyncio
-import re
 import zlib
 from typing import Any
 
@@ -13,13 +12,9 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from tests.test_overload import metric
 from tests.test_write_races import wait_blocked_on_a_lock
 from tools.harness import System, wait_for
-
-
-def metric(system: System, name: str) -> float:
-    found = re.search(rf"^{name} (\S+)$", system.get("/metrics").text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
 
 
 def ticker(name: str, kind: str = "ticker") -> dict[str, Any]:
@@ -34,11 +29,10 @@ async def created_while_a_group_waits(
     ``invalid`` (answered before any group); then let the lock go. The first's answer and
     the others' (``waiting``, then ``invalid``) in the order given."""
     engine = create_async_engine(system.database_url)
-    headers = {"Authorization": f"Bearer {system.token}"} if system.token else {}
     try:
         async with (
             engine.connect() as other,
-            httpx.AsyncClient(base_url=system.base_url, headers=headers, timeout=60) as client,
+            httpx.AsyncClient(base_url=system.base_url, headers=system.headers(), timeout=60) as client,
         ):
             await other.execute(text("SELECT pg_advisory_lock(:k)"), {"k": zlib.crc32(b"default")})
             first = asyncio.create_task(client.post("/api/observers", json=ticker("first")))

@@ -28,7 +28,7 @@ from tools.harness import System, free_port, wait_for
 
 
 def metric(system: System, name: str) -> float:
-    """A counter of the manager's ``/metrics`` (0 if it was never counted)."""
+    """A sample of the manager's ``/metrics`` (0 if it was never counted or set)."""
     found = re.search(rf"^{name} (\S+)$", system.get("/metrics").text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
 

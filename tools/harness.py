@@ -143,17 +143,17 @@ class System:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.manager_port}"
 
-    def _headers(self) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     def get(self, path: str, **params: Any) -> httpx.Response:
-        return httpx.get(self.base_url + path, params=params, headers=self._headers(), timeout=10)
+        return httpx.get(self.base_url + path, params=params, headers=self.headers(), timeout=10)
 
     def post(self, path: str, json: Any) -> httpx.Response:
-        return httpx.post(self.base_url + path, json=json, headers=self._headers(), timeout=10)
+        return httpx.post(self.base_url + path, json=json, headers=self.headers(), timeout=10)
 
     def delete(self, path: str) -> httpx.Response:
-        return httpx.delete(self.base_url + path, headers=self._headers(), timeout=10)
+        return httpx.delete(self.base_url + path, headers=self.headers(), timeout=10)
 
     def create(
         self, name: str, kind: str = "ticker", args: dict[str, Any] | None = None, **extra: Any
