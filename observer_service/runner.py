@@ -28,6 +28,7 @@ from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, 
 from observer_service.outbox import Outbox, StartedReport
 from observer_service.session import Session
 from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
+from observer_service.start_log import StartLog
 from shared.errors import DecodeError, LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import (
@@ -46,11 +47,6 @@ logger = logging.getLogger(__name__)
 _REQUEUE_AFTER_S = 5.0
 _SLOT_POLL_S = 1.0
 _FENCE_UNWIND_S = 1.0
-# A drain logs its first starts one by one (INFO); past these, one line per observer would
-# be a large share of a failover's work at the default level (~40-60 µs a line, on the main
-# loop, against ~80 µs for the rest of a start), so the rest go to DEBUG and the drain ends
-# with one line that counts them.
-_START_LOG_EACH = 10
 
 # Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
 # lease round trip): yield after every this many.
@@ -80,6 +76,7 @@ class Runner:
         # False once shutting down: queued starts are left unsettled (requeued on close).
         self.accepting = True
         self.gc = GcPolicy()
+        self.start_log = StartLog()
 
     # --- start -------------------------------------------------------------------------
 
@@ -94,7 +91,6 @@ class Runner:
             self._spawn(self._drain())
 
     async def _drain(self) -> None:
-        began = time.monotonic()
         try:
             count = 0
             while self._inbox and self.accepting:
@@ -115,25 +111,16 @@ class Runner:
                         body, holder, tag, redelivered, session = self._inbox.popleft()
                         if session.closed.is_set():
                             continue  # the broker has requeued it with the session
-                        await self._start(body, holder, tag, redelivered, session, count < _START_LOG_EACH)
+                        await self._start(body, holder, tag, redelivered, session)
                         self.gc.started()
                         count += 1
                         if count % _YIELD_EVERY == 0:
                             await asyncio.sleep(0)
                     self.gc.burst_done()
-            if count > _START_LOG_EACH:
-                logger.info(
-                    "started a burst of %d observer(s) in %.2fs (%d logged one by one, the rest at DEBUG)",
-                    count,
-                    time.monotonic() - began,
-                    _START_LOG_EACH,
-                )
         finally:
             self._draining = False
 
-    async def _start(
-        self, body: bytes, holder: Holder, tag: int, redelivered: bool, session: Session, log_each: bool
-    ) -> None:
+    async def _start(self, body: bytes, holder: Holder, tag: int, redelivered: bool, session: Session) -> None:
         try:
             start = decode_start(body)
         except DecodeError as e:
@@ -191,7 +178,7 @@ class Runner:
         self.running.add(running)
         self._report_started(running, redelivered)
         logger.log(
-            logging.INFO if log_each else logging.DEBUG,
+            self.start_log.level(),
             "observer %s (%s %s) started, redelivered=%s",
             oid,
             start.kind,
