@@ -23,7 +23,7 @@ import httpx
 
 from bench import profile
 from bench.deaths import Killed, Ledger, close_ledger, open_ledger
-from bench.fresh import busiest_host
+from bench.fresh import any_observer, busiest_host
 from bench.raw import arun_raw
 from shared import topology
 from tools import infra
@@ -139,20 +139,8 @@ class Bench:
         return int(await self.db.fetchval(sql, *args))
 
     async def any_observer(self, where: str, *args: Any) -> bool:
-        """Whether an observer matches ``where``. The polls of ``until`` ask this first and
-        count only once nothing is left to wait for, because the bench shares the 2 cores
-        with what it measures: PostgreSQL's statement log of one failover had 30 polls
-        counting the killed host's Processing rows take 340 ms of the 1,107 ms PostgreSQL
-        worked in those 2 s (``bench/scale.py`` found the same at 1,000,000).
-
-        Bitmap scans are off for the query: right after a bulk create the table has no
-        statistics yet, and the planner ANDs two bitmaps (the host's rows, every Processing
-        row), which read everything and cannot stop at the first match: 2.5-3.5 ms a poll
-        instead of 0.06 ms for an index scan that stops (EXPLAIN ANALYZE mid-failover)."""
         assert self.db is not None
-        async with self.db.transaction():
-            await self.db.execute("SET LOCAL enable_bitmapscan = off")
-            return bool(await self.db.fetchval(f"SELECT EXISTS (SELECT FROM observers WHERE {where})", *args))
+        return await any_observer(self.db, where, *args)
 
     async def until(self, check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> float:
         began = time.monotonic()

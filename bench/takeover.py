@@ -36,7 +36,7 @@ import asyncpg
 import httpx
 
 from bench import profile
-from bench.fresh import fresh_system
+from bench.fresh import any_observer, fresh_system
 from bench.scale import RESULTS, SCALE_ENV
 from bench.scenarios import BULK
 from tools import infra
@@ -81,11 +81,10 @@ async def until_held(db: asyncpg.Connection, service_id: object, count: int, eve
 
 
 async def until_moved(db: asyncpg.Connection, giver_id: object, every: float) -> None:
-    """Until no observer is Processing on ``giver_id``: an indexed EXISTS, not a count, so
-    that polling it ten times a second costs PostgreSQL next to nothing during the takeover."""
-    query = "SELECT EXISTS (SELECT FROM observers WHERE status = 'Processing' AND service_id = $1)"
+    """Until no observer is Processing on ``giver_id`` (``any_observer``: polling it ten times
+    a second costs PostgreSQL next to nothing during the takeover)."""
     while True:
-        if not await db.fetchval(query, giver_id):
+        if not await any_observer(db, "status = 'Processing' AND service_id = $1", giver_id):
             return
         await asyncio.sleep(every)
 
