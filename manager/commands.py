@@ -10,7 +10,6 @@ start that was confirmed meanwhile runs as an unknown observer and is stopped af
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 import zlib
 from collections import Counter
@@ -42,14 +41,12 @@ from manager.db.retry import retry_lost_races
 from manager.db.sql import id_in
 from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
 from manager.history import NewEvent, insert_events
-from manager.kinds import KindCatalog, NewObserver, validate
+from manager.kinds import CatalogCache, KindCatalog, NewObserver, validate
 from manager.starts import build_start, start_message
 from shared.errors import BrokerUnavailable
 from shared.messages import RetryPolicy, StartObserver, stop_messages
 
 logger = logging.getLogger(__name__)
-
-_CATALOG_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +68,7 @@ class ObserverCommands:
         self.admission = admission
         self.broker = broker
         self.default_retry = default_retry
-        self._catalog_cache: tuple[float, KindCatalog] | None = None
+        self.catalog = CatalogCache(self._load_catalog)
         self.groups = CreateGroups(self.create_validated)
         # Starts this process is publishing right now: the sweeper leaves them alone, however
         # slow the broker's confirms are.
@@ -100,10 +97,10 @@ class ObserverCommands:
             ]
 
         try:
-            return validated(await self._catalog())
+            return validated(await self.catalog.get())
         except (Invalid, Unavailable):
             # The cached catalog may predate a service that was just born: ask again once.
-            return validated(await self._catalog(fresh=True))
+            return validated(await self.catalog.get(fresh=True))
 
     async def create_validated(self, specs: list[NewObserver]) -> list[CreatedObserver]:
         """Create ``specs`` (already validated) all or nothing: ``Conflict`` if a name is
@@ -155,15 +152,9 @@ class ObserverCommands:
         # confirmed, and reading 1,000 rows back cost more than the insert.
         return [_created_row(s, created_at) for s in starts]
 
-    async def _catalog(self, fresh: bool = False) -> KindCatalog:
-        """The kinds live services offer, read at most once a second: it changes only when a
-        service is born or lost, and parsing every service's schemas on each single create
-        was a large share of its cost."""
-        now = time.monotonic()
-        if fresh or self._catalog_cache is None or now - self._catalog_cache[0] > _CATALOG_TTL_S:
-            async with self.sessions() as session:
-                self._catalog_cache = (now, await KindCatalog.load(session))
-        return self._catalog_cache[1]
+    async def _load_catalog(self) -> KindCatalog:
+        async with self.sessions() as session:
+            return await KindCatalog.load(session)
 
     async def _insert(self, starts: list[StartObserver]) -> datetime:
         """Insert the rows (Created), their pending starts and their history in one round

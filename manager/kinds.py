@@ -13,7 +13,10 @@ settings refused the value.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -81,6 +84,46 @@ class KindCatalog:
         for name, kind in BUILTIN_KINDS.items():
             kinds.setdefault(name, OfferedKind(kind.info()))
         return cls(kinds, pools)
+
+
+class CatalogCache:
+    """The catalog, loaded at most once per ``ttl_s`` and by one load at a time.
+
+    It changes only when a service is born or lost, and loading it (a query, and every
+    live service's schemas parsed) was a large share of a single create's cost. Callers that
+    find it stale while a load runs wait for that load: each used to start its own, and 64
+    clients creating one observer each made 64 loads in the manager's first second and
+    30-50 in every second after (``make bench``, create-single; PostgreSQL's statement log).
+    """
+
+    def __init__(self, load: Callable[[], Awaitable[KindCatalog]], ttl_s: float = 1.0) -> None:
+        self._load = load
+        self._ttl_s = ttl_s
+        self._cached: tuple[float, KindCatalog] | None = None  # (when its load began, catalog)
+        self._loading: asyncio.Task[KindCatalog] | None = None
+
+    async def get(self, fresh: bool = False) -> KindCatalog:
+        """The cached catalog while it is younger than ``ttl_s``; ``fresh``: one whose load
+        begins now (the cached one may predate a service just born)."""
+        cached = self._cached
+        if not fresh and cached is not None and time.monotonic() - cached[0] <= self._ttl_s:
+            return cached[1]
+        if fresh or self._loading is None:
+            self._loading = asyncio.create_task(self._load_and_keep(time.monotonic()))
+            # Its error is every waiting caller's; retrieved here too, in case none is left.
+            self._loading.add_done_callback(lambda task: task.cancelled() or task.exception())
+        # Shielded: a caller that goes away (its client disconnected) leaves the load to the others.
+        return await asyncio.shield(self._loading)
+
+    async def _load_and_keep(self, began: float) -> KindCatalog:
+        try:
+            catalog = await self._load()
+            if self._cached is None or self._cached[0] < began:  # a later load may have ended first
+                self._cached = (began, catalog)
+            return catalog
+        finally:
+            if self._loading is asyncio.current_task():
+                self._loading = None
 
 
 def validate(spec: NewObserver, catalog: KindCatalog, default_retry: RetryPolicy, where: str = "") -> NewObserver:
