@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from aiormq.exceptions import ChannelInvalidStateError
@@ -18,7 +19,9 @@ from bench import broker_work
 from bench.broker_work import busy_seconds
 from bench.scale import SCALE_ENV
 from bench.scenarios import BENCH_ENV
+from manager.api.schemas import _retry_policy
 from manager.background import BackgroundLoops, StepSchedule
+from manager.db.engine import decode_json
 from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
 from manager.state.consumer import StateConsumer
@@ -37,6 +40,7 @@ from shared.messages import (
     ObserverStarted,
     ObserverStopped,
     ReportBatch,
+    RetryPolicy,
     ServiceHeartbeat,
     StartObserver,
     StopObserver,
@@ -417,3 +421,26 @@ async def test_state_consumer_applies_the_next_batch_while_the_last_ones_follow_
         run.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await run
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        '{"symbol": "BTC", "interval_s": 60, "emit": true, "note": "é ✓", "big": 12345678901234567890, "x": 1.5}',
+        '{"max_attempts": null, "factor": 2.0}',
+        "[" * 250 + "]" * 250,  # past pydantic-core's nesting limit (200), within the json module's
+        "[" * 900 + "]" * 900,
+    ],
+)
+def test_jsonb_values_decode_as_the_json_module_decodes_them(document: str) -> None:
+    assert decode_json(document) == json.loads(document)
+
+
+def test_list_rows_with_one_stored_retry_policy_share_one_model() -> None:
+    stored: dict[str, Any] = {"max_attempts": None, "initial_delay_s": 1.0, "factor": 2.0, "jitter": 0.1}
+    first, second = _retry_policy(dict(stored)), _retry_policy(dict(stored))
+    other = _retry_policy(stored | {"max_attempts": 3})
+    assert first is second
+    assert first == RetryPolicy.model_construct(**stored)
+    assert other is not first and other is not None and other.max_attempts == 3
+    assert _retry_policy(None) is None

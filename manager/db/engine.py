@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -39,7 +41,25 @@ def make_engine(url: str, *, read_only: bool = False) -> AsyncEngine:
     if read_only:
         server_settings["default_transaction_read_only"] = "on"
         options = {"isolation_level": "AUTOCOMMIT", "pool_size": 5, "max_overflow": 10}
-    return create_async_engine(url, pool_pre_ping=True, connect_args={"server_settings": server_settings}, **options)
+    return create_async_engine(
+        url,
+        pool_pre_ping=True,
+        json_deserializer=decode_json,
+        connect_args={"server_settings": server_settings},
+        **options,
+    )
+
+
+def decode_json(document: str) -> Any:
+    """A JSONB value as read from PostgreSQL: pydantic-core's parser, about four times as fast
+    as the json module's (a list page of 100 decodes 200 documents, args and retry, and spent
+    a sixth of its CPU in ``json.loads``: py-spy). It refuses nesting past 200 levels, which
+    the API's request parsing (``json.loads``) accepts, so such a stored value is read by the
+    json module rather than failing every page that holds it."""
+    try:
+        return pydantic_core.from_json(document)
+    except ValueError:
+        return json.loads(document)
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
