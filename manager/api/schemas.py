@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, cast
 
 import pydantic_core
@@ -112,22 +113,17 @@ class ObserverOut(BaseModel):
         )
 
 
-# Rows share a few policies: one model per distinct stored policy, not one per row (building
-# it was an eighth of a list page's CPU, py-spy). RetryPolicy is frozen, so sharing is safe.
-_POLICIES: dict[tuple[tuple[str, Any], ...], RetryPolicy] = {}
-_MAX_POLICIES = 1024
-
-
 def _retry_policy(retry: dict[str, Any] | RetryPolicy | None) -> RetryPolicy | None:
     if retry is None or isinstance(retry, RetryPolicy):
         return retry
-    key = tuple(retry.items())
-    policy = _POLICIES.get(key)
-    if policy is None:
-        if len(_POLICIES) >= _MAX_POLICIES:
-            _POLICIES.clear()
-        policy = _POLICIES[key] = RetryPolicy.model_construct(**retry)
-    return policy
+    return _stored_policy(tuple(retry.items()))
+
+
+# Rows share a few policies: one model per distinct stored policy, not one per row (building
+# it was an eighth of a list page's CPU, py-spy). RetryPolicy is frozen, so sharing is safe.
+@lru_cache(maxsize=1024)
+def _stored_policy(items: tuple[tuple[str, Any], ...]) -> RetryPolicy:
+    return RetryPolicy.model_construct(**dict(items))
 
 
 class BulkCreate(BaseModel):
