@@ -20,7 +20,11 @@ _ALL = """
     SELECT kind, pool, status, n FROM observer_count_deltas
 """
 
-_READ = text(f"SELECT kind, pool, status::text, sum(n) FROM ({_ALL}) AS c GROUP BY 1, 2, 3 HAVING sum(n) <> 0")
+# Every non-zero (kind, pool, status) count; ``manager.queries.stats`` embeds it.
+READ_SQL = (
+    f"SELECT kind, pool, status::text AS status, sum(n) AS n FROM ({_ALL}) AS c GROUP BY 1, 2, 3 HAVING sum(n) <> 0"
+)
+_READ = text(READ_SQL)
 
 _LIVE_IN_POOL = (
     f"SELECT coalesce(sum(n), 0) AS n FROM ({_ALL}) AS c WHERE pool = :pool AND status::text = ANY(:statuses)"
