@@ -55,7 +55,7 @@ from bench import broker_work, curve, profile
 from bench.deaths import Killed, close_ledger, open_ledger
 from bench.fresh import any_observer, busiest_host, fresh_system
 from bench.raw import arun_raw
-from bench.scenarios import BENCH_ENV, BULK, percentile, rss_kib
+from bench.scenarios import BENCH_ENV, BULK, latencies_ms, percentile, rss_kib
 from shared.settings import ManagerSettings, ServiceSettings
 from tools import infra
 from tools.harness import FAST_ENV, Proc, System, free_port
@@ -349,12 +349,7 @@ class ScalePoint:
         }
         p99 = {}
         for name, call in calls.items():
-            latencies = []
-            for _ in range(200):
-                t0 = time.monotonic()
-                (await call()).raise_for_status()
-                latencies.append((time.monotonic() - t0) * 1000)
-            p99[name] = percentile(latencies, 0.99)
+            p99[name] = percentile(await latencies_ms(call, 200), 0.99)
         return p99
 
     async def failover(self, killed: Killed) -> None:
