@@ -171,17 +171,3 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         "kinds": dict(sorted(by_kind.items())),
         "probation": row.probation,
     }
-    services = {s.value: 0 for s in ServiceStatus}
-    for svc_status, n in (await session.execute(select(Service.status, func.count()).group_by(Service.status))).all():
-        services[svc_status.value] = n
-    # The partial index on probation_since keeps this cheap: few observers are on probation.
-    probation = await session.scalar(
-        select(func.count()).where(Observer.probation_since.is_not(None), Observer.status.in_(LIVE_STATUSES))
-    )
-    return {
-        "observers": by_status,
-        "services": services,
-        "capacity": capacity,
-        "kinds": dict(sorted(by_kind.items())),
-        "probation": probation or 0,
-    }
