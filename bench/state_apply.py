@@ -3,12 +3,12 @@ row, in the state process and in PostgreSQL (issue 17).
 
 Why alone: the state consumer applies reports one transaction at a time, its own Python
 (claiming the message ids, locking and loading the rows, the rules, the writes) and then
-PostgreSQL's work on them, one after the other. That serial path is what a failover waits on
-after the broker has redelivered: sampled every 100 ms during `make bench`'s failover, the
-machine kept both cores busy while the survivors started their share, then ran on about one
-for the last ~0.4 s while the state process and PostgreSQL worked through the backlog. The
-figures here say how long that path is per row, without the broker, the services or the
-API competing for the cores.
+PostgreSQL's work on them, one after the other. A failover is not over before that path has
+been through every moved row, whatever else the cores are free for: sampled during `make
+bench`'s failover (a scratch sampler of /proc/stat), the machine ran on both cores while the
+survivors started their share and on about one near the end, while the state process and
+PostgreSQL worked through the reports left. The figures here say how long that path is per
+row, without the broker, the services or the API competing for the cores.
 
 Method: a database of its own on the project's PostgreSQL (``tools.infra``), migrated; four
 services born through the consumer (``ServiceBorn``); ``3 x n`` observers Processing on
