@@ -29,7 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.run import RESULTS
+from bench.scenarios import Figure
+
 _RUN_FILE = re.compile(r"(\d{8}T\d{6}Z)\.json")
 RAW_REDELIVERY = ("raw", "redelivery of 10,000 after kill -9")
 FALSE_DEATHS = "false deaths"
@@ -135,14 +137,15 @@ def failover_lines(runs: Sequence[Run]) -> list[str]:
     ]
 
 
+_FIGURE_FIELDS = tuple(Figure.__dataclass_fields__)
+
+
 def markdown_table(run: Run) -> str:
     """One run's figures as the README shows them."""
     lines = ["| scenario | figure | value | target | ratio | verdict |", "|---|---|---|---|---|---|"]
     for figure in run.figures.values():
-        value = figure["value"]
-        decimals = figure.get("decimals")
-        places = decimals if decimals is not None else (1 if value >= 100 else 3)
-        shown = f"{value:,.{places}f} {figure['unit']}".strip()
+        # Shown as the bench printed it; the ratio and verdict as the run wrote them.
+        shown = Figure(**{k: figure[k] for k in _FIGURE_FIELDS if k in figure}).shown().strip()
         ratio = "" if figure.get("ratio") is None else f"{figure['ratio']:.2f}"
         target = "" if figure.get("target_text") in (None, "-") else figure["target_text"]
         cells = (figure["scenario"], figure["name"], shown, target, ratio, figure.get("verdict") or "")
@@ -184,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         started = match.group(1) if match else "19700101T000000Z"  # a renamed copy: no time needed
         run = parse_run(args.table.name, started, json.loads(args.table.read_text()))
         if run is None:
-            parser.error(f"{args.table} is a quick or profiled run, or not a make bench result")
+            parser.error(f"{args.table} is a quick, profiled or what-if run, or not a make bench result")
         print(markdown_table(run))
         return 0
     runs = load_runs(args.results)
