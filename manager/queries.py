@@ -14,6 +14,7 @@ from sqlalchemy import JSON, BigInteger, case, column, func, select, text, tuple
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.counts import READ_SQL
+from manager.db.hosts import hosted_on
 from manager.db.models import LIVE_STATUSES, Observer, ObserverStatus, Service, ServiceStatus
 from manager.errors import Invalid, NotFound
 from manager.state.digest import held_per_service
@@ -64,7 +65,7 @@ async def list_observers(
     if flt.pool is not None:
         query = query.where(Observer.pool == flt.pool)
     if flt.service_id is not None:
-        query = query.where(Observer.service_id == flt.service_id)
+        query = query.where(hosted_on(flt.service_id))
     if flt.name is not None:
         query = query.where(Observer.name == flt.name)
     if flt.q:

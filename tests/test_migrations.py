@@ -182,6 +182,45 @@ def test_0010_lets_a_host_be_unknown_and_its_downgrade_forgets_such_hosts(postgr
         postgres.drop_database(name)
 
 
+def test_0011_mirrors_the_hosts_already_set_and_its_downgrade_indexes_them_again(postgres: infra.PostgresNode) -> None:
+    """Rows hosted before the upgrade are in ``observer_hosts`` after it (queries by host find
+    them); the downgrade puts the index on ``observers.service_id`` back."""
+    name = f"t_mig_{uuid.uuid4().hex[:8]}"
+    postgres.create_database(name)
+    url = postgres.url(name)
+    host = uuid.uuid4()
+    hosted, unhosted = uuid.uuid4(), uuid.uuid4()
+
+    async def run(*statements: tuple[str, tuple[object, ...]]) -> list[list[asyncpg.Record]]:
+        conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+        try:
+            return [await conn.fetch(sql, *args) for sql, args in statements]
+        finally:
+            await conn.close()
+
+    try:
+        alembic(url, "upgrade", "0010")
+        insert = (
+            "INSERT INTO observers (id, name, kind, args, pool, status, service_id) "
+            "VALUES ($1, $2, 'ticker', '{}', 'default', $3, $4)"
+        )
+        asyncio.run(run((insert, (hosted, "o1", "Processing", host)), (insert, (unhosted, "o2", "Created", None))))
+        alembic(url, "upgrade", "head")
+        (mirror,) = asyncio.run(run(("SELECT observer_id, service_id FROM observer_hosts", ())))
+        assert [(r["observer_id"], r["service_id"]) for r in mirror] == [(hosted, host)]
+        alembic(url, "downgrade", "0010")
+        indexes, tables = asyncio.run(
+            run(
+                ("SELECT indexname FROM pg_indexes WHERE tablename = 'observers'", ()),
+                ("SELECT 1 FROM pg_tables WHERE tablename = 'observer_hosts'", ()),
+            )
+        )
+        assert "ix_observers_service" in {r["indexname"] for r in indexes} and not tables
+        alembic(url, "upgrade", "head")
+    finally:
+        postgres.drop_database(name)
+
+
 def test_the_head_the_manager_checks_for_is_alembics() -> None:
     """``head_revision`` reads the migration files without alembic (it is imported at every
     manager start): it must name the head alembic upgrades to."""

@@ -8,13 +8,14 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager.db.hosts import hosted_on
 from manager.db.models import Observer, ObserverEvent
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
-from shared.messages import ObserverStarted, ServiceInventory, ServiceStopped, StateMessage
+from shared.messages import ObserversStarted, ObserverStarted, ServiceInventory, ServiceStopped, StateMessage
 
 
 async def _service(session: AsyncSession, name: str, status: str) -> uuid.UUID:
@@ -162,7 +163,7 @@ async def test_a_batch_writes_each_row_and_event_as_its_rules_left_them_and_in_o
             )
         ).all()
     assert rows == {
-        often: ("Processing", new, on_new, 6),
+        often: ("Processing", new, on_new, 5),  # a move carries on its attempt (migration 0011)
         once: ("Processing", new, on_new, 1),
         left: ("Created", None, None, 0),
     }
@@ -172,3 +173,44 @@ async def test_a_batch_writes_each_row_and_event_as_its_rules_left_them_and_in_o
         once: [("released", None), ("started", new)],
         left: [("released", None)],
     }
+
+
+async def test_a_failover_updates_the_moved_rows_in_place_and_keeps_their_attempts(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """A move changes no indexed column of ``observers`` (migration 0011): PostgreSQL updates
+    every moved row in place (a HOT update, no new index entry), and the row keeps its
+    attempts, its host found through ``observer_hosts``. An index on the host or the attempts,
+    or a move counted as an attempt, fails this."""
+    async with sessions.begin() as session:
+        hosts = [await _service(session, name, "alive") for name in ("a", "b", "c", "new")]
+        # Interleaved, as a fleet's creates are: a third of each page moves.
+        rows = [(await _hosted(session, f"o{i}", hosts[i % 3]), hosts[i % 3]) for i in range(60)]
+        await session.execute(text("UPDATE observers SET attempts = 2"))
+    moving = [oid for oid, host in rows if host == hosts[0]]
+    on_new = uuid.uuid4()
+    rules = StateRules(ProbationPolicy(0, 60.0))
+    # Counted as a difference: the view may still hold the counts of this connection's earlier
+    # transactions (PostgreSQL 15 reports them once flushed, at most every second).
+    updates = text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'observers'")
+    async with sessions.begin() as session:
+        before = (await session.execute(updates)).one()
+        batch: list[StateMessage] = [
+            ObserversStarted(service_id=hosts[3], session_id=on_new, redelivered=True, observer_ids=moving)
+        ]
+        await rules.preload(session, batch)
+        await rules.apply(session, batch[0], datetime.now(UTC))
+        await rules.flush(session)
+        after = (await session.execute(updates)).one()
+    updated, in_place = after[0] - before[0], after[1] - before[1]
+    assert (updated, in_place) == (len(moving), len(moving))
+
+    async with sessions() as session:
+        moved = (
+            await session.execute(
+                select(Observer.id, Observer.attempts, Observer.host_session_id).where(hosted_on(hosts[3]))
+            )
+        ).all()
+        left = await session.scalar(select(func.count()).select_from(Observer).where(hosted_on(hosts[0])))
+    assert sorted(moved) == sorted((oid, 2, on_new) for oid in moving)
+    assert left == 0

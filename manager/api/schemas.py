@@ -78,7 +78,9 @@ class ObserverOut(BaseModel):
     status: ObserverStatus
     service_id: uuid.UUID | None
     service_name: str | None
-    attempts: int
+    attempts: int = Field(
+        description="its first start plus each retry after its own failure; a move to another host is not one"
+    )
     last_error: str | None
     retry: RetryPolicy | None
     isolation: Isolation | None

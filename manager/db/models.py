@@ -76,6 +76,8 @@ class Observer(Base):
     status: Mapped[ObserverStatus] = mapped_column(_enum(ObserverStatus, "observer_status"), nullable=False)
     # No foreign key (migration 0010): a failover changes it for thousands of rows at once.
     # The state rules write only hosts they know (services rows are never deleted).
+    # Not indexed (migration 0011): queries by host read ``ObserverHost``, so a move changes
+    # no indexed column and PostgreSQL updates the row in place.
     service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
     last_error: Mapped[str | None] = mapped_column(Text)
@@ -106,11 +108,25 @@ class Observer(Base):
             postgresql_where=text("status NOT IN ('Deleted', 'Failed')"),
         ),
         Index("ix_observers_created", "created_at", "id"),
-        Index("ix_observers_service", "service_id"),
         Index("ix_observers_status_created", "status", "created_at", "id"),
         Index("ix_observers_attempts", text("(- attempts)"), "id"),
         Index("ix_observers_probation", "probation_since", postgresql_where=text("probation_since IS NOT NULL")),
+        # Room on each page for a moved row's new version (an update in place; migration 0011).
+        {"postgresql_with": {"fillfactor": 70}},
     )
+
+
+class ObserverHost(Base):
+    """``observers.service_id`` of every row that has one: what queries by host
+    read (``manager.db.hosts``). Written only by the triggers of migration 0011, in the
+    statement that changes the observer row, so it always says what the rows say."""
+
+    __tablename__ = "observer_hosts"
+
+    observer_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), primary_key=True)
+    service_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True), nullable=False)
+
+    __table_args__ = (Index("ix_observer_hosts_service", "service_id", "observer_id"),)
 
 
 class PendingStart(Base):

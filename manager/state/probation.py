@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import CompoundSelect, Float, and_, cast, func, insert, literal, select, union
 from sqlalchemy.orm import aliased
 
+from manager.db.hosts import hosted_on
 from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus
 from manager.db.sql import id_in
 from manager.state.rows import ObserverRows
@@ -128,7 +129,7 @@ def _victims(service_id: uuid.UUID, last_heard: datetime) -> CompoundSelect[uuid
             ObserverEvent.from_service_id == service_id,
             ObserverEvent.at >= last_heard,
         ),
-        select(Observer.id).where(Observer.service_id == service_id, Observer.status == ObserverStatus.PROCESSING),
+        select(Observer.id).where(hosted_on(service_id), Observer.status == ObserverStatus.PROCESSING),
     )
 
 

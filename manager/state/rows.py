@@ -32,6 +32,7 @@ from sqlalchemy import ColumnElement, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.db.hosts import hosted_on
 from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
 from manager.db.sql import factor, id_in
 from manager.history import NewEvent, insert_events
@@ -160,7 +161,7 @@ class ObserverRows:
         transaction sees them (:meth:`matching`)."""
         hosted = (ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
         return await self.matching(
-            (Observer.service_id == service_id) & Observer.status.in_(hosted),
+            hosted_on(service_id) & Observer.status.in_(hosted),
             lambda row: row.service_id == service_id and row.status in hosted,
         )
 

@@ -30,6 +30,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.db.hosts import hosted_on
 from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
@@ -224,7 +225,10 @@ class StateRules:
             self._rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
         obs.status = S.PROCESSING
         obs.host(m.service_id, m.session_id)
-        obs.attempts += 1
+        # A life's first start is its first attempt. A start elsewhere after its host died or
+        # left carries on that attempt: a move is not the observer's failure (those come as
+        # ObserverRetrying), and it leaves the indexed column as it was (migration 0011).
+        obs.attempts = max(obs.attempts, 1)
         obs.modified_at = now
         if obs.probation_since is not None:
             if m.isolation == "process":
@@ -315,11 +319,11 @@ class StateRules:
                 self.suspicions.unknown.setdefault(oid, (sid, time.monotonic()))
         running_here = (
             (Observer.status == S.PROCESSING)
-            & (Observer.service_id == sid)
+            & (Observer.service_id == sid)  # judged on rows found by id: no lookup by host
             & Observer.host_session_id.is_not_distinct_from(m.session_id)
         )
         held = (S.PROCESSING, S.ON_DELETING)
-        held_here = (Observer.service_id == sid) & Observer.status.in_(held)
+        held_here = hosted_on(sid) & Observer.status.in_(held)
         conflicts = self.suspicions.conflicts
 
         def disagrees(row: Row) -> bool:  # the query's condition, for the rows cached in this batch

@@ -1,0 +1,79 @@
+"""``observer_hosts``, kept by the triggers of migration 0011, against a real PostgreSQL: after
+any statement that inserts, changes or deletes observer rows it holds exactly the
+``(id, service_id)`` of every row that has a host, and queries by host through it find
+what the rows say."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import select, text
+
+from manager.db.engine import make_engine, make_sessionmaker
+from manager.db.hosts import hosted_on
+from manager.db.models import Observer
+
+_INSERT = text(
+    "INSERT INTO observers (id, name, kind, pool, status, service_id) "
+    "SELECT id, 'o-' || id, 'ticker', 'default', CAST(status AS observer_status), service_id "
+    "FROM unnest(CAST(:ids AS uuid[]), CAST(:statuses AS text[]), CAST(:services AS uuid[])) "
+    "AS v(id, status, service_id)"
+)
+_ROWS = text("SELECT id, service_id FROM observers WHERE service_id IS NOT NULL")
+_MIRROR = text("SELECT observer_id, service_id FROM observer_hosts")
+
+
+async def test_the_host_mirror_equals_the_rows_after_any_change(database: str) -> None:
+    engine = make_engine(database)
+    sessions = make_sessionmaker(engine)
+    svc_a, svc_b, svc_c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+
+    async def check(what: str) -> None:
+        async with sessions() as s:
+            rows = {(oid, sid) for oid, sid in (await s.execute(_ROWS)).all()}
+            mirror = {(oid, sid) for oid, sid in (await s.execute(_MIRROR)).all()}
+            assert mirror == rows, what
+            for host in (svc_a, svc_b, svc_c):
+                found = set((await s.execute(select(Observer.id).where(hosted_on(host)))).scalars().all())
+                assert found == {oid for oid, sid in rows if sid == host}, f"{what}: {host}"
+
+    async def change(sql: str, **params: object) -> None:
+        async with sessions.begin() as s:
+            await s.execute(text(sql), params)
+        await check(sql)
+
+    try:
+        ids = [uuid.uuid4() for _ in range(300)]
+        # Created rows (no host), and rows inserted with one (an adoption)
+        await change(
+            _INSERT.text,
+            ids=ids,
+            statuses=["Created" if i < 200 else "Processing" for i in range(300)],
+            services=[None if i < 200 else svc_b for i in range(300)],
+        )
+        await change(
+            "UPDATE observers SET status = 'Processing', service_id = :s WHERE id = ANY(CAST(:ids AS uuid[]))",
+            s=svc_a,
+            ids=ids[:150],
+        )
+        await change("UPDATE observers SET attempts = attempts + 1")  # no host changed
+        # One statement moving rows from two hosts to a third, and setting some hosts anew
+        await change(
+            "UPDATE observers SET service_id = :s WHERE id = ANY(CAST(:ids AS uuid[]))", s=svc_c, ids=ids[100:260]
+        )
+        await change("UPDATE observers SET service_id = NULL, status = 'Created' WHERE service_id = :s", s=svc_b)
+        async with sessions.begin() as s:  # two moves of the same rows in one transaction
+            await s.execute(
+                text("UPDATE observers SET service_id = :s WHERE service_id = :c"), {"s": svc_b, "c": svc_c}
+            )
+            await s.execute(
+                text("UPDATE observers SET service_id = :s WHERE id = ANY(CAST(:ids AS uuid[]))"),
+                {"s": svc_a, "ids": ids[120:140]},
+            )
+        await check("two moves in one transaction")
+        await change("DELETE FROM observers WHERE id = ANY(CAST(:ids AS uuid[]))", ids=ids[130:220])
+        await change("DELETE FROM observers WHERE service_id IS NULL")
+        async with sessions() as s:
+            assert (await s.execute(text("SELECT count(*) FROM observer_hosts"))).scalar_one() > 0
+    finally:
+        await engine.dispose()
