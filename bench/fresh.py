@@ -41,6 +41,11 @@ async def busiest_host(db: asyncpg.Connection) -> asyncpg.Record:
     return row
 
 
+# The observers on the host given as $1, through the host's index (``manager.db.hosts``):
+# ``observers.service_id`` has none.
+ON_HOST = "id IN (SELECT observer_id FROM observer_hosts WHERE service_id = $1)"
+
+
 async def any_observer(db: asyncpg.Connection, where: str, *args: Any) -> bool:
     """Whether an observer matches ``where``. The benchmarks' polls ask this, and count only
     once nothing is left to wait for, because they share the 2 cores with what they measure:

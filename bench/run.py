@@ -25,7 +25,7 @@ from typing import Any
 
 from bench import profile
 from bench.fresh import fresh_system
-from bench.scenarios import NEEDS_CREATE, SCENARIOS, WHAT_IFS, Bench, Figure
+from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench, Figure
 from tools import infra
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -82,12 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="record py-spy profiles of the manager and services during each scenario (figures not comparable)",
     )
-    parser.add_argument(
-        "--what-if",
-        choices=sorted(WHAT_IFS),
-        help="try a schema change on the bench's own database (see WHAT_IFS in bench/scenarios.py); "
-        "not the product's figures",
-    )
     args = parser.parse_args(argv)
     only = None
     if args.only:
@@ -111,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     try:
         profile_dir = RESULTS / f"profile-{started.strftime('%Y%m%dT%H%M%SZ')}" if args.profile else None
-        bench = Bench(
-            system, n=n, scale=scale, quick=args.quick, only=only, profile_dir=profile_dir, what_if=args.what_if
-        )
+        bench = Bench(system, n=n, scale=scale, quick=args.quick, only=only, profile_dir=profile_dir)
         figures = asyncio.run(bench.run_all())
     except BaseException:
         print(f"benchmark failed; database {tag!r} and vhost kept for inspection, logs in {workdir}", file=sys.stderr)
@@ -137,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
                 "quick": args.quick,
                 "only": sorted(only) if only else None,
                 "profiled": args.profile,
-                "what_if": args.what_if,
                 "machine": machine(),
                 "figures": [f.as_dict() for f in figures],
                 "cpu_seconds": bench.cpu,

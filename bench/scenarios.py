@@ -26,7 +26,7 @@ import httpx
 
 from bench import profile
 from bench.deaths import Killed, Ledger, close_ledger, open_ledger
-from bench.fresh import any_observer, busiest_host
+from bench.fresh import ON_HOST, any_observer, busiest_host
 from bench.raw import arun_raw
 from shared import topology
 from shared.collector import paused_collection
@@ -37,18 +37,6 @@ SCENARIOS = ("create", "create-single", "failover", "catch-up", "stop", "broker-
 # Row updates of ``observers`` so far, and how many PostgreSQL made in place (HOT).
 _ROW_UPDATES = "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'observers'"
 
-# ``--what-if``: schema changes tried on the bench's own database, never the product's schema;
-# a run with one is left out of ``bench.history``'s counts.
-# * hot-moves: no index on the two columns a move changes (``service_id``, ``attempts``) and
-#   room on each page (fillfactor 70), so PostgreSQL can update a moved row in place (a HOT
-#   update: no new entry in any index). What a design with the host out of the indexed row
-#   would gain (docs/bench-history.md, eighth session); the list's host filter, its sort by
-#   attempts and the state side's queries by host lose their index.
-WHAT_IFS = {
-    "hot-moves": (
-        "DROP INDEX ix_observers_service; DROP INDEX ix_observers_attempts; ALTER TABLE observers SET (fillfactor = 70)"
-    ),
-}
 # These work on the observers that ``create`` made.
 NEEDS_CREATE = {"failover", "catch-up", "stop"}
 BULK = 1000
@@ -141,10 +129,8 @@ class Bench:
         quick: bool,
         only: set[str] | None = None,
         profile_dir: Path | None = None,
-        what_if: str | None = None,
     ) -> None:
         self.system = system
-        self.what_if = what_if  # a schema change to try (WHAT_IFS), not the product's schema
         self.only = only  # scenarios to run (None: all); raw always runs, the targets need it
         self.profile_dir = profile_dir
         self.n = n
@@ -233,9 +219,6 @@ class Bench:
         await asyncio.to_thread(self.system.start_manager)
         await asyncio.to_thread(self.start_services)
         self.db = await asyncpg.connect(self.system.database_url.replace("+asyncpg", ""))
-        if self.what_if is not None:
-            await self.db.execute(WHAT_IFS[self.what_if])
-            print(f"what-if {self.what_if}: {WHAT_IFS[self.what_if]}", flush=True)
         try:
             # In this order: each scenario starts from the state the previous one left.
             await self._run("create", self.create)
@@ -415,7 +398,7 @@ class Bench:
         victim.kill9()
 
         async def moved_all() -> bool:
-            left = await self.any_observer("status = 'Processing' AND service_id = $1", row["service_id"])
+            left = await self.any_observer(f"status = 'Processing' AND {ON_HOST}", row["service_id"])
             return not left and await self.processing() == self.n
 
         await self.until(moved_all, 120, "failover")

@@ -23,13 +23,11 @@ process's CPU (the state process's share) and of PostgreSQL's CPU (every process
 cluster: backends, WAL writer). No targets: this explains the failover's figure in
 ``make bench``, it does not replace it.
 
-``--without-host-indexes`` is a what-if, not the product's schema: it drops the two indexes
-on columns a move changes (``ix_observers_service``, ``ix_observers_attempts``) in the
-bench's own database, so PostgreSQL can update a moved row in place (a HOT update, no new
-entry in any index).
+Since migration 0011 a moved row is updated in place (no index of ``observers`` covers a
+column a move changes) and its host is mirrored in ``observer_hosts`` by triggers; the
+``--without-host-indexes`` what-if that measured that change before it is gone with it.
 
     python -m bench.state_apply [--n 10000] [--runs 5] [--per-message 100] [--messages 7]
-    python -m bench.state_apply --without-host-indexes
 
 Results: ``bench/results/state-apply-<UTC time>.json``.
 """
@@ -50,7 +48,7 @@ import asyncpg
 import uvloop
 
 from bench import profile
-from bench.fresh import fresh_system
+from bench.fresh import ON_HOST, fresh_system
 from bench.scale import RESULTS
 from manager.db.engine import make_engine, make_sessionmaker
 from manager.state.consumer import StateConsumer
@@ -109,8 +107,6 @@ async def measure(url: str, postgres_pid: int, args: argparse.Namespace) -> list
     consumer = StateConsumer(make_sessionmaker(engine), None, StateRules(ProbationPolicy(0, 3600)))  # type: ignore[arg-type]
     db = await asyncpg.connect(url.replace("+asyncpg", ""))
     try:
-        if args.without_host_indexes:
-            await db.execute("DROP INDEX ix_observers_service; DROP INDEX ix_observers_attempts")
         hosts = [born(f"bench-{i}") for i in range(4)]
         await consumer._transaction(hosts)
         ids = await seed(db, hosts[:3], args.n)
@@ -131,7 +127,7 @@ async def measure(url: str, postgres_pid: int, args: argparse.Namespace) -> list
                 await consumer._transaction(batch)
             wall, cpu = time.perf_counter() - began, time.process_time() - cpu_before
             pg = postgres_cpu(postgres_pid) - pg_before
-            moved = await db.fetchval("SELECT count(*) FROM observers WHERE service_id = $1", to.service_id)
+            moved = await db.fetchval(f"SELECT count(*) FROM observers WHERE {ON_HOST}", to.service_id)
             assert moved == len(ids), f"{moved} of {len(ids)} rows moved"
             per_row = 1e6 / len(ids)
             runs.append(Run(len(ids), wall * per_row, cpu * per_row, pg * per_row, len(batches)))
@@ -155,7 +151,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--per-message", type=int, default=100, help="ids per ObserversStarted")
     parser.add_argument("--messages", type=int, default=7, help="messages per transaction")
-    parser.add_argument("--without-host-indexes", action="store_true", help="what-if: see the module's docstring")
     args = parser.parse_args(argv)
     infra.up()
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()

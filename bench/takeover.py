@@ -36,7 +36,7 @@ import asyncpg
 import httpx
 
 from bench import profile
-from bench.fresh import any_observer, fresh_system
+from bench.fresh import ON_HOST, any_observer, fresh_system
 from bench.scale import RESULTS, SCALE_ENV
 from bench.scenarios import BULK
 from tools import infra
@@ -73,7 +73,7 @@ def thread_cpu(pid: int) -> tuple[float, float]:
 
 async def until_held(db: asyncpg.Connection, service_id: object, count: int, every: float) -> None:
     """Until ``count`` observers are Processing on ``service_id``."""
-    query = "SELECT count(*) FROM observers WHERE status = 'Processing' AND service_id = $1"
+    query = f"SELECT count(*) FROM observers WHERE status = 'Processing' AND {ON_HOST}"
     while True:
         if await db.fetchval(query, service_id) >= count:
             return
@@ -84,7 +84,7 @@ async def until_moved(db: asyncpg.Connection, giver_id: object, every: float) ->
     """Until no observer is Processing on ``giver_id`` (``any_observer``: polling it ten times
     a second costs PostgreSQL next to nothing during the takeover)."""
     while True:
-        if not await any_observer(db, "status = 'Processing' AND service_id = $1", giver_id):
+        if not await any_observer(db, f"status = 'Processing' AND {ON_HOST}", giver_id):
             return
         await asyncio.sleep(every)
 
