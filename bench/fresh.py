@@ -45,6 +45,20 @@ async def busiest_host(db: asyncpg.Connection) -> asyncpg.Record:
 # ``observers.service_id`` has none.
 ON_HOST = "id IN (SELECT observer_id FROM observer_hosts WHERE service_id = $1)"
 
+# How many observers the rows say the service $1 holds (Processing or OnDeleting, in any of
+# its sessions), from the counts the manager's triggers keep (``manager/state/digest.py``):
+# a poll reads a row or two. Polled through ``ON_HOST``, the last poll of a failover walked
+# an index entry of every row moved away (10,002 rows, 163 ms inside the failover's clock;
+# PostgreSQL's statement log), a third of a million at 1,000,000.
+_HELD_BY = (
+    "SELECT coalesce(sum(n), 0) FROM (SELECT n FROM held_digests WHERE service_id = $1 "
+    "UNION ALL SELECT n FROM held_digest_deltas WHERE service_id = $1) AS held"
+)
+
+
+async def held_by(db: asyncpg.Connection, service_id: Any) -> int:
+    return int(await db.fetchval(_HELD_BY, service_id))
+
 
 async def any_observer(db: asyncpg.Connection, where: str, *args: Any) -> bool:
     """Whether an observer matches ``where``. The benchmarks' polls ask this, and count only
@@ -59,7 +73,7 @@ async def any_observer(db: asyncpg.Connection, where: str, *args: Any) -> bool:
     bitmaps (the host's rows, every Processing row), which read everything: 2.5-3.5 ms a
     poll instead of 0.06 ms (EXPLAIN ANALYZE mid-failover). Through ``ON_HOST`` it scanned
     the observers for the host's ids: 35 to 80 ms a poll, half a core of PostgreSQL taken
-    from the failover it timed (PostgreSQL's statement log)."""
+    from the failover it timed (PostgreSQL's statement log; ``held_by`` polls a host now)."""
     async with db.transaction():
         for method in ("bitmapscan", "seqscan", "hashjoin", "mergejoin"):
             await db.execute(f"SET LOCAL enable_{method} = off")

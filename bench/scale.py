@@ -53,7 +53,7 @@ import httpx
 
 from bench import broker_work, curve, profile
 from bench.deaths import Killed, close_ledger, open_ledger
-from bench.fresh import ON_HOST, any_observer, busiest_host, fresh_system
+from bench.fresh import busiest_host, fresh_system, held_by
 from bench.raw import arun_raw
 from bench.scenarios import BENCH_ENV, BULK, latencies_ms, percentile, rss_kib
 from shared.settings import ManagerSettings, ServiceSettings
@@ -386,8 +386,7 @@ class ScalePoint:
     async def _moved_from(self, service_id: Any) -> None:
         async def moved() -> bool:
             assert self.db is not None
-            left = await any_observer(self.db, f"status = 'Processing' AND {ON_HOST}", service_id)
-            return not left and await self._count_is("Processing", self.point.size)
+            return await held_by(self.db, service_id) == 0 and await self._count_is("Processing", self.point.size)
 
         await self.until(moved, 1_800, "the killed service's share Processing elsewhere")
 

@@ -26,7 +26,7 @@ import httpx
 
 from bench import profile
 from bench.deaths import Killed, Ledger, close_ledger, open_ledger
-from bench.fresh import ON_HOST, any_observer, busiest_host
+from bench.fresh import any_observer, busiest_host, held_by
 from bench.raw import arun_raw
 from shared import topology
 from shared.collector import paused_collection
@@ -398,8 +398,8 @@ class Bench:
         victim.kill9()
 
         async def moved_all() -> bool:
-            left = await self.any_observer(f"status = 'Processing' AND {ON_HOST}", row["service_id"])
-            return not left and await self.processing() == self.n
+            assert self.db is not None
+            return await held_by(self.db, row["service_id"]) == 0 and await self.processing() == self.n
 
         await self.until(moved_all, 120, "failover")
         elapsed = time.monotonic() - began

@@ -36,7 +36,7 @@ import asyncpg
 import httpx
 
 from bench import profile
-from bench.fresh import ON_HOST, any_observer, fresh_system
+from bench.fresh import fresh_system, held_by
 from bench.scale import RESULTS, SCALE_ENV
 from bench.scenarios import BULK
 from tools import infra
@@ -72,19 +72,18 @@ def thread_cpu(pid: int) -> tuple[float, float]:
 
 
 async def until_held(db: asyncpg.Connection, service_id: object, count: int, every: float) -> None:
-    """Until ``count`` observers are Processing on ``service_id``."""
-    query = f"SELECT count(*) FROM observers WHERE status = 'Processing' AND {ON_HOST}"
+    """Until ``service_id`` holds ``count`` observers (``held_by``)."""
     while True:
-        if await db.fetchval(query, service_id) >= count:
+        if await held_by(db, service_id) >= count:
             return
         await asyncio.sleep(every)
 
 
 async def until_moved(db: asyncpg.Connection, giver_id: object, every: float) -> None:
-    """Until no observer is Processing on ``giver_id`` (``any_observer``: polling it ten times
-    a second costs PostgreSQL next to nothing during the takeover)."""
+    """Until ``giver_id`` holds no observer (``held_by``: polling it ten times a second costs
+    PostgreSQL next to nothing during the takeover)."""
     while True:
-        if not await any_observer(db, f"status = 'Processing' AND {ON_HOST}", giver_id):
+        if await held_by(db, giver_id) == 0:
             return
         await asyncio.sleep(every)
 
