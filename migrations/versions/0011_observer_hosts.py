@@ -17,8 +17,8 @@ wrote every moved row anew with an entry in six of the table's seven indexes. No
   table is not rewritten here, which would lock it for as long as the copy takes.
 
 With no indexed column changed and room on its page, PostgreSQL updates a moved row in place
-(a HOT update: no index entry at all). ``python -m bench.run --what-if hot-moves`` measured
-that what-if before this migration (``docs/bench-history.md``, eighth session of 2026-11-27).
+(a HOT update: no index entry at all). What that gains, and what the second table costs:
+``docs/bench-history.md``, the eighth and ninth sessions of 2026-11-27.
 
 Revision ID: 0011
 Revises: 0010
@@ -36,17 +36,17 @@ down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# Rows go by id, and the function turns sequential scans off for its own statements: even
-# ``observer_id = ANY(ids)`` on the primary key was planned as a scan of every row of
-# observer_hosts at 40,000 (the planner prices an index probe as a disk read), and a join with
-# the transition tables hashed the whole table: 27 of the trigger's 38 ms to move 700 rows,
-# and a scan of 1,000,000 rows per statement at that size (EXPLAIN through auto_explain).
-# The setting holds only while the function runs; the transition tables are not scanned
-# sequentially in that sense, so their join is still hashed.
-# That join is run by EXECUTE, planned for each statement: PL/pgSQL keeps a statement's plan
-# for the connection, and a join planned for a move of one row (a nested loop) then
-# compared every old row with every new one in each later move: 3.7 s instead of 0.2 s for
-# 5,000 rows after one (psql), 100 to 610 ms per batch of a failover in `make bench`.
+# Two plans the function keeps PostgreSQL from (auto_explain and psql):
+# * A scan of every key per statement. Keys are deleted by id (``observer_id = ANY(ids)``),
+#   and sequential scans are off while the function runs: the planner, which prices an index
+#   probe as a disk read, scanned all of observer_hosts to delete 700 keys (27 of the
+#   trigger's 38 ms at 40,000 rows; a million rows per statement at 1,000,000). Reading a
+#   transition table is not a sequential scan in that sense.
+# * A plan kept for the connection. PL/pgSQL plans a statement once per connection: the join
+#   of the transition tables, planned for a move of one row (a nested loop), then compared
+#   every old row with every new one in each later move (3.7 s instead of 0.2 s for 5,000
+#   rows after one; 100 to 610 ms per state batch in make bench's failover). It runs by
+#   EXECUTE, planned for each statement.
 _FUNCTION = """
 CREATE FUNCTION observer_hosts_sync() RETURNS trigger LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
