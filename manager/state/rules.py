@@ -30,7 +30,7 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.hosts import hosted_on
+from manager.db.hosts import ids_on
 from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
@@ -323,7 +323,8 @@ class StateRules:
             & Observer.host_session_id.is_not_distinct_from(m.session_id)
         )
         held = (S.PROCESSING, S.ON_DELETING)
-        held_here = hosted_on(sid) & Observer.status.in_(held)
+        on_host = id_in(Observer.id, await ids_on(session, sid))  # an OR below: see ids_on
+        held_here = on_host & (Observer.service_id == sid) & Observer.status.in_(held)
         conflicts = self.suspicions.conflicts
 
         def disagrees(row: Row) -> bool:  # the query's condition, for the rows cached in this batch
