@@ -11,7 +11,8 @@ all of them, so the README's claim can be checked, and made again after new runs
     python -m bench.history --split 2026-11-27T12:00  # or that time
     python -m bench.history --table FILE           # one run as the README's markdown table
 
-Counted: runs at full size (not ``--quick``), not profiled and with no ``--what-if``; a run
+Counted: runs at full size (not ``--quick``), not profiled and with no ``what_if`` (the eighth
+session's ``--what-if hot-moves`` runs, before migration 0011 made that the schema); a run
 made with ``--only`` counts for the scenarios it ran. The failover's ratio is to the raw
 redelivery of the same run, as its target is.
 """
