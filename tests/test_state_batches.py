@@ -42,20 +42,24 @@ async def _hosted(session: AsyncSession, name: str, host: uuid.UUID) -> uuid.UUI
     return oid
 
 
-async def _apply(sessions: async_sessionmaker[AsyncSession], batch: list[StateMessage]) -> int:
-    """Apply ``batch`` in one transaction as the consumer does; the observer rows it updated
-    (counting a row written twice twice)."""
+# Counted as a difference within the transaction: the view may still hold the counts of the
+# connection's earlier transactions (PostgreSQL 15 reports them once flushed, at most every second).
+_UPDATES = text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'observers'")
+
+
+async def _apply(sessions: async_sessionmaker[AsyncSession], batch: list[StateMessage]) -> tuple[int, int]:
+    """Apply ``batch`` in one transaction as the consumer does; the observer row updates it
+    made (counting a row written twice twice), and how many of them were in place (HOT)."""
     rules = StateRules(ProbationPolicy(0, 60.0))
     async with sessions.begin() as session:
+        before = (await session.execute(_UPDATES)).one()
         await rules.preload(session, batch)
         now = datetime.now(UTC)
         for message in batch:
             await rules.apply(session, message, now)
         await rules.flush(session)
-        updates = await session.scalar(
-            text("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'observers'")
-        )
-    return int(updates or 0)
+        after = (await session.execute(_UPDATES)).one()
+    return after[0] - before[0], after[1] - before[1]
 
 
 async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_hosts(
@@ -118,7 +122,7 @@ async def test_an_inventory_judges_the_rows_its_batch_changed_and_each_row_is_wr
         # Later it runs only ``kept``: ``gone`` is hosted by it in this batch alone, in memory.
         ServiceInventory(service_id=new, observer_ids=[kept], session_id=on_new),
     ]
-    updates = await _apply(sessions, batch)
+    updates, _ = await _apply(sessions, batch)
 
     async with sessions() as session:
         rows = {
@@ -189,20 +193,10 @@ async def test_a_failover_updates_the_moved_rows_in_place_and_keeps_their_attemp
         await session.execute(text("UPDATE observers SET attempts = 2"))
     moving = [oid for oid, host in rows if host == hosts[0]]
     on_new = uuid.uuid4()
-    rules = StateRules(ProbationPolicy(0, 60.0))
-    # Counted as a difference: the view may still hold the counts of this connection's earlier
-    # transactions (PostgreSQL 15 reports them once flushed, at most every second).
-    updates = text("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = 'observers'")
-    async with sessions.begin() as session:
-        before = (await session.execute(updates)).one()
-        batch: list[StateMessage] = [
-            ObserversStarted(service_id=hosts[3], session_id=on_new, redelivered=True, observer_ids=moving)
-        ]
-        await rules.preload(session, batch)
-        await rules.apply(session, batch[0], datetime.now(UTC))
-        await rules.flush(session)
-        after = (await session.execute(updates)).one()
-    updated, in_place = after[0] - before[0], after[1] - before[1]
+    batch: list[StateMessage] = [
+        ObserversStarted(service_id=hosts[3], session_id=on_new, redelivered=True, observer_ids=moving)
+    ]
+    updated, in_place = await _apply(sessions, batch)
     assert (updated, in_place) == (len(moving), len(moving))
 
     async with sessions() as session:
