@@ -56,6 +56,10 @@ class StateChild:
         self._proc = subprocess.Popen([sys.executable, "-m", "manager.state_process"], env=env)
         logger.info("state process started (pid %d)", self._proc.pid)
 
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
     def start(self) -> None:
         if self._proc is None:
             self.spawn()

@@ -94,11 +94,20 @@ def main() -> None:
 
 async def _run_until_signalled(settings: ManagerSettings) -> None:
     engine = make_engine(settings.database_url)
-    await check_schema(engine)
     sessions = make_sessionmaker(engine)
     broker = BrokerLink(settings)
     side = StateSide(settings, sessions, broker)
+    # The broker's connection is made while the schema is checked, not after it (0.1 to 0.3 s
+    # of a restarted manager's catch-up). Deliveries only wait, decoded, in the consumer's
+    # inbox until ``side.run`` applies them: nothing is applied, and nothing acked, on a
+    # database the check refuses (``tests/test_state_start.py``).
     broker.start(side.on_message)
+    try:
+        await check_schema(engine)
+    except BaseException:
+        await broker.close()
+        await engine.dispose()
+        raise
     task = asyncio.create_task(side.run())
     gc.collect()
     gc.freeze()  # start-up objects are never garbage: keep full collections from walking them

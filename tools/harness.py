@@ -120,6 +120,11 @@ class System:
             wait_for(lambda: self.get("/readyz").status_code == 200, 60, "the manager to be ready")
         return self.manager
 
+    def start_process(self, name: str, module: str, **extra: str) -> Proc:
+        """Any of the project's processes (``python -m module``) with this system's settings,
+        not waited for: e.g. the manager's state process alone."""
+        return self._spawn(name, module, extra)
+
     def start_service(self, name: str, workers: int = 10, wait: bool = True, **extra: str) -> Proc:
         proc = self._spawn(
             name, "observer_service", {"ORCH_SERVICE_NAME": name, "ORCH_WORKERS_COUNT": str(workers)} | extra

@@ -1,0 +1,89 @@
+"""How the manager's state side starts (``manager/__main__.py``, ``manager/state_process.py``).
+
+The state process is spawned before the manager reads its settings, and connects to the
+broker while it checks the database's schema: both so that a restarted manager begins
+applying its backlog sooner. Neither may cost what the old order guaranteed: a manager whose
+settings are wrong leaves no state process behind, and a state process on a database the
+schema check refuses applies nothing and acks nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from shared import topology
+from tests.test_migrations import alembic
+from tools import infra
+from tools.harness import System, wait_for
+
+CHILD_MARK = "ORCH_STATE_PARENT_PID"  # manager.state_child.PARENT_PID_ENV
+
+
+def state_processes_of(manager_pid: int) -> list[int]:
+    """The state processes that manager spawned and that still run (by their environment)."""
+    mark = f"{CHILD_MARK}={manager_pid}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # ended meanwhile
+            continue
+        if mark in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_state_process_is_spawned_before_the_settings_are_read(system: System) -> None:
+    manager = system.start_manager()
+    assert "before the settings were read" in manager.text()
+    assert len(state_processes_of(manager.popen.pid)) == 1
+    system.start_service("svc-a")  # waits until the state process has applied its birth
+
+
+def test_a_manager_whose_settings_are_wrong_leaves_no_state_process(system: System) -> None:
+    # The child is spawned before the parent reads ORCH_STATE_PREFETCH (it must be >= 1):
+    # it must end with its parent.
+    manager = system.start_manager(wait=False, ORCH_STATE_PREFETCH="0")
+    assert manager.popen.wait(60) != 0
+    assert "state_prefetch" in manager.text()
+    wait_for(lambda: not state_processes_of(manager.popen.pid), 30, "the state process to end with its parent")
+
+
+async def test_a_state_process_on_an_outdated_schema_applies_and_acks_nothing(
+    system: System, sessions: async_sessionmaker[AsyncSession], postgres: infra.PostgresNode
+) -> None:
+    alembic(system.database_url, "downgrade", "-1")
+    # A service and no manager (the queues as a manager declares them): its birth and
+    # heartbeats wait in the state queue.
+    await asyncio.to_thread(system.amqp, topology.declare_common)
+    system.start_service("svc-a")
+    await asyncio.to_thread(wait_for, lambda: queued(system)[0] >= 3, 60, "the service's reports to wait")
+    system.stop_all()
+    waiting = (await asyncio.to_thread(queued, system))[0]
+
+    # The state process alone, so that it is its own schema check that refuses the database
+    # (a manager's API refuses it too, and its child ends with it). The check reads
+    # alembic_version: held here until the process has been delivered every report.
+    async with sessions() as session, session.begin():
+        await session.execute(text("LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE"))
+        state = system.start_process("state", "manager.state_process")
+        await asyncio.to_thread(wait_for, lambda: queued(system) == (0, 1), 60, "every report delivered, unacked")
+    assert await asyncio.to_thread(state.popen.wait, 60) != 0
+    assert "database schema is at revision" in state.text()
+    # Its connection ended with it: every report is back in the queue, and none was applied.
+    await asyncio.to_thread(wait_for, lambda: queued(system) == (waiting, 0), 30, "every report back in the queue")
+    database = make_url(system.database_url).database
+    assert database
+    assert postgres.psql("SELECT count(*) FROM services", database=database).strip() == "0"
+
+
+def queued(system: System) -> tuple[int, int]:
+    """(ready messages, consumers) of the state queue."""
+    return system.queue_counts(topology.STATE_QUEUE)
