@@ -16,10 +16,10 @@ logger = logging.getLogger("manager")  # not "__main__" when run with -m
 def main() -> None:
     child = None
     if _state_process_by_default():
-        # Before the settings: importing them (pydantic and the messages' models) took 0.4 to
-        # 0.6 s of this machine's core before the spawn, and a restarted manager's backlog
-        # waits for the state process alone. A settings error stops this process below, and
-        # the child with it (it dies with its parent).
+        # Before the settings: importing them (pydantic and the messages' models) took about
+        # 0.5 s of this machine's core before the spawn, and a restarted manager's backlog
+        # waits for the state process alone (python -m bench.manager_start). A settings error
+        # stops this process below, and the child with it (it dies with its parent).
         from manager.state_child import StateChild
 
         child = StateChild()

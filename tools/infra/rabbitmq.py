@@ -245,8 +245,8 @@ class RabbitNode:
 
     def add_vhosts(self, vhosts: Sequence[str]) -> None:
         """``add_vhost`` for each of ``vhosts`` in one ``rabbitmqctl eval``: each rabbitmqctl
-        call boots an Erlang VM (about a CPU second on this machine), and the test suite,
-        which is CPU-bound, made three per test (add, permissions, delete)."""
+        call boots an Erlang VM (about a CPU second on this machine), and the test suite
+        made three per test (add, permissions, delete)."""
         self.ctl(
             "eval",
             f"""
