@@ -38,7 +38,7 @@ from manager.db.models import (
     ServiceStatus,
 )
 from manager.db.retry import retry_lost_races
-from manager.db.sql import id_in
+from manager.db.sql import id_in, lock_by_ids
 from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
 from manager.history import NewEvent, insert_events
 from manager.kinds import CatalogCache, KindCatalog, NewObserver, validate
@@ -321,15 +321,9 @@ class ObserverCommands:
 
         async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID], list[int]]:
             async with self.sessions.begin() as session:
-                # Lock in id order, like the state consumer, so the two never deadlock.
-                rows = (
-                    await session.execute(
-                        select(Observer.id, Observer.status, Observer.life)
-                        .where(id_in(Observer.id, wanted))
-                        .order_by(Observer.id)
-                        .with_for_update(key_share=True)
-                    )
-                ).all()
+                # Lock in id order, like the state consumer, so the two never deadlock; by a
+                # join with the ids, whose rechecks of rows it changed meanwhile cost little.
+                rows = (await session.execute(lock_by_ids((Observer.id, Observer.status, Observer.life), wanted))).all()
                 found = {i: s for i, s, _ in rows}
                 stoppable = (ObserverStatus.CREATED, ObserverStatus.PROCESSING)
                 to_stop = [i for i, s, _ in rows if s in stoppable]

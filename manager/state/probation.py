@@ -103,7 +103,12 @@ async def host_died(
     if not counts:
         return {}
     isolate: dict[uuid.UUID, uuid.UUID] = {}
-    for row in await rows.load(id_in(Observer.id, counts) & Observer.status.in_(_LIVE)):
+    # ``matching``, not ``load``: the victims are read by an array of ids, and a host's share
+    # is moving while its death is recorded (``manager/state/rows.py``).
+    live = await rows.matching(
+        id_in(Observer.id, counts) & Observer.status.in_(_LIVE), lambda row: row.id in counts and row.status in _LIVE
+    )
+    for row in live:
         if row.probation_since is not None:
             continue  # already on probation: a death of a host it ran on proves nothing more
         row.probation_since, row.probation_clean_since = now, None

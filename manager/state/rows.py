@@ -23,7 +23,7 @@ one lost); its writes are immediate (see there why).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.hosts import hosted_on
 from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
-from manager.db.sql import factor, id_in
+from manager.db.sql import factor, id_in, lock_by_ids
 from manager.history import NewEvent, insert_events
 from shared.messages import ServiceBorn
 
@@ -126,27 +126,30 @@ class ObserverRows:
     async def load(self, where: ColumnElement[bool]) -> list[Row]:
         """Lock and return the rows matching ``where`` as stored after writing every pending
         change (cached ones keep their state). For queries on columns rules change; a caller
-        that can judge the cached rows itself uses :meth:`matching`, which writes nothing."""
+        that can judge the cached rows itself uses :meth:`matching`, which writes nothing.
+        One statement: its callers (probations due to end) name no id array, whose rechecks
+        are what :meth:`matching` avoids."""
         await self.flush()
-        return await self._select(where)
-
-    async def _select(self, where: ColumnElement[bool]) -> list[Row]:
-        """Lock and return the rows the stored state says match ``where``: right for every
-        row not cached here (only cached rows have pending changes), and for any query on
-        ids alone (ids never change)."""
         return [self._rows.get(values[0]) or self._remember(values) for values in await self._locked(where)]
 
     async def matching(self, where: ColumnElement[bool], judge: Callable[[Row], bool]) -> list[Row]:
         """Lock and return the rows that match as this transaction sees them, without
-        flushing first: ``where`` (the query) judges the rows not cached here, whose stored
+        flushing first: ``where`` (the query) finds the rows not cached here, whose stored
         state is the transaction's; ``judge`` (the same condition, in Python) judges the
         cached ones, whose stored state may be stale. Flushing would write every changed row
         before the query and again when it changed once more: a manager catching up on a
         fleet restart released each goodbye's rows and moved them to their new hosts in one
         batch, and wrote 50,000 rows for 30,000 observers (``make bench``, catch-up); a new
-        service's inventory in that batch did the same until it used this."""
+        service's inventory in that batch did the same until it used this.
+
+        The rows ``where`` finds are read first, unlocked, then locked by id
+        (``lock_by_ids``), and ``judge`` decides again on what the lock returned: a row
+        another transaction changed in between is returned as it is now, and only if it
+        still matches, as a single locking statement would recheck it, without that
+        statement's cost (``manager/db/sql.py``)."""
         rows = [row for row in self._rows.values() if judge(row)]
-        rows += [self._remember(values) for values in await self._locked(where) if values[0] not in self._rows]
+        found = [oid for oid in await self.session.scalars(select(Observer.id).where(where)) if oid not in self._rows]
+        rows += [row for row in await self._locked_ids(found) if judge(row)]
         return rows
 
     async def _locked(self, where: ColumnElement[bool]) -> Sequence[Any]:
@@ -155,6 +158,12 @@ class ObserverRows:
             select(*_COLUMNS).where(where).order_by(Observer.id).with_for_update(key_share=True)
         )
         return result.all()
+
+    async def _locked_ids(self, ids: Collection[uuid.UUID]) -> list[Row]:
+        """The rows with these ids (none of them cached), locked in id order, as stored now."""
+        if not ids:
+            return []
+        return [self._remember(values) for values in (await self.session.execute(lock_by_ids(_COLUMNS, ids))).all()]
 
     async def hosted_by(self, service_id: uuid.UUID) -> list[Row]:
         """Lock and return the rows ``service_id`` hosts (Processing or OnDeleting) as this
@@ -173,15 +182,16 @@ class ObserverRows:
         return row
 
     async def preload(self, ids: set[uuid.UUID]) -> None:
-        if ids:
-            found = {row.id for row in await self._select(id_in(Observer.id, ids))}
-            self._absent |= ids - found
+        """Lock and cache the rows with these ids (those not cached yet)."""
+        missing = ids - self._rows.keys()
+        found = {row.id for row in await self._locked_ids(missing)}
+        self._absent |= missing - found
 
     async def get(self, observer_id: uuid.UUID) -> Row | None:
         row = self._rows.get(observer_id)
         if row is not None or observer_id in self._absent:
             return row
-        rows = await self._select(Observer.id == observer_id)
+        rows = await self._locked_ids([observer_id])
         if not rows:
             self._absent.add(observer_id)
         return rows[0] if rows else None
