@@ -322,7 +322,7 @@ class ObserverCommands:
         async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID], list[int]]:
             async with self.sessions.begin() as session:
                 # Lock in id order, like the state consumer, so the two never deadlock; by a
-                # join with the ids, whose rechecks of rows it changed meanwhile cost little.
+                # semi-join with the ids, whose rechecks of rows changed meanwhile cost little.
                 rows = (await session.execute(lock_by_ids((Observer.id, Observer.status, Observer.life), wanted))).all()
                 found = {i: s for i, s, _ in rows}
                 stoppable = (ObserverStatus.CREATED, ObserverStatus.PROCESSING)

@@ -8,14 +8,14 @@ inventory of 3,334 rows racing the broker-loss rebuild's release of the same row
 11.5 s of PostgreSQL's CPU (``perf``: qsort in ``_bt_preprocess_array_keys`` under
 ``EvalPlanQualNext``), and the rebuild waited for it: ``make bench``'s broker-loss took 13 to
 14 s in about half its runs instead of 2.7. Rows are now found unlocked, then locked through
-a join with their ids (``manager.db.sql.lock_by_ids``).
+a semi-join with their ids (``manager.db.sql.lock_by_ids``).
 
 Each test holds the first row, lets the consumer's lock wait on it, changes every other row in
 a third transaction, then lets go: every row the consumer locks after that is rechecked. A
-statement timeout far above what the join takes (2.4 s for the whole test here, inserting
+statement timeout far above what the semi-join takes (2.4 s for the whole test here, inserting
 100,000 rows included) turns the old cost into a failure: the first test ran into it (20 s)
 with the single locking statement. The preload test passed with it too (its plan read the
-rows without a bitmap): it checks the locked join returns every row under the race.
+rows without a bitmap): it checks the semi-join returns every row under the race.
 """
 
 from __future__ import annotations
