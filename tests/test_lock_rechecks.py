@@ -7,7 +7,7 @@ A ``SELECT ... FOR NO KEY UPDATE`` that finds a row changed since its snapshot r
 inventory of 3,334 rows racing the broker-loss rebuild's release of the same rows took
 11.5 s of PostgreSQL's CPU (``perf``: qsort in ``_bt_preprocess_array_keys`` under
 ``EvalPlanQualNext``), and the rebuild waited for it: ``make bench``'s broker-loss took 13 to
-14 s in about half its runs instead of 2.7. Rows are now found unlocked, then locked through
+14 s in 2 of 4 runs instead of 2.7. Rows are now found unlocked, then locked through
 a semi-join with their ids (``manager.db.sql.lock_by_ids``).
 
 Each test holds the first row, lets the consumer's lock wait on it, changes every other row in
