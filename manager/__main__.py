@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from manager.state_child import StateChild
 
 logger = logging.getLogger("manager")  # not "__main__" when run with -m
 
@@ -20,10 +24,7 @@ def main() -> None:
         # 0.5 s of this machine's core before the spawn, and a restarted manager's backlog
         # waits for the state process alone (python -m bench.manager_start). A settings error
         # stops this process below, and the child with it (it dies with its parent).
-        from manager.state_child import StateChild
-
-        child = StateChild()
-        child.spawn()
+        child = _spawn_state_process()
 
     from shared.logs import configure_logging
     from shared.settings import get_manager_settings
@@ -33,10 +34,7 @@ def main() -> None:
     if child is not None:
         logger.info("state process started (pid %s) before the settings were read", child.pid)
     elif settings.state_process:
-        from manager.state_child import StateChild
-
-        child = StateChild()
-        child.spawn()
+        child = _spawn_state_process()
     # Imported only now, while the child imports its own half.
     import uvicorn
 
@@ -51,6 +49,14 @@ def main() -> None:
         loop="uvloop" if uses_uvloop(settings.event_loop) else "asyncio",
         access_log=False,
     )
+
+
+def _spawn_state_process() -> StateChild:
+    from manager.state_child import StateChild
+
+    child = StateChild()
+    child.spawn()
+    return child
 
 
 def _state_process_by_default() -> bool:
