@@ -22,17 +22,10 @@ import sys
 
 logger = logging.getLogger(__name__)
 
-METRICS_PORT_ENV = "ORCH_STATE_METRICS_PORT"  # set by the parent for its child
+METRICS_FD_ENV = "ORCH_STATE_METRICS_FD"  # set by the parent for its child
 PARENT_PID_ENV = "ORCH_STATE_PARENT_PID"
 _RESTART_AFTER_S = 1.0
 _STOP_GRACE_S = 10.0
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (for the child's metrics)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class StateChild:
@@ -45,15 +38,24 @@ class StateChild:
     (``shared.process.die_with_parent``).
     """
 
-    def __init__(self, metrics_port: int | None = None) -> None:
-        self.metrics_port = metrics_port if metrics_port is not None else free_port()
+    def __init__(self) -> None:
+        # The child's metrics socket is bound here, kept open for this process's life and
+        # handed to each child (``pass_fds``). The child used to bind a port this process had
+        # picked with bind(0) and closed: free again, so any process's next bind(0) could take
+        # it first (and a port taken for good would fail every restart of the child). In a
+        # test, the child's pick was the port the test had picked for the manager: the
+        # readiness probe got the child's metrics. Owned here, the port is this manager's
+        # from the start and across restarts.
+        self._metrics_socket = socket.create_server(("127.0.0.1", 0))
+        self.metrics_port: int = self._metrics_socket.getsockname()[1]
         self._proc: subprocess.Popen[bytes] | None = None
         self._watch: asyncio.Task[None] | None = None
 
     def spawn(self) -> None:
-        env = os.environ | {METRICS_PORT_ENV: str(self.metrics_port), PARENT_PID_ENV: str(os.getpid())}
+        fd = self._metrics_socket.fileno()
+        env = os.environ | {METRICS_FD_ENV: str(fd), PARENT_PID_ENV: str(os.getpid())}
         # Same stdout/stderr as the manager: one log for both halves.
-        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state_process"], env=env)
+        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state_process"], env=env, pass_fds=(fd,))
         logger.info("state process started (pid %d)", self._proc.pid)
 
     @property

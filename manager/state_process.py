@@ -10,8 +10,8 @@ The child:
 * dies with its parent (``PR_SET_PDEATHSIG``): a ``kill -9`` of the manager leaves no state
   consumer behind;
 * is started again by the parent, after a pause, if it exits on its own;
-* serves its counters (``STATE_REGISTRY``) on a loopback port; the API's ``/metrics`` adds
-  them to its own.
+* serves its counters (``STATE_REGISTRY``) on a loopback socket its parent bound and keeps
+  (``StateChild``); the API's ``/metrics`` adds them to its own.
 
 It publishes only follow-ups and re-publishes (sweeper); the API process publishes creates.
 The sweeper of the child cannot see which starts the API is publishing right now, so it
@@ -27,10 +27,15 @@ import gc
 import logging
 import os
 import signal
+import socket
+import threading
 import uuid
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler
 
-import prometheus_client
 from aio_pika.abc import AbstractIncomingMessage
+from prometheus_client import make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.background import BackgroundLoops
@@ -41,7 +46,7 @@ from manager.queue_waker import StartQueueWaker
 from manager.state.consumer import StateConsumer
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
-from manager.state_child import METRICS_PORT_ENV, PARENT_PID_ENV
+from manager.state_child import METRICS_FD_ENV, PARENT_PID_ENV
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
 from shared.process import die_with_parent
@@ -85,11 +90,28 @@ def main() -> None:
         die_with_parent(int(parent))
     settings = get_manager_settings()
     configure_logging(settings.log_level, "manager:state", settings.log_format)
-    port = int(os.environ.get(METRICS_PORT_ENV, "0"))
-    if port:
-        prometheus_client.start_http_server(port, addr="127.0.0.1", registry=STATE_REGISTRY)
+    fd = os.environ.get(METRICS_FD_ENV)
+    if fd is not None:
+        _serve_metrics(socket.socket(fileno=int(fd)))
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
         runner.run(_run_until_signalled(settings))
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Not a line per scrape."""
+
+
+def _serve_metrics(listener: socket.socket) -> None:
+    """Serve ``STATE_REGISTRY`` on the parent's listening socket (``StateChild``), from a
+    daemon thread, as ``prometheus_client.start_http_server`` does on a port it binds."""
+    server = ThreadingWSGIServer(listener.getsockname(), _QuietHandler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = listener
+    server.server_name, server.server_port = listener.getsockname()[:2]
+    server.setup_environ()
+    server.set_app(make_wsgi_app(STATE_REGISTRY))
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
 
 
 async def _run_until_signalled(settings: ManagerSettings) -> None:

@@ -4,12 +4,15 @@ pagination. Real processes, real broker and database."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -159,6 +162,39 @@ def _state_process_of(manager_pid: int) -> int | None:
     return None
 
 
+def _squat(port: int, trying_s: float) -> socket.socket | None:
+    """A socket listening on ``port``, or None if it cannot be had for ``trying_s`` (the
+    dead child's sockets may hold it for a moment)."""
+    deadline = time.monotonic() + trying_s
+    while True:
+        squatter = socket.socket()
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            squatter.bind(("127.0.0.1", port))
+            squatter.listen()
+            return squatter
+        except OSError:
+            squatter.close()
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+
+
+def _listening_port(pid: int) -> int | None:
+    """The TCP port ``pid`` listens on (one socket of its own: the state process's metrics)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+            return int(fields[1].rpartition(":")[2], 16)
+    return None
+
+
 def _gone(pid: int) -> bool:
     try:
         return (Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]) == "Z"
@@ -170,7 +206,13 @@ def test_the_state_process_is_restarted_if_it_dies_and_dies_with_the_manager(sys
     manager = system.start_manager()
     system.start_service("svc-a", workers=5)
     first = wait_for(lambda: _state_process_of(manager.popen.pid) or 0, 20, "the state process")
+    metrics_port = wait_for(lambda: _listening_port(first) or 0, 20, "the state process's metrics socket")
     os.kill(first, signal.SIGKILL)
+    wait_for(lambda: _gone(first), 10, "the state process to die", every=0.01)
+    # In the second before the restart, another process tries to take the metrics port. The
+    # manager holds it (``StateChild``), so it cannot; when the child bound a port the
+    # manager had only picked, a port taken here failed every start of the child after it.
+    squatter = _squat(metrics_port, 0.5)
 
     def replaced() -> int:
         pid = _state_process_of(manager.popen.pid) or 0
@@ -179,9 +221,12 @@ def test_the_state_process_is_restarted_if_it_dies_and_dies_with_the_manager(sys
     second = wait_for(replaced, 20, "a new state process")
     assert "state process exited" in manager.text()
 
-    # The new one applies state: an observer created now reaches Processing.
+    # The new one applies state, and its counters are served through the API's /metrics.
     created = system.create("after-restart", args={"interval_s": 1})
     system.wait_status(created["id"], "Processing")
+    wait_for(lambda: "orch_state_messages_applied_total" in system.get("/metrics").text, 20, "the state metrics")
+    if squatter is not None:
+        squatter.close()
 
     # A kill -9 of the manager takes its state process along (no consumer left behind).
     manager.kill9()
