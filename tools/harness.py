@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -39,10 +40,32 @@ FAST_ENV = {
 }
 
 
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_given_ports: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nobody listens on now, for a server a test starts later: chosen below
+    the kernel's ephemeral range, never handed out twice by this process. A port from
+    bind(0) is back in that range once the picker closes it, and any process's next bind(0)
+    may take it before the server binds it: a manager's state process once took the port a
+    test had picked for the manager. Below the range only explicit binds take a port."""
+    try:
+        first_ephemeral = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first_ephemeral = 32768
+    for _ in range(1000):
+        port = random.randrange(10_000, first_ephemeral)
+        if port in _given_ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port found between 10000 and {first_ephemeral}")
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition", every: float = 0.2) -> T:
