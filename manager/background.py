@@ -18,6 +18,7 @@ process at about 1.3 CPU s a minute while idle, at any size (``make bench-scale`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -126,7 +127,11 @@ class BackgroundLoops:
     async def run(self) -> None:
         schedule = StepSchedule(self._periods())
         while True:
-            await asyncio.sleep(self.settings.sweep_interval_s)
+            # A reconnection ends the wait: the rebuild after a broker lost its data starts
+            # then, not at the next pass (up to a sweep interval later).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.broker.reconnected.wait(), self.settings.sweep_interval_s)
+            self.broker.reconnected.clear()
             if not self.broker.ready.is_set():
                 continue
             for step in (

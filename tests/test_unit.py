@@ -21,6 +21,7 @@ from bench.scale import SCALE_ENV
 from bench.scenarios import BENCH_ENV
 from manager.api.schemas import _retry_policy
 from manager.background import BackgroundLoops, StepSchedule
+from manager.broker import reconnect_interval
 from manager.db.engine import decode_json
 from manager.errors import Invalid
 from manager.queries import decode_cursor, encode_cursor
@@ -444,3 +445,12 @@ def test_list_rows_with_one_stored_retry_policy_share_one_model() -> None:
     assert first == RetryPolicy.model_construct(**stored)
     assert other is not first and other is not None and other.max_attempts == 3
     assert _retry_policy(None) is None
+
+
+def test_a_lost_broker_connection_is_retried_soon_at_first_and_seldom_in_a_long_outage() -> None:
+    # A quarter of the time down: a blip is retried within a fraction of a second (the
+    # rebuild after a broker lost its data waits for it), an outage of minutes every 5 s.
+    assert reconnect_interval(0.0) == 0.2
+    assert reconnect_interval(2.0) == 0.5
+    assert reconnect_interval(12.0) == 3.0
+    assert reconnect_interval(600.0) == 5.0
