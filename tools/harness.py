@@ -45,17 +45,24 @@ _given_ports: set[int] = set()
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on now, for a server a test starts later: chosen below
+    """A loopback port nobody listens on now, for a server a test starts later: chosen outside
     the kernel's ephemeral range, never handed out twice by this process. A port from
     bind(0) is back in that range once the picker closes it, and any process's next bind(0)
     may take it before the server binds it: a manager's state process once took the port a
-    test had picked for the manager. Below the range only explicit binds take a port."""
+    test had picked for the manager. Outside the range only explicit binds take a port."""
     try:
-        first_ephemeral = int(_EPHEMERAL.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first_ephemeral = 32768
+        low, high = (int(n) for n in _EPHEMERAL.read_text().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    # Below the range, or above it where it starts too low to leave room (1024-60999 is set
+    # on some hosts).
+    first, last = (10_000, low) if low > 11_000 else (high + 1, 65_536)
+    if last - first < 1000:  # the whole range is ephemeral: bind(0) is all there is
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
     for _ in range(1000):
-        port = random.randrange(10_000, first_ephemeral)
+        port = random.randrange(first, last)
         if port in _given_ports:
             continue
         with socket.socket() as s:
@@ -65,7 +72,7 @@ def free_port() -> int:
                 continue
         _given_ports.add(port)
         return port
-    raise RuntimeError(f"no free loopback port found between 10000 and {first_ephemeral}")
+    raise RuntimeError(f"no free loopback port found from {first} to {last - 1}")
 
 
 def wait_for(predicate: Callable[[], T], timeout: float = 30.0, what: str = "condition", every: float = 0.2) -> T:
