@@ -80,8 +80,9 @@ async def _unless_blocked(connection: aiormq.abc.AbstractConnection, work: Corou
 
 def reconnect_interval(down_for_s: float) -> float:
     """Seconds until the next attempt to reconnect a connection lost ``down_for_s`` ago: a
-    quarter of that, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``."""
-    return min(_RECONNECT_MAX_S, max(_RECONNECT_FIRST_S, down_for_s / 4))
+    quarter of that, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``, to a hundredth
+    (aio-pika's log line for each attempt prints it as it is)."""
+    return round(min(_RECONNECT_MAX_S, max(_RECONNECT_FIRST_S, down_for_s / 4)), 2)
 
 
 class BrokerLink:
@@ -145,7 +146,7 @@ class BrokerLink:
 
     def _on_connection_lost(self, *_: object) -> None:
         connection = self._connection
-        if connection is None or connection.is_closed or self._pacing is not None:
+        if connection is None or connection.close_called or self._pacing is not None:
             return  # closed on purpose, or already being paced
         self._pacing = asyncio.create_task(self._pace_reconnects(connection), name="broker-reconnect-pace")
 
@@ -160,7 +161,7 @@ class BrokerLink:
         loop = asyncio.get_running_loop()
         lost_at = loop.time()
         try:
-            while not connection.connected.is_set() and not connection.is_closed:
+            while not connection.connected.is_set() and not connection.close_called:
                 interval = reconnect_interval(loop.time() - lost_at)
                 connection.reconnect_interval = interval  # type: ignore[attr-defined]
                 await asyncio.sleep(interval)
