@@ -155,9 +155,9 @@ class BrokerLink:
         manager came back up to a second after the broker did (``make bench``, broker-loss:
         the rebuild began 0.6 and 1.0 s after the empty broker was there, of 4.2 and 3.4 s in
         all, with the background loop's wait), and a short fixed interval would hammer the
-        broker and the log through a long outage. So the interval is a quarter of the time the connection
-        has been down, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``: a blip costs a
-        fraction of a second, an outage of minutes one attempt every few seconds."""
+        broker and the log through a long outage. So the interval is a quarter of the time
+        the connection has been down, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``:
+        a blip costs a fraction of a second, an outage of minutes one attempt every 5 s."""
         loop = asyncio.get_running_loop()
         lost_at = loop.time()
         try:
