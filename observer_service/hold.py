@@ -245,17 +245,30 @@ class HoldingConnection:
         once a minute), and the requeues made the broker busier still."""
         renewal: asyncio.Task[None] | None = None
         lapsed = False
-        while True:
-            if renewal is None or renewal.done():
-                if renewal is not None and renewal.exception() is not None:
-                    self._fail(f"lease round trip failed: {renewal.exception()!r}", None)
-                    return
-                renewal = asyncio.create_task(self._renew_lease())
-            await asyncio.wait({renewal}, timeout=self._period)
-            if self.lease.is_valid() == lapsed:
-                lapsed = not lapsed
-                if lapsed:
-                    logger.warning("lease lapsed (starved or slow broker): observers paused until it is renewed")
-                else:
-                    logger.info("lease renewed: observers resume")
-            await asyncio.sleep(max(0.0, self._period - (time.monotonic() - (self.lease.renewed_at or 0))))
+        try:
+            while True:
+                if renewal is None or renewal.done():
+                    if renewal is not None and renewal.exception() is not None:
+                        self._fail(f"lease round trip failed: {renewal.exception()!r}", None)
+                        return
+                    renewal = asyncio.create_task(self._renew_lease())
+                await asyncio.wait({renewal}, timeout=self._period)
+                if self.lease.is_valid() == lapsed:
+                    lapsed = not lapsed
+                    if lapsed:
+                        logger.warning("lease lapsed (starved or slow broker): observers paused until it is renewed")
+                    else:
+                        logger.info("lease renewed: observers resume")
+                await asyncio.sleep(max(0.0, self._period - (time.monotonic() - (self.lease.renewed_at or 0))))
+        finally:
+            # Cancelled with the session: the round trip still in flight fails with its
+            # channel, and nobody needs its outcome (asyncio would log it as an ERROR with
+            # a traceback, "Task exception was never retrieved", at every broker restart).
+            if renewal is not None:
+                renewal.add_done_callback(_outcome_unused)
+
+
+def _outcome_unused(task: asyncio.Task[None]) -> None:
+    """Mark a finished task's exception as seen."""
+    if not task.cancelled():
+        task.exception()
