@@ -40,6 +40,8 @@ _PRESENCE_CHECKS_AT_ONCE = 32
 # The interval between attempts to reconnect a lost connection (``BrokerLink._pace_reconnects``).
 _RECONNECT_FIRST_S = 0.2
 _RECONNECT_MAX_S = 5.0
+# While the broker stays unreachable, a line says so this often.
+_STILL_DOWN_EVERY_S = 60.0
 # How long a publish waits for the broker to lift a block (connection.blocked: a memory or
 # disk alarm) before the request is refused with a 503.
 _BLOCKED_WAIT_S = 1.0
@@ -85,6 +87,14 @@ def reconnect_interval(down_for_s: float) -> float:
     return round(min(_RECONNECT_MAX_S, max(_RECONNECT_FIRST_S, down_for_s / 4)), 2)
 
 
+def _reason(exc: BaseException | None) -> str:
+    """Why a connection closed, in a line: the broker's reply (``CONNECTION_FORCED - ...``),
+    or the socket's error."""
+    if exc is None:
+        return "no reason given"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 class BrokerLink:
     def __init__(self, settings: ManagerSettings) -> None:
         self.settings = settings
@@ -103,6 +113,7 @@ class BrokerLink:
         self.connects = 0
         self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
         self._presence: aiormq.abc.AbstractConnection | None = None
+        self._lost_at: float | None = None  # loop time the connection was lost, None while up
         self._waker: aiormq.abc.AbstractConnection | None = None
         self._waker_channel: aiormq.abc.AbstractChannel | None = None
 
@@ -140,14 +151,21 @@ class BrokerLink:
         logger.info("connected to the broker%s", f"; consuming {topology.STATE_QUEUE}" if on_state else "")
 
     def _on_reconnect(self, *_: object) -> None:
+        if self._lost_at is not None:
+            logger.info("reconnected to the broker after %.1fs", asyncio.get_running_loop().time() - self._lost_at)
+            self._lost_at = None
         self.connects += 1
         self._declared_pools.clear()  # a new broker may lack them
         self.reconnected.set()
 
-    def _on_connection_lost(self, *_: object) -> None:
+    def _on_connection_lost(self, _connection: object, reason: BaseException | None = None) -> None:
         connection = self._connection
         if connection is None or connection.close_called or self._pacing is not None:
             return  # closed on purpose, or already being paced
+        # The one line an outage writes when it begins: aio-pika's and aiormq's own records of
+        # it (an ERROR and a traceback per attempt) are debug chatter (``shared.logs``).
+        logger.warning("lost the broker connection (%s); reconnecting", _reason(reason))
+        self._lost_at = asyncio.get_running_loop().time()
         self._pacing = asyncio.create_task(self._pace_reconnects(connection), name="broker-reconnect-pace")
 
     async def _pace_reconnects(self, connection: AbstractRobustConnection) -> None:
@@ -159,12 +177,19 @@ class BrokerLink:
         the connection has been down, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``:
         a blip costs a fraction of a second, an outage of minutes one attempt every 5 s."""
         loop = asyncio.get_running_loop()
-        lost_at = loop.time()
+        lost_at = remind_at = loop.time()
         try:
             while not connection.connected.is_set() and not connection.close_called:
-                interval = reconnect_interval(loop.time() - lost_at)
+                down_for = loop.time() - lost_at
+                interval = reconnect_interval(down_for)
                 connection.reconnect_interval = interval  # type: ignore[attr-defined]
-                await asyncio.sleep(interval)
+                if loop.time() - remind_at >= _STILL_DOWN_EVERY_S:
+                    remind_at = loop.time()
+                    logger.warning(
+                        "the broker is still unreachable after %.0fs; trying every %.1fs", down_for, interval
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(connection.connected.wait(), interval)
         finally:
             connection.reconnect_interval = _RECONNECT_FIRST_S  # type: ignore[attr-defined]
             self._pacing = None

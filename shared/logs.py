@@ -2,12 +2,21 @@
 
 ``ORCH_LOG_FORMAT=json`` writes one JSON object per line instead (python-json-logger), with
 ``role`` and, where known, ``service_id`` and ``observer_id`` as fields, for log pipelines.
+
+A broker restart is ordinary: our code says once, in its own words, that the connection was
+lost and that it is back (the service's "broker session lost: ..." and "cannot open a broker
+session ...; retrying", the manager's "lost the broker connection ..." and "reconnected ...").
+aiormq and aio-pika log the same events as well, as ERRORs with tracebacks, once per attempt
+to reconnect: a 25-s restart wrote about 80 such lines in the manager's log and 20 per
+service. Those records (``_CHATTER``) are shown only with ``ORCH_LOG_LEVEL=DEBUG``; anything
+else the libraries log is kept as it is.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Literal
 
 from pythonjsonlogger.json import JsonFormatter
@@ -32,6 +41,40 @@ class _Fields(logging.Filter):
 
 _fields: _Fields | None = None
 
+# The libraries' records of a connection dropping or failing to open, by logger: the start
+# of the message's format string, or a function of the record.
+_CHATTER: dict[str, tuple[str, ...]] = {
+    "aiormq.connection": (
+        "error when creating transport",
+        "Unexpected connection close from remote",
+        "Cancelling cause reader exited abnormally",
+    ),
+    "aio_pika.robust_connection": ("Connection attempt to", "Connection to %s closed. Reconnecting"),
+}
+
+
+def _robust_channel_without_transport(record: logging.LogRecord) -> bool:
+    """aio-pika's robust channel fails its close callback when the connection is already
+    gone (``ChannelInvalidStateError``); it reopens the channel with the connection."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return len(args) == 3 and args[1] == "ChannelInvalidStateError" and "RobustChannel._on_close" in repr(args[0])
+
+
+class _Chatter(logging.Filter):
+    """Shows a library's connection chatter as DEBUG, and only when DEBUG is on."""
+
+    def __init__(self, starts: tuple[str, ...], judge: Callable[[logging.LogRecord], bool] | None = None) -> None:
+        super().__init__()
+        self.starts = starts
+        self.judge = judge
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.msg if isinstance(record.msg, str) else ""
+        if not (message.startswith(self.starts) or (self.judge is not None and self.judge(record))):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger().isEnabledFor(logging.DEBUG)
+
 
 def configure_logging(level: str, role: str, log_format: LogFormat = "text") -> None:
     global _fields
@@ -52,6 +95,15 @@ def configure_logging(level: str, role: str, log_format: LogFormat = "text") -> 
     root.setLevel(level.upper())
     logging.getLogger("aiormq").setLevel(logging.WARNING)
     logging.getLogger("aio_pika").setLevel(logging.WARNING)
+    for name, starts in _CHATTER.items():
+        _filter_once(logging.getLogger(name), _Chatter(starts))
+    _filter_once(logging.getLogger("aio_pika.tools"), _Chatter((), _robust_channel_without_transport))
+
+
+def _filter_once(logger: logging.Logger, chatter: _Chatter) -> None:
+    """Configured again (a test, a restarted child): one filter per logger, not one per call."""
+    logger.filters[:] = [f for f in logger.filters if not isinstance(f, _Chatter)]
+    logger.addFilter(chatter)
 
 
 def set_service_id(service_id: str) -> None:

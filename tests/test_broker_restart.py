@@ -49,6 +49,15 @@ def test_broker_restart_loses_no_observer(system: System, rabbit: infra.RabbitNo
     assert all(p.alive() for p in system.procs)
     assert len(system.observers()) == len(ids)
     assert system.get("/api/observers", name="during-outage").json()["items"] == []
+    # An ordinary restart is told once, in the product's own words: no ERROR, no traceback
+    # (aiormq and aio-pika log one of each per attempt to reconnect: shared/logs.py)
+    wait_for(lambda: system.get("/readyz").status_code == 200, 30, "the manager to reconnect")
+    for proc in system.procs:
+        text = proc.text()
+        assert "Traceback" not in text and " ERROR [" not in text, f"{proc.name}: {text[-4000:]}"
+    assert system.manager is not None
+    said = system.manager.text()
+    assert "lost the broker connection (ConnectionClosed" in said and "reconnected to the broker after" in said, said
 
 
 def test_blackout_everything_comes_back(system: System, rabbit: infra.RabbitNode, postgres: infra.PostgresNode) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -32,6 +33,7 @@ from observer_service.loop_thread import Mailbox
 from observer_service.outbox import Outbox, StartedReport, pack
 from observer_service.session import prefetch_chunks
 from shared.errors import DecodeError, LeaseLost
+from shared.logs import configure_logging
 from shared.messages import (
     STOPS_PER_MESSAGE,
     IntroduceRequest,
@@ -454,3 +456,42 @@ def test_a_lost_broker_connection_is_retried_soon_at_first_and_seldom_in_a_long_
     assert reconnect_interval(2.0) == 0.5
     assert reconnect_interval(12.0) == 3.0
     assert reconnect_interval(600.0) == 5.0
+
+
+def test_library_connection_chatter_is_shown_only_at_debug(capsys: pytest.CaptureFixture[str]) -> None:
+    # aiormq and aio-pika log a lost connection, and every failed attempt to reopen it, as
+    # ERRORs; the product says it once in its own words. Anything else they log stays.
+    transport = logging.getLogger("aiormq.connection")
+    tools = logging.getLogger("aio_pika.tools")
+
+    def chatter() -> None:
+        transport.error("error when creating transport: %r", ConnectionRefusedError(111, "Connection refused"))
+        transport.error("Unexpected connection close from remote %r", "CONNECTION_FORCED")
+        tools.error(
+            "Callback %r error: %s: %s",
+            "<OneShotCallback: cb=<bound method RobustChannel._on_close of <RobustChannel>>>",
+            "ChannelInvalidStateError",
+            "No active transport in channel",
+        )
+        transport.error("Unexpected frame %r", "a frame")  # not chatter
+        tools.error("Callback %r error: %s: %s", "<OneShotCallback: cb=ours>", "KeyError", "x")  # ours failed
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure_logging("INFO", "unit")
+        chatter()
+        shown = capsys.readouterr().err
+        assert "creating transport" not in shown and "Unexpected connection close" not in shown, shown
+        assert "RobustChannel" not in shown, shown
+        assert "ERROR [unit] aiormq.connection: Unexpected frame 'a frame'" in shown, shown
+        assert "ERROR [unit] aio_pika.tools: Callback '<OneShotCallback: cb=ours>' error: KeyError" in shown, shown
+
+        configure_logging("DEBUG", "unit")  # configured again: still one filter per logger
+        chatter()
+        shown = capsys.readouterr().err
+        assert shown.count("DEBUG [unit] aiormq.connection: error when creating transport") == 1, shown
+        assert shown.count("DEBUG [unit] aio_pika.tools: Callback") == 1, shown
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
