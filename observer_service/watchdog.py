@@ -6,6 +6,14 @@ periodic callback runs (``lag_ms``, reported in heartbeats). A watchdog *thread*
 loop while it is stalled: the task the loop is running at that moment is the culprit, and
 observer tasks are named ``observer <id>``, so the warning names the observer and the line
 it is stuck on.
+
+A loop can also stand still because the whole process did: stopped (SIGSTOP, a paused VM)
+or given no CPU by an overloaded host. Then no observer is to blame, and naming the one that
+happened to run when the process was frozen sent operators after a healthy observer (a
+service SIGSTOPped for 20 s logged "blocked for 20.3s by observer ..."). The watchdog tells
+the two apart by the process's CPU time: a loop blocked by an observer runs (CPU work) or
+waits in a call while the watchdog's own thread keeps its period; a process that was not
+running shows a gap in the watchdog's period with almost no CPU time spent in it.
 """
 
 from __future__ import annotations
@@ -20,14 +28,29 @@ import time
 logger = logging.getLogger(__name__)
 
 
+# A stretch of wall time in which the process used less than this share of it in CPU time
+# (all its threads): the process itself was not running (stopped, or starved by the host).
+_PAUSED_CPU_SHARE = 0.25
+
+
+def process_paused(wall_s: float, cpu_s: float, stall_s: float) -> bool:
+    """Whether ``wall_s`` seconds (a watchdog period's overrun, a collection) in which the
+    process used ``cpu_s`` of CPU time show the process itself not running, for at least
+    ``stall_s``."""
+    return wall_s >= stall_s and cpu_s < _PAUSED_CPU_SHARE * wall_s
+
+
 class GcPauses:
     """Times the garbage collector's full (generation 2) passes: with tens of thousands of
-    observers in one process they are the longest pauses of the event loop."""
+    observers in one process they are the longest pauses of the event loop. A pass the
+    process was stopped in (its CPU time short of the wall time, ``process_paused``) is not
+    reported as long: the watchdog says the process was not running."""
 
     def __init__(self, warn_ms: float = 200.0) -> None:
         self.warn_ms = warn_ms
         self.collecting = False
         self._started = 0.0
+        self._cpu = 0.0
 
     def install(self) -> None:
         gc.callbacks.append(self._callback)
@@ -37,16 +60,19 @@ class GcPauses:
             return
         if phase == "start":
             self.collecting = True
-            self._started = time.perf_counter()
+            self._started, self._cpu = time.perf_counter(), time.process_time()
             return
         self.collecting = False
-        pause_ms = (time.perf_counter() - self._started) * 1000
-        if pause_ms >= self.warn_ms:
-            logger.warning(
-                "full garbage collection paused the loop for %.0f ms (%d objects freed)",
-                pause_ms,
-                info.get("collected", 0),
-            )
+        pause_s = time.perf_counter() - self._started
+        if pause_s * 1000 < self.warn_ms or process_paused(
+            pause_s, time.process_time() - self._cpu, self.warn_ms / 1000
+        ):
+            return
+        logger.warning(
+            "full garbage collection paused the loop for %.0f ms (%d objects freed)",
+            pause_s * 1000,
+            info.get("collected", 0),
+        )
 
 
 class LoopWatchdog:
@@ -85,14 +111,29 @@ class LoopWatchdog:
         reported = 0.0  # the last tick before the stall being reported, 0 if none
         blamed: asyncio.Task[object] | None = None  # the task running when it was reported
         saturated = False  # said that other tasks ran in the same stall
+        woke, cpu = time.monotonic(), time.process_time()
+        resumed = 0.0  # when the process last ran again after not running at all
         while not self._stop.wait(self.period_s):
+            slept, woke = woke, time.monotonic()
+            spent, cpu = cpu, time.process_time()
+            overslept = woke - slept - self.period_s
             last_tick = self._last_tick
+            if process_paused(overslept, cpu - spent, self.stall_s):
+                # The loop stood still with the rest of the process: nothing of its own to
+                # blame. Its stall is counted from now on, once the loop had a chance to run.
+                logger.warning(
+                    "the whole service process was not running for %.1fs (stopped, or given no CPU by "
+                    "the host): no observer is to blame",
+                    overslept,
+                )
+                resumed = woke
+                continue
             if reported and last_tick != reported:
                 # Said once when it began; now how long it lasted (a loop stuck for minutes
                 # used to read "blocked for 1.1s" in the log, and nothing after).
                 logger.warning("event loop ran again after a stall of %.1fs", last_tick - reported)
                 reported = 0.0
-            stalled = time.monotonic() - last_tick
+            stalled = time.monotonic() - max(last_tick, resumed)
             if stalled < self.stall_s:
                 continue
             if reported == last_tick:

@@ -100,3 +100,7 @@ def test_frozen_service_does_not_act_after_waking(system: System, tmp_path: Path
     time.sleep(2)
     moves = assert_never_on_two_hosts(log)
     assert moves >= 1, "the broker should have moved observers while svc-a was frozen"
+    # The log says the process was stopped, and blames no observer (nor the collector) for it
+    woken = victim.text()
+    assert "the whole service process was not running for" in woken, woken[-3000:]
+    assert "event loop blocked" not in woken and "garbage collection paused" not in woken, woken[-3000:]

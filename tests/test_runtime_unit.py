@@ -28,7 +28,7 @@ from observer_service.observer import Context, Running, _lease_back, supervise
 from observer_service.outbox import Outbox, StartedReport
 from observer_service.runner import Runner
 from observer_service.service import reconnect_delay
-from observer_service.watchdog import LoopWatchdog
+from observer_service.watchdog import LoopWatchdog, process_paused
 from shared.errors import LeaseLost
 from shared.kinds import BUILTIN_KINDS, LoadedKind, discover_kinds, load_ref
 from shared.messages import (
@@ -192,6 +192,15 @@ async def test_the_watchdog_tells_a_saturated_loop_from_one_blocking_observer(ca
     finally:
         watchdog.stop()
     assert "event loop saturated, not blocked by one observer" in caplog.text, caplog.text
+
+
+def test_a_process_that_was_not_running_is_told_from_a_blocked_loop() -> None:
+    # 20 s in which the process used 10 ms of CPU: stopped (SIGSTOP) or starved by the host
+    assert process_paused(20.0, 0.01, stall_s=1.0)
+    # a loop blocked by CPU work, or a thread the GIL kept waiting: the CPU time is there
+    assert not process_paused(20.0, 19.0, stall_s=1.0)
+    # too short to be a stall at all
+    assert not process_paused(0.5, 0.0, stall_s=1.0)
 
 
 def test_gc_policy_freezes_bursts_and_unfreezes_after_churn_or_a_fence() -> None:
