@@ -85,6 +85,10 @@ class Lease:
         self._renewed_at = None
         self._wake()
 
+    def revoked(self) -> bool:
+        """Revoked and not renewed since: the session is ending (or ended)."""
+        return self._renewed_at is None and self._revoked_at > 0
+
     def valid_until(self) -> float:
         """The monotonic instant the lease lapses (0 without one). ``time.monotonic`` is
         one clock for every process of the host, so child processes can use it too."""

@@ -380,8 +380,13 @@ class Runner:
             if outcome is not None and not cancelled:
                 logger.debug("observer %s ended with %r", running.observer_id, outcome)
             return
-        if running.session.closed.is_set():
-            return  # the session died under it: fencing ends it, this is no failure of its own
+        if running.session.closed.is_set() or running.session.lease.revoked():
+            # The session died under it (or is dying: the holding thread revoked the lease
+            # and the session's end is on its way to this loop with the real reason): fencing
+            # ends it, this is no failure of its own. Failing the session here instead won
+            # that race with "observer X hit a lapsed lease" as the reason, an ERROR that
+            # blamed one observer for a connection the broker had closed.
+            return
         if isinstance(outcome, LeaseLost):
             logger.error("observer %s hit a lapsed lease: fencing the session", running.observer_id)
             running.session.fail(f"observer {running.observer_id}: {outcome}")

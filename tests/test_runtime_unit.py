@@ -41,7 +41,7 @@ from shared.messages import (
     StartObserver,
     digest_of,
 )
-from shared.observer_api import ObserverKind
+from shared.observer_api import ObserverContext, ObserverKind
 from shared.settings import ServiceSettings
 
 
@@ -488,6 +488,40 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
         assert running.task is not None
         running.task.cancel()
     await asyncio.sleep(0.05)
+
+
+async def test_an_observer_that_meets_a_revoked_lease_leaves_the_session_its_own_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The holding thread revokes the lease as soon as it finds the connection gone, and
+    posts the session's end, with the broker's reason, to the main loop. An observer that
+    meets the revoked lease first must not end the session itself: it did, with "observer X
+    hit a lapsed lease" as an ERROR and as the session's reason (a service SIGSTOPped for
+    20 s while 22,500 tickers emitted), blaming one observer for a closed connection."""
+    lease = Lease(heartbeat_s=10)
+    lease.renew(time.monotonic())
+    session = _FakeSession(lease)
+    failed: list[str] = []
+    session.fail = lambda reason, exc=None: failed.append(reason)  # type: ignore[attr-defined]
+    runner = Runner.__new__(Runner)  # only _on_ended is exercised
+
+    async def acting_body(args: object, ctx: ObserverContext) -> None:
+        while True:
+            ctx.ensure_lease()
+            await asyncio.sleep(0.01)
+
+    loaded = LoadedKind(ObserverKind(name="x", args_model=_NoArgs, run=acting_body), "tests:x")
+    oid = uuid.uuid4()
+    ctx = Context(oid, "x", "x", uuid.uuid4(), session)  # type: ignore[arg-type]
+    running = Running(oid, b"{}", None, 1, session, ctx)  # type: ignore[arg-type]
+    running.task = asyncio.create_task(
+        supervise(running, loaded, _NoArgs(), ServiceSettings(), Outbox(), runner._on_ended)
+    )
+    await asyncio.sleep(0.05)
+    with caplog.at_level(logging.INFO, logger="observer_service.runner"):
+        lease.revoke()  # the connection is gone; the session's end is still on its way
+        await _until(lambda: running.task is None)
+    assert failed == [] and "hit a lapsed lease" not in caplog.text, (failed, caplog.text)
 
 
 class _FakeSession:
