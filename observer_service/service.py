@@ -89,6 +89,8 @@ class ObserverService:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.shutdown.set)
+        if self.settings.metrics_port:
+            self._serve_metrics()
         self.outbox.put(self._born())
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
         # What API callers may make this host do (docs/threat-model.md), said once at start.
@@ -102,9 +104,6 @@ class ObserverService:
         self.gc_pauses.install()
         metrics.RUNNING.set_function(lambda: len(self.runner.running))
         metrics.CHILDREN.set_function(self.runner.children)
-        if self.settings.metrics_port:
-            metrics.serve(self.settings.metrics_port, self.settings.metrics_host)
-            logger.info("metrics on http://%s:%d/metrics", self.settings.metrics_host, self.settings.metrics_port)
         loops = [
             asyncio.create_task(c)
             for c in (
@@ -120,6 +119,23 @@ class ObserverService:
             self.watchdog.stop()
             for task in loops:
                 task.cancel()
+
+    def _serve_metrics(self) -> None:
+        """First of all, before the service tells anyone it exists: a port it cannot bind
+        (taken, or a host it has no address on) is a setting to fix, said in one line,
+        and the service exits with status 2 rather than a traceback."""
+        host, port = self.settings.metrics_host, self.settings.metrics_port
+        try:
+            metrics.serve(port, host)
+        except OSError as e:
+            logger.critical(
+                "cannot serve metrics on %s:%d (%s): set ORCH_METRICS_PORT to a free port, or 0 for no metrics",
+                host,
+                port,
+                e.strerror or e,
+            )
+            raise SystemExit(2) from None
+        logger.info("metrics on http://%s:%d/metrics", host, port)
 
     async def _session_loop(self) -> None:
         failures = 0

@@ -4,6 +4,7 @@ JSON logs, history, search and sort."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -91,6 +92,18 @@ def test_metrics_of_the_manager_and_of_a_service(system: System) -> None:
     text = service_metrics()
     assert "orch_service_observers_running 1.0" in text and "orch_service_loop_lag_ms" in text
     assert "orch_service_observer_restarts_total 0.0" in text
+
+
+def test_a_service_whose_metrics_port_is_taken_says_so_and_exits(system: System) -> None:
+    system.start_manager()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = system.start_service("svc-a", workers=5, wait=False, ORCH_METRICS_PORT=str(port))
+        assert proc.popen.wait(60) == 2
+    said = proc.text()
+    assert f"cannot serve metrics on 127.0.0.1:{port} (Address already in use)" in said, said
+    assert "Traceback" not in said, said
+    assert system.services() == []  # it never told the manager it exists
 
 
 def test_json_logs_carry_service_and_observer_ids(system: System, plugin_path: Path) -> None:
