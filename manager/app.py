@@ -75,10 +75,18 @@ def create_app(settings: ManagerSettings | None = None, state_child: StateChild 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warn_if_open(settings)
-        engine = make_engine(settings.database_url)
+        # The API's creates and stops give up on a lock held longer than the timeout. With the
+        # state side in this process (``ORCH_STATE_PROCESS=false``) the engine is shared, and
+        # the state side's transactions may wait for locks as long as they must: no timeout.
+        lock_timeout_s = settings.api_db_timeout_s if settings.state_process else None
+        engine = make_engine(settings.database_url, lock_timeout_s=lock_timeout_s)
         await check_schema(engine)
         sessions = make_sessionmaker(engine)
-        read_engine = make_engine(settings.database_url, read_only=True)
+        # A read that waits past the timeout (a table locked by a migration or an operator's
+        # session, a database too busy to answer) is refused with a 503 rather than holding
+        # the client and a pooled connection for as long as the lock lasts: held, requests
+        # filled the read pool and the rest waited 30 s for a connection.
+        read_engine = make_engine(settings.database_url, read_only=True, statement_timeout_s=settings.api_db_timeout_s)
         broker = BrokerLink(settings)
         commands = ObserverCommands(sessions, broker, settings.default_retry(), Admission(settings.api_in_flight))
         app.state.sessions = sessions

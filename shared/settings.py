@@ -151,6 +151,10 @@ class ManagerSettings(CommonSettings):
     # Bearer tokens for /api/* (comma-separated): full access, and read-only. None: open API.
     api_tokens: Annotated[list[str], NoDecode] = []
     api_read_tokens: Annotated[list[str], NoDecode] = []
+    # How long an API request waits on PostgreSQL: a read (list, get, stats, metrics, the
+    # dashboard) that runs longer, or a create or stop that waits longer for a lock, is
+    # cancelled and answered 503 with Retry-After (a locked table, an overloaded database).
+    api_db_timeout_s: float = Field(default=15.0, gt=0)
     # Request bodies above this many bytes are refused with 413.
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # Default retry policy of new observers (a create request may override any field).

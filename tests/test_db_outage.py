@@ -4,12 +4,15 @@ itself once the database is back. (Issue #11, reliability.)"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 from sqlalchemy.engine import make_url
 
@@ -175,3 +178,43 @@ def test_postgres_down_answers_503_and_the_manager_recovers(
     assert system.get("/api/observers", name="during-outage").json()["items"] == []
     assert system.queue_counts(STATE_ERRORS)[0] == 0
     assert "dead-lettering" not in manager.text()
+
+
+def test_requests_behind_a_locked_table_are_refused_in_time_and_served_once_it_is_free(system: System) -> None:
+    # Given a manager whose API gives up on PostgreSQL after 1 s, and an observer running
+    system.start_manager(ORCH_API_DB_TIMEOUT_S="1")
+    system.start_service("svc-a", workers=2)
+    observer = system.create("locked-out")
+    system.wait_status(observer["id"], "Processing")
+
+    async def hold_lock(locked: threading.Event, release: threading.Event) -> None:
+        db = await asyncpg.connect(make_url(system.database_url).set(drivername="postgresql").render_as_string(False))
+        try:
+            async with db.transaction():
+                await db.execute("LOCK TABLE observers IN ACCESS EXCLUSIVE MODE")  # a migration, VACUUM FULL
+                locked.set()
+                await asyncio.to_thread(release.wait)
+        finally:
+            await db.close()
+
+    locked, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=asyncio.run, args=(hold_lock(locked, release),))
+    holder.start()
+    try:
+        assert locked.wait(30)
+        # When the table stays locked, reads, a create and a stop are refused with a 503 that
+        # says to retry, well before the client's 10 s timeout (they used to wait as long as
+        # the lock, or 30 s for a pooled connection)
+        refused = [system.get(path) for path in (f"/api/observers/{observer['id']}", "/api/observers", "/api/stats")]
+        refused += [system.post("/api/observers", {"name": "while-locked", "kind": "ticker"})]
+        refused += [system.delete(f"/api/observers/{observer['id']}")]
+        for response in refused:
+            assert response.status_code == 503, (response.request.url, response.text)
+            assert "database" in response.json()["detail"] and int(response.headers["retry-after"]) > 0
+    finally:
+        release.set()
+        holder.join(30)
+    # Once the lock is gone, the same requests are served, and the refused ones did nothing
+    assert system.observer(observer["id"])["status"] == "Processing"
+    assert system.get("/api/observers", name="while-locked").json()["items"] == []
+    assert system.get("/api/stats").json()["services"]["alive"] == 1

@@ -19,7 +19,13 @@ class SchemaOutdated(RuntimeError):
     pass
 
 
-def make_engine(url: str, *, read_only: bool = False) -> AsyncEngine:
+def make_engine(
+    url: str,
+    *,
+    read_only: bool = False,
+    statement_timeout_s: float | None = None,
+    lock_timeout_s: float | None = None,
+) -> AsyncEngine:
     """The engine of the manager's writers, or with ``read_only`` the API's reads (lists,
     gets, stats, metrics, readiness): autocommit, so a request costs PostgreSQL two round
     trips (the pre-ping and its query) instead of six. In a transaction, SQLAlchemy's asyncpg
@@ -37,6 +43,12 @@ def make_engine(url: str, *, read_only: bool = False) -> AsyncEngine:
     # over 333,000 ids was compiled with inlining and optimization, mid-failover
     # (auto_explain, make bench-scale). Every query here is an index lookup or a short scan.
     server_settings = {"jit": "off"}
+    # A statement cancelled past these fails with 57014 or 55P03, transient errors (the API
+    # answers 503 with Retry-After; manager/db/errors.py).
+    if statement_timeout_s is not None:
+        server_settings["statement_timeout"] = str(max(1, round(statement_timeout_s * 1000)))
+    if lock_timeout_s is not None:
+        server_settings["lock_timeout"] = str(max(1, round(lock_timeout_s * 1000)))
     options: dict[str, Any] = {"pool_size": 10, "max_overflow": 20}
     if read_only:
         server_settings["default_transaction_read_only"] = "on"

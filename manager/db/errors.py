@@ -34,6 +34,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 # connect now, query cancelled by an operator).
 _TRANSIENT_CLASSES = ("08", "53", "57")
 LOST_RACE_SQLSTATES = frozenset({"40P01", "40001"})  # deadlock detected, serialization failure
+# 55P03 lock_not_available: the API's lock_timeout ran out (``make_engine``); the lock's
+# holder will let go, and the same work succeeds then.
+_BUSY_SQLSTATES = frozenset({"55P03"})
 # 55000 object_not_in_prerequisite_state is also raised by deterministic misuse (currval
 # before nextval, ...), so it counts only while connecting: then it means the database does
 # not accept connections right now.
@@ -86,7 +89,7 @@ def is_transient(error: BaseException) -> bool:
     else:
         connecting = False
     for code in sqlstates(error):
-        if code.startswith(_TRANSIENT_CLASSES) or code in LOST_RACE_SQLSTATES:
+        if code.startswith(_TRANSIENT_CLASSES) or code in LOST_RACE_SQLSTATES or code in _BUSY_SQLSTATES:
             return True
         if connecting and code in _CONNECT_SQLSTATES:
             return True
