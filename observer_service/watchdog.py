@@ -114,11 +114,11 @@ class LoopWatchdog:
         woke, cpu = time.monotonic(), time.process_time()
         resumed = 0.0  # when the process last ran again after not running at all
         while not self._stop.wait(self.period_s):
-            slept, woke = woke, time.monotonic()
-            spent, cpu = cpu, time.process_time()
-            overslept = woke - slept - self.period_s
+            woke_before, woke = woke, time.monotonic()
+            cpu_before, cpu = cpu, time.process_time()
+            overslept = woke - woke_before - self.period_s
             last_tick = self._last_tick
-            if process_paused(overslept, cpu - spent, self.stall_s):
+            if process_paused(overslept, cpu - cpu_before, self.stall_s):
                 # The loop stood still with the rest of the process: nothing of its own to
                 # blame. Its stall is counted from now on, once the loop had a chance to run.
                 logger.warning(
