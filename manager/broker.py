@@ -23,6 +23,7 @@ from aiormq import spec
 from shared import topology
 from shared.batch_publish import Outgoing, publish_batch
 from shared.errors import BrokerUnavailable
+from shared.logs import last_chatter
 from shared.messages import Message, StartObserver
 from shared.settings import ManagerSettings, amqp_url_with_heartbeat
 
@@ -186,7 +187,10 @@ class BrokerLink:
                 if loop.time() - remind_at >= _STILL_DOWN_EVERY_S:
                     remind_at = loop.time()
                     logger.warning(
-                        "the broker is still unreachable after %.0fs; trying every %.1fs", down_for, interval
+                        "the broker is still unreachable after %.0fs; trying every %.1fs (the last attempt: %s)",
+                        down_for,
+                        interval,
+                        last_chatter("aio_pika.robust_connection") or "no answer yet",
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(connection.connected.wait(), interval)

@@ -51,6 +51,14 @@ _CHATTER: dict[str, tuple[str, ...]] = {
     ),
     "aio_pika.robust_connection": ("Connection attempt to", "Connection to %s closed. Reconnecting"),
 }
+# The last record each of those loggers had kept from the log, as text: a reminder that the
+# broker is still away quotes why the last attempt failed (refused, bad credentials, ...).
+_last_chatter: dict[str, str] = {}
+
+
+def last_chatter(logger_name: str) -> str | None:
+    """The message of the last connection record of ``logger_name`` shown only at DEBUG."""
+    return _last_chatter.get(logger_name)
 
 
 def _robust_channel_without_transport(record: logging.LogRecord) -> bool:
@@ -72,6 +80,7 @@ class _Chatter(logging.Filter):
         message = record.msg if isinstance(record.msg, str) else ""
         if not (message.startswith(self.starts) or (self.judge is not None and self.judge(record))):
             return True
+        _last_chatter[record.name] = record.getMessage()
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger().isEnabledFor(logging.DEBUG)
 

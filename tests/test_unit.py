@@ -33,7 +33,7 @@ from observer_service.loop_thread import Mailbox
 from observer_service.outbox import Outbox, StartedReport, pack
 from observer_service.session import prefetch_chunks
 from shared.errors import DecodeError, LeaseLost
-from shared.logs import configure_logging
+from shared.logs import configure_logging, last_chatter
 from shared.messages import (
     STOPS_PER_MESSAGE,
     IntroduceRequest,
@@ -486,6 +486,8 @@ def test_library_connection_chatter_is_shown_only_at_debug(capsys: pytest.Captur
         assert "RobustChannel" not in shown, shown
         assert "ERROR [unit] aiormq.connection: Unexpected frame 'a frame'" in shown, shown
         assert "ERROR [unit] aio_pika.tools: Callback '<OneShotCallback: cb=ours>' error: KeyError" in shown, shown
+        # what was kept from the log can still be quoted (the manager's "still unreachable")
+        assert last_chatter("aiormq.connection") == "Unexpected connection close from remote 'CONNECTION_FORCED'"
 
         configure_logging("DEBUG", "unit")  # configured again: still one filter per logger
         chatter()
