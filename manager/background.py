@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db.counts import fold_deltas
-from manager.db.errors import describe, is_transient
+from manager.db.errors import OutageLog, is_transient
 from manager.db.models import (
     AbandonedObserver,
     AppliedStateMessage,
@@ -108,6 +108,7 @@ class BackgroundLoops:
         self.lost_starts = LostStarts(sessions, broker, settings.lost_start_after_s)
         self.liveness = Liveness(settings, sessions, broker, rules.probation, self._isolate, rules.moved_from_at)
         self._next_prune = 0.0  # monotonic time of the next history pruning
+        self._database = OutageLog("background repairs", logger)
 
     def _periods(self) -> dict[str, float]:
         """Seconds between runs of the steps that need not run every pass."""
@@ -159,11 +160,13 @@ class BackgroundLoops:
                         logger.exception("background step %s failed", step.__name__)
                         continue
                     # Unreachable or a lost race: the other steps need the database too, so
-                    # wait for the next pass, with one line rather than a traceback per step.
-                    logger.warning(
-                        "%s: database unavailable or busy (%s); trying again next pass", step.__name__, describe(e)
-                    )
+                    # wait for the next pass; a line when it begins, not a traceback per step.
+                    self._database.failed(e)
                     break
+            else:
+                # A whole pass without a database failure: the step that failed last pass
+                # (due again at once) succeeded in this one.
+                self._database.worked()
 
     async def rebuild_broker(self) -> None:
         """After each (re)connection: a broker without the marker lost its data; publish

@@ -63,7 +63,7 @@ def started_in(proc: Proc, observer_id: str) -> bool:
 
 def assert_outage_felt(manager: Proc) -> None:
     """The state consumer met the outage and waited (rather than the test missing it)."""
-    assert "report(s) failed" in manager.text() and "retrying" in manager.text()
+    assert "applying state reports: the database is unavailable or busy" in manager.text()
 
 
 def test_reports_wait_while_the_database_refuses_connections(
@@ -178,6 +178,12 @@ def test_postgres_down_answers_503_and_the_manager_recovers(
     assert system.get("/api/observers", name="during-outage").json()["items"] == []
     assert system.queue_counts(STATE_ERRORS)[0] == 0
     assert "dead-lettering" not in manager.text()
+    # and the manager's log told the outage in a line when it began and one when it ended,
+    # per loop, not a line per attempt (each loop retried every second or faster)
+    said = manager.text()
+    assert said.count("unavailable or busy") <= 4, said[-4000:]
+    for loop in ("applying state reports", "background repairs"):
+        assert f"{loop}: the database answers again after" in said, said[-4000:]
 
 
 def test_requests_behind_a_locked_table_are_refused_in_time_and_served_once_it_is_free(system: System) -> None:

@@ -24,6 +24,8 @@ neither is a ``DBAPIError``.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
@@ -94,3 +96,48 @@ def is_transient(error: BaseException) -> bool:
         if connecting and code in _CONNECT_SQLSTATES:
             return True
     return False
+
+
+class OutageLog:
+    """What a loop that retries the database says while it cannot: one line when it fails,
+    one a minute while it keeps failing (how long, how many attempts), one when it works
+    again. The state consumer and the background loop used to write a WARNING per attempt,
+    a line a second each (two while a test's sweeps ran every half second): 7,200 lines
+    each for an hour's outage. The attempts in between are DEBUG."""
+
+    def __init__(self, what: str, log: logging.Logger, every_s: float = 60.0) -> None:
+        self.what = what
+        self.log = log
+        self.every_s = every_s
+        self._since: float | None = None  # monotonic time of the first failure, None while it works
+        self._said_at = 0.0
+        self._failures = 0
+
+    def failed(self, error: BaseException) -> None:
+        now = time.monotonic()
+        self._failures += 1
+        if self._since is None:
+            self._since = self._said_at = now
+            self.log.warning("%s: the database is unavailable or busy (%s); retrying", self.what, describe(error))
+        elif now - self._said_at >= self.every_s:
+            self._said_at = now
+            self.log.warning(
+                "%s: the database is still unavailable or busy after %.0fs and %d attempts (%s); retrying",
+                self.what,
+                now - self._since,
+                self._failures,
+                describe(error),
+            )
+        else:
+            self.log.debug("%s: the database is unavailable or busy (%s)", self.what, describe(error))
+
+    def worked(self) -> None:
+        if self._since is None:
+            return
+        self.log.info(
+            "%s: the database answers again after %.0fs and %d failed attempt(s)",
+            self.what,
+            time.monotonic() - self._since,
+            self._failures,
+        )
+        self._since, self._failures = None, 0

@@ -48,7 +48,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.errors import is_transient
+from manager.db.errors import OutageLog, is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
 from manager.state.outgoing import Outgoing
 from manager.state.rules import StateRules
@@ -91,6 +91,7 @@ class StateConsumer:
         # Committed batches whose follow-ups are not published (and deliveries not acked) yet.
         self._committed: asyncio.Queue[tuple[Outgoing, list[Delivery]]] = asyncio.Queue(_PUBLISH_AHEAD)
         self._publishing = False
+        self._database = OutageLog("applying state reports", logger)
 
     def idle(self) -> bool:
         """Nothing received and not yet applied, published and acked."""
@@ -212,11 +213,12 @@ class StateConsumer:
                         for report in fresh:
                             outgoing.add(await self.rules.apply(session, report, now))
                         await self.rules.flush(session)
+                self._database.worked()
                 return outgoing
             except Exception as e:
                 if not is_transient(e):
                     raise
-                logger.warning("applying %d report(s) failed (%s); retrying", len(reports), e)
+                self._database.failed(e)  # said once, and once a minute, not per attempt
                 await asyncio.sleep(_DB_RETRY_S)
 
     async def _publish(self, outgoing: Outgoing) -> None:
