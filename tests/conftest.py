@@ -125,7 +125,9 @@ def vhosts(rabbit: infra.RabbitNode) -> Iterator[VhostPool]:
 
 
 @pytest.fixture
-def vhost(vhosts: VhostPool) -> Iterator[str]:
+def vhost(rabbit: infra.RabbitNode, vhosts: VhostPool) -> Iterator[str]:
+    if not rabbit.is_running():  # a fault test that failed before it restarted the broker
+        rabbit.start()
     name = vhosts.take()
     yield name
     vhosts.give_back(name)
@@ -133,6 +135,9 @@ def vhost(vhosts: VhostPool) -> Iterator[str]:
 
 @pytest.fixture
 def database(postgres: infra.PostgresNode) -> Iterator[str]:
+    # One fault test that failed with PostgreSQL stopped used to fail every test after it.
+    if not postgres.is_running():
+        postgres.start()
     name = unique("t")
     postgres.create_database(name, template=TEMPLATE_DB)
     yield postgres.url(name)

@@ -105,6 +105,10 @@ epmd.sendall(struct.pack(">H", len(request)) + request)
 answer = epmd.recv(16)
 assert answer[1:2] == b"\\0", answer
 print(port, flush=True)
+if len(sys.argv) > 2:  # a node being killed: its port closed, its name let go this much later
+    listener.close()
+    time.sleep(float(sys.argv[2]))
+    sys.exit(0)
 time.sleep(600)
 """
 
@@ -172,3 +176,29 @@ def test_a_port_held_by_another_process_is_named(rabbit: infra.RabbitNode, tmp_p
     # This test process holds it: named, but not called a leftover of ours
     assert f"AMQP port {port} is in use by pid {os.getpid()} (python" in message
     assert "Nothing says it is one of ours" in message and "another port" in message
+
+
+def test_a_killed_nodes_name_that_epmd_still_lists_does_not_stop_a_start(
+    rabbit: infra.RabbitNode, tmp_path: Path
+) -> None:
+    # A test's power cut (kill -9 of the broker, then start) was refused: epmd still listed the
+    # killed node's name, with nobody on its distribution port, and the rest of the suite ran
+    # without a broker or a database. The start waits for epmd to let the name go.
+    node = infra.RabbitNode(
+        name=unique("orch-killed"),
+        base=tmp_path / "rabbitmq",
+        port=free_port(),
+        dist_port=free_port(),
+        user="orch",
+        password="test-password",
+    )
+    dying = subprocess.Popen([sys.executable, "-c", _LEFTOVER, node.name, "1.5"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert dying.stdout is not None
+        int(dying.stdout.readline())  # registered, and its listener closed
+        assert node.name in conflicts.epmd_names()
+        node._check_nothing_in_the_way()  # no InfraError: it waited for epmd
+        assert node.name not in conflicts.epmd_names()
+    finally:
+        dying.kill()
+        dying.wait()

@@ -39,6 +39,8 @@ from tools.infra.system import (
 
 # Distribution (node to node, rabbitmqctl) on loopback only, like AMQP.
 _ERL_LOOPBACK_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
+# How long a killed node's name may stay registered with epmd (``RabbitNode._epmd_forgets``).
+_EPMD_FORGETS_S = 10.0
 # The orchestrator's broker settings (the consumer timeout lifted, channels woken every 10
 # minutes): the file compose ships, copied as it is, so what `make run`, the tests and the
 # benches run is what users get. The file says why each setting is there.
@@ -329,14 +331,30 @@ class RabbitNode:
         deleted at this same path is one: it has the same derived name, and nothing here
         knows it any more."""
         registered = conflicts.epmd_names().get(self.name)
-        if registered is not None:
+        if registered is not None and not port_is_free(registered):
             found = conflicts.listening_holder(registered)
             raise InfraError(conflicts.node_name_taken(self.name, registered, self.pid_file, found))
+        if registered is not None and not self._epmd_forgets(_EPMD_FORGETS_S):
+            # Registered, yet nobody listens on its distribution port: not a node that runs.
+            raise InfraError(conflicts.node_name_taken(self.name, registered, self.pid_file, None))
         for port, what in ((self.port, "AMQP"), (self.dist_port, "distribution")):
             if not port_is_free(port):
                 found = conflicts.listening_holder(port)
                 label = f"rabbitmq {self.node}: {what} port"
                 raise InfraError(conflicts.port_taken(label, port, found, self.pid_file))
+
+    def _epmd_forgets(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for epmd to drop this node's name; whether it did. A node
+        stays registered as long as its connection to epmd is open, and epmd notices a killed
+        node's closed connection only when it next runs: a test's power cut (``kill``, then
+        ``start`` at once) found the name still there on a busy machine, and the start
+        refused a node that no longer existed."""
+        deadline = time.monotonic() + timeout
+        while self.name in conflicts.epmd_names():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def _wait_ready(self, pid: int | None) -> None:
         """Wait (rabbitmqctl wait) for the boot to finish; fail fast if the server dies."""
@@ -441,6 +459,7 @@ class RabbitNode:
         if not wait_gone([pid, *children], 30):
             raise InfraError(f"rabbitmq {self.node} (pid {pid}) survived SIGKILL")
         self._reap()
+        self._epmd_forgets(_EPMD_FORGETS_S)  # so that a start right after finds its name free
         log(f"rabbitmq {self.node} killed (pid {pid})")
 
     def destroy(self) -> None:
