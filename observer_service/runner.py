@@ -228,6 +228,8 @@ class Runner:
             if running is not None and target_session is not None and running.session.id != target_session:
                 logger.info("ignoring a stop of observer %s aimed at an older copy (%s)", observer_id, reason)
             elif running is not None:
+                if running.ended_by is not None:
+                    continue  # named twice: acked twice, its start's second ack would close the channel
                 running.ended_by = "stop"
                 ending.append(running)
             elif target is None:

@@ -332,6 +332,8 @@ def test_outgoing_merges_stops_per_target_and_isolations_per_host_and_asks_once(
     for observer_id in moved[10:]:
         second.stop(observer_id, host, "moved to another host", session_id)
     second.stop(lone, other, "duplicate start message")
+    second.stop(lone, other, "duplicate start message")  # decided twice in one batch: sent once
+    second.stop(moved[3], host, "moved to another host", session_id)  # and across merged batches
     second.isolate(isolated[1], other)
     second.messages.append(InventoryRequest(service_id=host))
     second.introduce(other)

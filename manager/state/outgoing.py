@@ -32,7 +32,9 @@ class Outgoing:
     """Control messages to publish once the transaction committed."""
 
     messages: list[Message] = field(default_factory=list)  # any but stops and isolations
-    stops: dict[StopTarget, list[uuid.UUID]] = field(default_factory=dict)
+    # Ids per target in the order decided, each once (a dict as an ordered set): one batch
+    # may decide the same stop twice (a start report and an inventory naming one observer).
+    stops: dict[StopTarget, dict[uuid.UUID, None]] = field(default_factory=dict)
     isolations: dict[uuid.UUID, list[uuid.UUID]] = field(default_factory=dict)
 
     def stop(
@@ -40,7 +42,7 @@ class Outgoing:
     ) -> None:
         """A stop; with ``service_id`` only that host acts, with ``session_id`` too only on
         the copy it holds in that session."""
-        self.stops.setdefault((service_id, session_id, reason), []).append(observer_id)
+        self.stops.setdefault((service_id, session_id, reason), {})[observer_id] = None
 
     def isolate(self, observer_id: uuid.UUID, service_id: uuid.UUID) -> None:
         self.isolations.setdefault(service_id, []).append(observer_id)
@@ -51,16 +53,17 @@ class Outgoing:
     def add(self, other: Outgoing) -> None:
         """Take ``other``'s messages too (in order, after this one's)."""
         self.messages += other.messages
-        for target, ids in other.stops.items():
-            self.stops.setdefault(target, []).extend(ids)
-        for host, ids in other.isolations.items():
-            self.isolations.setdefault(host, []).extend(ids)
+        for target, stopped in other.stops.items():
+            self.stops.setdefault(target, {}).update(stopped)
+        for host, isolated in other.isolations.items():
+            self.isolations.setdefault(host, []).extend(isolated)
 
     def batched(self) -> list[Message]:
         """Stops with the same target and reason merged into ``StopObservers``, isolations
         per host merged, requests deduplicated; the order between targets does not matter."""
         merged: list[Message] = []
-        for (service_id, session_id, reason), ids in self.stops.items():
+        for (service_id, session_id, reason), unique_ids in self.stops.items():
+            ids = list(unique_ids)
             if len(ids) == 1:
                 merged.append(
                     StopObserver(observer_id=ids[0], service_id=service_id, session_id=session_id, reason=reason)
