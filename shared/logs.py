@@ -63,9 +63,17 @@ def last_chatter(logger_name: str) -> str | None:
 
 def _robust_channel_without_transport(record: logging.LogRecord) -> bool:
     """aio-pika's robust channel fails its close callback when the connection is already
-    gone (``ChannelInvalidStateError``); it reopens the channel with the connection."""
+    gone; it reopens the channel with the connection. The error says so one of two ways:
+    ``ChannelInvalidStateError`` (no transport), or, when the channel closed a moment before
+    its connection (the broker closing both, as when a vhost is deleted: ``make bench``,
+    broker-loss), aiormq's ``RuntimeError("<Connection: ...> closed")`` on reopening it."""
     args = record.args if isinstance(record.args, tuple) else ()
-    return len(args) == 3 and args[1] == "ChannelInvalidStateError" and "RobustChannel._on_close" in repr(args[0])
+    if len(args) != 3 or "RobustChannel._on_close" not in repr(args[0]):
+        return False
+    if args[1] == "ChannelInvalidStateError":
+        return True
+    text = str(args[2])
+    return args[1] == "RuntimeError" and text.startswith("<Connection") and text.endswith(" closed")
 
 
 class _Chatter(logging.Filter):
