@@ -61,35 +61,48 @@ def last_chatter(logger_name: str) -> str | None:
     return _last_chatter.get(logger_name)
 
 
-def _robust_channel_without_transport(record: logging.LogRecord) -> bool:
-    """aio-pika's robust channel fails its close callback when the connection is already
-    gone; it reopens the channel with the connection. The error says so one of two ways:
-    ``ChannelInvalidStateError`` (no transport), or, when the channel closed a moment before
-    its connection (the broker closing both, as when a vhost is deleted: ``make bench``,
-    broker-loss), aiormq's ``RuntimeError("<Connection: ...> closed")`` on reopening it."""
+def _robust_channel_reopening(record: logging.LogRecord) -> int | None:
+    """The level for aio-pika's record of its robust channel failing its close callback,
+    None for any other record. The channel tries to reopen itself there, and fails when
+    its connection is going too; it is reopened with the connection. Its error says so one
+    of two ways, chatter shown at DEBUG: ``ChannelInvalidStateError`` (no transport), or,
+    when the channel closed a moment before its connection (the broker closing both, as
+    when a vhost is deleted: ``make bench``, broker-loss), aiormq's ``RuntimeError("<Connection:
+    ...> closed")``. Any other failure to reopen (a vhost being deleted refuses the channel's
+    declarations) is a WARNING: the manager tells the lost connection in its own words, and
+    a channel that cannot be restored refuses requests with a 503 that says why."""
     args = record.args if isinstance(record.args, tuple) else ()
     if len(args) != 3 or "RobustChannel._on_close" not in repr(args[0]):
-        return False
-    if args[1] == "ChannelInvalidStateError":
-        return True
+        return None
     text = str(args[2])
-    return args[1] == "RuntimeError" and text.startswith("<Connection") and text.endswith(" closed")
+    if args[1] == "ChannelInvalidStateError" or (
+        args[1] == "RuntimeError" and text.startswith("<Connection") and text.endswith(" closed")
+    ):
+        return logging.DEBUG
+    return logging.WARNING
 
 
 class _Chatter(logging.Filter):
-    """Shows a library's connection chatter as DEBUG, and only when DEBUG is on."""
+    """Shows a library's connection chatter as DEBUG, and only when DEBUG is on; ``judge``
+    may give a record another level (or None: left as it is)."""
 
-    def __init__(self, starts: tuple[str, ...], judge: Callable[[logging.LogRecord], bool] | None = None) -> None:
+    def __init__(self, starts: tuple[str, ...], judge: Callable[[logging.LogRecord], int | None] | None = None) -> None:
         super().__init__()
         self.starts = starts
         self.judge = judge
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.msg if isinstance(record.msg, str) else ""
-        if not (message.startswith(self.starts) or (self.judge is not None and self.judge(record))):
+        if message.startswith(self.starts):
+            level: int | None = logging.DEBUG
+        else:
+            level = self.judge(record) if self.judge is not None else None
+        if level is None:
+            return True
+        record.levelno, record.levelname = level, logging.getLevelName(level)
+        if level > logging.DEBUG:
             return True
         _last_chatter[record.name] = record.getMessage()
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
         return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 
@@ -114,7 +127,7 @@ def configure_logging(level: str, role: str, log_format: LogFormat = "text") -> 
     logging.getLogger("aio_pika").setLevel(logging.WARNING)
     for name, starts in _CHATTER.items():
         _filter_once(logging.getLogger(name), _Chatter(starts))
-    _filter_once(logging.getLogger("aio_pika.tools"), _Chatter((), _robust_channel_without_transport))
+    _filter_once(logging.getLogger("aio_pika.tools"), _Chatter((), _robust_channel_reopening))
 
 
 def _filter_once(logger: logging.Logger, chatter: _Chatter) -> None:

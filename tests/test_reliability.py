@@ -250,6 +250,8 @@ def test_the_broker_rebuilt_from_the_database(
     for proc in system.procs:
         text = proc.text()[said_before.get(proc.name, 0) :]
         assert "Traceback" not in text and " ERROR [" not in text, f"{proc.name}: {text[-4000:]}"
+        if proc.name.startswith("svc-"):  # its one session ended by the loss, and no other since
+            assert text.count("broker session lost") == 1, f"{proc.name}: {text[-4000:]}"
 
 
 def test_a_database_restored_from_an_older_backup_loses_no_running_observer(system: System) -> None:
