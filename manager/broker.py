@@ -21,6 +21,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobus
 from aiormq import spec
 
 from shared import topology
+from shared.amqp_errors import describe_connect_failure, vhost_refused, vhost_refused_text
 from shared.batch_publish import Outgoing, publish_batch
 from shared.errors import BrokerUnavailable
 from shared.logs import last_chatter
@@ -132,7 +133,11 @@ class BrokerLink:
                 )
                 break
             except Exception as e:  # noqa: BLE001 - any failure: retry
-                logger.warning("broker unreachable (%s); retrying in %.1fs", e, delay)
+                logger.warning(
+                    "broker unreachable (%s); retrying in %.1fs",
+                    describe_connect_failure(e, self.settings.amqp_url),
+                    delay,
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
         self._connection = connection
@@ -190,13 +195,20 @@ class BrokerLink:
                         "the broker is still unreachable after %.0fs; trying every %.1fs (the last attempt: %s)",
                         down_for,
                         interval,
-                        last_chatter("aio_pika.robust_connection") or "no answer yet",
+                        self._last_attempt(),
                     )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(connection.connected.wait(), interval)
         finally:
             connection.reconnect_interval = _RECONNECT_FIRST_S  # type: ignore[attr-defined]
             self._pacing = None
+
+    def _last_attempt(self) -> str:
+        """Why the last attempt to reconnect failed, as aio-pika logged it (shown at DEBUG)."""
+        said = last_chatter("aio_pika.robust_connection")
+        if said is None:
+            return "no answer yet"
+        return vhost_refused_text(self.settings.amqp_url) if vhost_refused(said) else said
 
     async def marker_present(self) -> bool:
         """Whether the rebuild marker queue exists (``_on_marker_channel`` says why not

@@ -44,6 +44,7 @@ from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
 from shared import topology
+from shared.amqp_errors import describe_connect_failure
 from shared.errors import BrokerUnavailable, LeaseLost
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 
@@ -134,8 +135,9 @@ class Session:
                 )
             )
         except Exception as e:
-            await self.close(f"open failed: {e!r}")
-            raise BrokerUnavailable(f"cannot open a broker session: {e!r}") from e
+            why = describe_connect_failure(e, self.settings.amqp_url)
+            await self.close(f"open failed: {why}")
+            raise BrokerUnavailable(f"cannot open a broker session: {why}") from e
         self._tasks = [asyncio.create_task(self._outbox_loop(outbox), name="outbox")]
         logger.info("broker session open (pools=%s, prefetch=%d)", self.settings.pools, self.settings.workers_count)
 

@@ -106,6 +106,18 @@ def test_a_service_whose_metrics_port_is_taken_says_so_and_exits(system: System)
     assert system.services() == []  # it never told the manager it exists
 
 
+def test_a_virtual_host_the_broker_refuses_is_named_in_the_logs(system: System) -> None:
+    # aiormq says only "Expected one of ['Connection.OpenOk'], got <Connection.Close object at
+    # 0x...>", which a mistyped vhost in ORCH_AMQP_URL used to print every second
+    wrong = system.amqp_url.rsplit("/", 1)[0] + "/no-such-vhost"
+    manager = system.start_manager(wait=False, ORCH_AMQP_URL=wrong)
+    service = system.start_service("svc-a", workers=5, wait=False, ORCH_AMQP_URL=wrong)
+    said = "the broker refused the virtual host 'no-such-vhost' to user 'orch': it does not exist"
+    for proc in (manager, service):
+        wait_for(lambda proc=proc: said in proc.text(), 60, f"{proc.name} to name the vhost")  # type: ignore[misc]
+        assert "Connection.OpenOk" not in proc.text(), proc.text()[-3000:]
+
+
 def test_json_logs_carry_service_and_observer_ids(system: System, plugin_path: Path) -> None:
     system.start_manager(ORCH_LOG_FORMAT="json")
     service = system.start_service("svc-a", workers=5, ORCH_LOG_FORMAT="json", PYTHONPATH=str(plugin_path))

@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import aiormq
 import pytest
 from aiormq.exceptions import ChannelInvalidStateError
 from pydantic import ValidationError
@@ -33,6 +34,7 @@ from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
 from observer_service.outbox import Outbox, StartedReport, pack
 from observer_service.session import prefetch_chunks
+from shared.amqp_errors import describe_connect_failure
 from shared.errors import DecodeError, LeaseLost
 from shared.logs import configure_logging, last_chatter
 from shared.messages import (
@@ -540,3 +542,14 @@ def test_a_database_outage_is_told_when_it_begins_each_minute_and_when_it_ends(
         reminded.failed(OSError("down"))
         reminded.failed(OSError("down"))
     assert "still unavailable or busy after 0s and 2 attempts (OSError: down)" in caplog.records[-1].getMessage()
+
+
+def test_a_refused_virtual_host_is_told_by_name_and_other_connect_failures_as_they_are() -> None:
+    refused = aiormq.exceptions.InvalidFrameError(
+        "Expected one of ['Connection.OpenOk'], got <Connection.Close object at 0x7f3>"
+    )
+    said = describe_connect_failure(refused, "amqp://orch:secret@127.0.0.1:5672/%2F")
+    assert said.startswith("the broker refused the virtual host '/' to user 'orch'") and "secret" not in said
+    assert "'orch-prod'" in describe_connect_failure(refused, "amqp://orch:secret@127.0.0.1:5672/orch-prod")
+    other = ConnectionRefusedError(111, "Connection refused")
+    assert describe_connect_failure(other, "amqp://orch:secret@127.0.0.1:5672/") == repr(other)

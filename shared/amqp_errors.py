@@ -1,0 +1,37 @@
+"""What a failed attempt to connect to RabbitMQ means, in a line an operator can act on.
+
+aiormq reports a virtual host that the broker refuses (it does not exist, or the user has
+no permissions on it) as ``InvalidFrameError: Invalid frame received: "Expected one of
+['Connection.OpenOk'], got <Connection.Close object at 0x...>"``: the broker's reason is
+lost with the frame, and a service with a mistyped vhost in ``ORCH_AMQP_URL`` said only
+that, every second, for as long as it ran. Every other failure (refused, bad credentials,
+timed out) already names itself and is quoted as it is.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+_VHOST_REFUSED = ("Connection.OpenOk", "Connection.Close")
+
+
+def vhost_refused(error: BaseException | str) -> bool:
+    """Whether ``error`` (or a line quoting it) is the broker closing the connection in
+    answer to opening the virtual host."""
+    text = str(error)
+    return all(marker in text for marker in _VHOST_REFUSED)
+
+
+def vhost_refused_text(amqp_url: str) -> str:
+    parts = urlsplit(amqp_url)
+    vhost = unquote(parts.path[1:]) if len(parts.path) > 1 else "/"
+    user = unquote(parts.username or "guest")
+    return (
+        f"the broker refused the virtual host {vhost!r} to user {user!r}: it does not exist, or the user has "
+        f"no permissions on it (rabbitmqctl add_vhost / set_permissions, or fix the vhost in the AMQP URL)"
+    )
+
+
+def describe_connect_failure(error: BaseException, amqp_url: str) -> str:
+    """``error`` (an attempt to connect to ``amqp_url`` that failed) in one line."""
+    return vhost_refused_text(amqp_url) if vhost_refused(error) else repr(error)
