@@ -36,6 +36,9 @@ def main() -> None:
     elif settings.state_process:
         child = _spawn_state_process()
     # Imported only now, while the child imports its own half.
+    from manager.db.startup import database_ready_or_exit
+
+    database_ready_or_exit(settings.database_url, "the API", logger)  # waits for it; refused: status 2
     import uvicorn
 
     from manager.app import create_app

@@ -40,7 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.background import BackgroundLoops
 from manager.broker import BrokerLink
-from manager.db.engine import check_schema, make_engine, make_sessionmaker
+from manager.db.engine import SchemaOutdated, make_engine, make_sessionmaker
+from manager.db.startup import DatabaseRefused, wait_for_schema
 from manager.metrics import STATE_REGISTRY
 from manager.queue_waker import StartQueueWaker
 from manager.state.consumer import StateConsumer
@@ -94,7 +95,11 @@ def main() -> None:
     if fd is not None:
         _serve_metrics(socket.socket(fileno=int(fd)))
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
-        runner.run(_run_until_signalled(settings))
+        try:
+            runner.run(_run_until_signalled(settings))
+        except (DatabaseRefused, SchemaOutdated) as e:
+            logger.critical("%s", e)  # one line: waiting cannot fix it (manager/db/startup.py)
+            raise SystemExit(2) from None
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -125,7 +130,7 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
     # database the check refuses (``tests/test_state_start.py``).
     broker.start(side.on_message)
     try:
-        await check_schema(engine)
+        await wait_for_schema(engine, "the state process", logger)
     except BaseException:
         await broker.close()
         await engine.dispose()

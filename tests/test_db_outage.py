@@ -224,3 +224,35 @@ def test_requests_behind_a_locked_table_are_refused_in_time_and_served_once_it_i
     assert system.observer(observer["id"])["status"] == "Processing"
     assert system.get("/api/observers", name="while-locked").json()["items"] == []
     assert system.get("/api/stats").json()["services"]["alive"] == 1
+
+
+def test_a_manager_started_while_its_database_refuses_connections_waits_for_it(
+    system: System, postgres: infra.PostgresNode
+) -> None:
+    # It used to exit at once, status 3, with a traceback: a host booting, or a compose file
+    # without health ordering, left no manager running once PostgreSQL was there.
+    with refusing_connections(postgres, system.database_url):
+        manager = system.start_manager(wait=False)
+        for side in ("the API", "the state process"):
+            wait_for(
+                lambda side=side: f"{side}: the database is unavailable or busy" in manager.text(),  # type: ignore[misc]
+                60,
+                f"{side} to wait for the database",
+            )
+        assert manager.alive(), manager.text()[-3000:]
+    wait_for(lambda: system.get("/readyz").status_code == 200, 60, "the manager to be ready")
+    said = manager.text()
+    assert "the API: the database answers again" in said and "the state process: the database answers again" in said
+    assert "Traceback" not in said and " ERROR [" not in said, said[-3000:]
+    system.start_service("svc-a", workers=2)
+    system.wait_status(system.create("after-the-wait", args={"interval_s": 0.5})["id"], "Processing")
+
+
+def test_a_manager_given_a_wrong_database_password_says_so_in_one_line_and_exits(system: System) -> None:
+    wrong = make_url(system.database_url).set(password="not-the-password")
+    manager = system.start_manager(wait=False, ORCH_DATABASE_URL=wrong.render_as_string(hide_password=False))
+    assert manager.popen.wait(60) == 2
+    said = manager.text()
+    assert "CRITICAL [manager] manager: cannot use the database at" in said, said
+    assert 'password authentication failed for user "orch"' in said and "fix ORCH_DATABASE_URL" in said, said
+    assert "Traceback" not in said and "not-the-password" not in said, said

@@ -1,0 +1,72 @@
+"""The manager's first contact with its database: wait while it cannot be reached, refuse at
+once, in one line, what waiting cannot fix.
+
+A manager started before its PostgreSQL (a host booting, `docker compose up` without health
+ordering, an outage under way) used to exit at once with a traceback and status 3: the
+broker it waited for, the database not. It now waits, saying so as every loop says an outage
+(``OutageLog``: once when it begins, once a minute, once when it ends), and carries on once
+the database answers. What waiting cannot fix (a wrong password, a database or role that
+does not exist, a schema behind the migrations) is one CRITICAL line naming the setting to
+fix, and the process exits with status 2, as for a metrics port that is taken. Both sides
+call it: the API process before it serves (``manager/__main__.py``), the state process
+before it applies anything (``manager/state_process.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from manager.db.engine import SchemaOutdated, check_schema, make_engine
+from manager.db.errors import DATABASE_ERRORS, OutageLog, describe, is_transient
+
+_RETRY_S = 1.0
+
+
+class DatabaseRefused(RuntimeError):
+    """The database answered, and what it said will not change by waiting."""
+
+
+async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -> None:
+    """``check_schema``, waiting while the database cannot be reached or is busy. Raises
+    ``DatabaseRefused`` for a deterministic refusal, ``SchemaOutdated`` for a schema that is
+    not at the migrations' head."""
+    outage = OutageLog(what, log)
+    while True:
+        try:
+            await check_schema(engine)
+        except SchemaOutdated:
+            raise
+        except DATABASE_ERRORS as e:
+            if not is_transient(e):
+                url = make_url(engine.url).render_as_string(hide_password=True)
+                raise DatabaseRefused(
+                    f"cannot use the database at {url} ({describe(e)}): fix ORCH_DATABASE_URL "
+                    "(user, password, database name) or the database's roles"
+                ) from e
+            outage.failed(e)
+            await asyncio.sleep(_RETRY_S)
+            continue
+        outage.worked()
+        return
+
+
+def database_ready_or_exit(database_url: str, what: str, log: logging.Logger) -> None:
+    """``wait_for_schema`` on an engine of its own, before an event loop runs; a refusal is
+    one CRITICAL line and ``SystemExit(2)``."""
+
+    async def check() -> None:
+        engine = make_engine(database_url)
+        try:
+            await wait_for_schema(engine, what, log)
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(check())
+    except (DatabaseRefused, SchemaOutdated) as e:
+        log.critical("%s", e)
+        raise SystemExit(2) from None
