@@ -27,9 +27,9 @@ def main() -> None:
         child = _spawn_state_process()
 
     from shared.logs import configure_logging
-    from shared.settings import get_manager_settings
+    from shared.settings import get_manager_settings, settings_or_exit
 
-    settings = get_manager_settings()
+    settings = settings_or_exit(get_manager_settings)
     configure_logging(settings.log_level, "manager", settings.log_format)
     if child is not None:
         logger.info("state process started (pid %s) before the settings were read", child.pid)

@@ -51,7 +51,7 @@ from manager.state_child import METRICS_FD_ENV, PARENT_PID_ENV
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
 from shared.process import die_with_parent
-from shared.settings import ManagerSettings, get_manager_settings
+from shared.settings import ManagerSettings, get_manager_settings, settings_or_exit
 
 logger = logging.getLogger("manager.state_process")  # not "__main__" when run with -m
 
@@ -89,7 +89,7 @@ def main() -> None:
     parent = os.environ.get(PARENT_PID_ENV)
     if parent is not None:
         die_with_parent(int(parent))
-    settings = get_manager_settings()
+    settings = settings_or_exit(get_manager_settings)
     configure_logging(settings.log_level, "manager:state", settings.log_format)
     fd = os.environ.get(METRICS_FD_ENV)
     if fd is not None:

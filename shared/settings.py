@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationInfo, field_validator
+from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.egress import DEFAULT_DENY, DENY_ENV, Network, parse_networks
@@ -22,6 +24,8 @@ from shared.messages import RetryPolicy
 
 AUTO = 0
 AUTO_SLOTS = -1
+
+T = TypeVar("T")
 
 _POOL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -221,6 +225,26 @@ def get_service_settings() -> ServiceSettings:
 @lru_cache(maxsize=1)
 def get_manager_settings() -> ManagerSettings:
     return ManagerSettings()
+
+
+_SECRET_PARTS = ("url", "token", "password")
+
+
+def settings_or_exit(load: Callable[[], T]) -> T:
+    """``load()`` the settings of a process starting; a value that does not validate is one
+    line per setting on stderr (logging is configured from the settings, so not yet), naming
+    the variable to fix, and exit status 2. Pydantic's error came with a traceback and the
+    field's name (``workers_count``), not the variable's (``ORCH_WORKERS_COUNT``). Values of
+    URLs and tokens are not echoed: they carry passwords."""
+    try:
+        return load()
+    except ValidationError as e:
+        for error in e.errors():
+            field = str(error["loc"][0]) if error["loc"] else "?"
+            variable = field.upper() if field.upper().startswith("ORCH_") else f"ORCH_{field.upper()}"
+            shown = "" if any(part in field.lower() for part in _SECRET_PARTS) else f"={error.get('input')!r}"
+            print(f"invalid setting {variable}{shown}: {error['msg']}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def hostname() -> str:

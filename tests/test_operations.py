@@ -169,3 +169,16 @@ def test_history_search_sort_and_counts_per_kind(system: System, tmp_path: Path,
     svc = system.service_by_name("svc-a")
     assert svc is not None and history[1]["service_id"] == svc["id"]
     assert system.get(f"/api/observers/{calm[0]['id']}/events", after=history[1]["id"]).json() == history[2:]
+
+
+def test_a_setting_that_does_not_validate_is_named_in_one_line(system: System) -> None:
+    # Pydantic's error came with a traceback and the field's name, not the variable's
+    service = system.start_service("svc-a", wait=False, ORCH_WORKERS_COUNT="lots")
+    manager = system.start_manager(wait=False, ORCH_STATE_PREFETCH="many")
+    for proc, said in (
+        (service, "invalid setting ORCH_WORKERS_COUNT='lots': Input should be a valid integer"),
+        (manager, "invalid setting ORCH_STATE_PREFETCH='many': Input should be a valid integer"),
+    ):
+        assert proc.popen.wait(60) == 2
+        text = proc.text()
+        assert said in text and "Traceback" not in text, text
