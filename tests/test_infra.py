@@ -104,11 +104,12 @@ request = struct.pack(">BHBBHHH", 120, port, 77, 0, 6, 5, len(name)) + name + st
 epmd.sendall(struct.pack(">H", len(request)) + request)
 answer = epmd.recv(16)
 assert answer[1:2] == b"\\0", answer
-print(port, flush=True)
 if len(sys.argv) > 2:  # a node being killed: its port closed, its name let go this much later
     listener.close()
+    print(port, flush=True)
     time.sleep(float(sys.argv[2]))
     sys.exit(0)
+print(port, flush=True)
 time.sleep(600)
 """
 

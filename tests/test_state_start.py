@@ -52,7 +52,7 @@ def test_a_manager_whose_settings_are_wrong_leaves_no_state_process(system: Syst
     # it must end with its parent.
     manager = system.start_manager(wait=False, ORCH_STATE_PREFETCH="0")
     assert manager.popen.wait(60) != 0
-    assert "state_prefetch" in manager.text()
+    assert "invalid setting ORCH_STATE_PREFETCH" in manager.text()
     wait_for(lambda: not state_processes_of(manager.popen.pid), 30, "the state process to end with its parent")
 
 
