@@ -120,10 +120,11 @@ def _serve_metrics(listener: socket.socket) -> None:
 
 
 async def _let_closing_finish(timeout_s: float = 2.0) -> None:
-    """Wait (bounded) for the tasks a closed connection set off: aio-pika runs its close
-    callbacks as tasks of their own, and a loop closed under one printed "Task was destroyed
-    but it is pending" and a traceback after the process's one line saying why it stops
-    (1 start in 6 with a wrong database password)."""
+    """Wait (bounded) for the tasks a closed connection set off, before the loop closes, on
+    every way out (a stop, a refused start): aio-pika runs its close callbacks as tasks of
+    their own, and a loop closed under one printed "Task was destroyed but it is pending" and
+    a traceback after the process's one line saying why it stops (1 start in 6 with a wrong
+    database password)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while (others := asyncio.all_tasks() - {asyncio.current_task()}) and loop.time() < deadline:
@@ -142,25 +143,20 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
     broker.start(side.on_message)
     try:
         await wait_for_schema(engine, "the state process", logger)
-    except BaseException:
-        await broker.close()
-        await engine.dispose()
-        await _let_closing_finish()
-        raise
-    task = asyncio.create_task(side.run())
-    gc.collect()
-    gc.freeze()  # start-up objects are never garbage: keep full collections from walking them
-    # SIGTERM from the parent stops us; Ctrl-C in a terminal reaches the parent too, which
-    # then sends SIGTERM: ignoring SIGINT here keeps the shutdown in that one order.
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, task.cancel)
-    loop.add_signal_handler(signal.SIGINT, lambda: None)
-    try:
+        task = asyncio.create_task(side.run())
+        gc.collect()
+        gc.freeze()  # start-up objects are never garbage: keep full collections from walking them
+        # SIGTERM from the parent stops us; Ctrl-C in a terminal reaches the parent too, which
+        # then sends SIGTERM: ignoring SIGINT here keeps the shutdown in that one order.
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        loop.add_signal_handler(signal.SIGINT, lambda: None)
         with contextlib.suppress(asyncio.CancelledError):
             await task
     finally:
         await broker.close()
         await engine.dispose()
+        await _let_closing_finish()
     logger.info("state process stopped")
 
 

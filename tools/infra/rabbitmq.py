@@ -34,6 +34,7 @@ from tools.infra.system import (
     run,
     tail,
     wait_gone,
+    wait_until,
     write_private,
 )
 
@@ -349,12 +350,7 @@ class RabbitNode:
         node's closed connection only when it next runs: a test's power cut (``kill``, then
         ``start`` at once) found the name still there on a busy machine, and the start
         refused a node that no longer existed."""
-        deadline = time.monotonic() + timeout
-        while self.name in conflicts.epmd_names():
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
+        return wait_until(lambda: self.name not in conflicts.epmd_names(), timeout)
 
     def _wait_ready(self, pid: int | None) -> None:
         """Wait (rabbitmqctl wait) for the boot to finish; fail fast if the server dies."""

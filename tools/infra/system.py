@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -96,13 +96,18 @@ def child_pids(pid: int) -> list[int]:
     return found
 
 
-def wait_gone(pids: Sequence[int], timeout: float) -> bool:
+def wait_until(check: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
+    """Poll ``check`` until it is true or ``timeout`` passed; whether it became true."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(pid_alive(pid) for pid in pids):
+        if check():
             return True
-        time.sleep(0.05)
-    return not any(pid_alive(pid) for pid in pids)
+        time.sleep(every)
+    return check()
+
+
+def wait_gone(pids: Sequence[int], timeout: float) -> bool:
+    return wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout)
 
 
 def run(
