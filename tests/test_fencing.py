@@ -1,9 +1,14 @@
 """Fencing: an observer never acts on two hosts at the same moment. (Issue #2 test 12.)
 
-Observers (the test plug-in's ``probe``) append "observer service pid time" to a shared file
-after ``ctx.ensure_lease()``.
-Per observer, the ticks of one host that follow each other closely form an interval of
-activity; intervals of different hosts must never overlap."""
+Observers (the test plug-in's ``probe``) append "observer service pid time run" to a shared
+file after ``ctx.ensure_lease()``, ``run`` a token of one start of the observer on one host.
+Each run's ticks span an interval of activity, from its first tick to its last; intervals of
+runs on different hosts must never overlap.
+
+The intervals were once cut from the merged ticks of all hosts, a new one at each change of
+host: two hosts ticking at once then made one-tick intervals that alternated and never
+overlapped, and the check passed on a service that acted for 5 s after its observers had
+moved (a lease that never lapsed, under a network partition)."""
 
 from __future__ import annotations
 
@@ -16,44 +21,36 @@ from pathlib import Path
 import pytest
 
 from tools import infra
-from tools.harness import FAST_ENV, System, probe_args, read_ticks, wait_for
+from tools.harness import FAST_ENV, System, probe_args, read_probe_lines, wait_for
+from tools.partition import Partition
 
 INTERVAL_S = 0.05
 pytestmark = pytest.mark.usefixtures("with_test_plugin")
 
 
 def activity_intervals(log: Path) -> dict[str, list[tuple[str, float, float]]]:
-    """observer -> [(service, first tick, last tick)] of each run of consecutive ticks."""
-    per_observer: dict[str, list[tuple[str, float]]] = defaultdict(list)
-    for observer, service, _pid, at in read_ticks(log):
-        per_observer[observer].append((service, at))
-    result: dict[str, list[tuple[str, float, float]]] = {}
-    for observer, ticks in per_observer.items():
-        ticks.sort(key=lambda t: t[1])
-        runs: list[tuple[str, float, float]] = []
-        for service, at in ticks:
-            if runs and runs[-1][0] == service:
-                runs[-1] = (service, runs[-1][1], at)
-            else:
-                runs.append((service, at, at))
-        result[observer] = runs
-    return result
+    """observer -> [(service, first tick, last tick)] of each of its runs, by first tick."""
+    spans: dict[tuple[str, str, str], tuple[float, float]] = {}
+    for observer, service, _pid, at, run in read_probe_lines(log):
+        assert run, "a probe line without a run token"
+        first, last = spans.get((observer, service, run), (at, at))
+        spans[observer, service, run] = (min(first, at), max(last, at))
+    result: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+    for (observer, service, _run), (first, last) in spans.items():
+        result[observer].append((service, first, last))
+    for runs in result.values():
+        runs.sort(key=lambda r: r[1])
+    return dict(result)
 
 
 def assert_never_on_two_hosts(log: Path) -> int:
-    """Return how many times an observer changed host; fail on any interleaving."""
+    """Return how many times an observer changed host; fail if two of its runs on different
+    hosts were active at the same moment."""
     moves = 0
     for observer, runs in activity_intervals(log).items():
-        last_seen: dict[str, float] = {}
-        for service, start, end in runs:
-            for other, other_end in last_seen.items():
-                # A host whose run ended before this one started may come back later (it
-                # got the delivery back), but never while the other one is still active.
-                assert other == service or other_end < start, (observer, runs)
-            last_seen[service] = end
-        for (s1, _, end1), (s2, start2, _) in itertools.pairwise(runs):
-            assert s1 != s2 and end1 < start2
-            moves += 1
+        for (s1, start1, end1), (s2, start2, end2) in itertools.combinations(runs, 2):
+            assert s1 == s2 or end1 < start2 or end2 < start1, (observer, runs)
+        moves += sum(1 for (s1, _, _), (s2, _, _) in itertools.pairwise(runs) if s1 != s2)
     return moves
 
 
@@ -104,3 +101,43 @@ def test_frozen_service_does_not_act_after_waking(system: System, tmp_path: Path
     woken = victim.text()
     assert "the whole service process was not running for" in woken, woken[-3000:]
     assert "event loop blocked" not in woken and "garbage collection paused" not in woken, woken[-3000:]
+
+
+def test_a_partitioned_service_stops_acting_before_its_observers_move(system: System, tmp_path: Path) -> None:
+    # Given svc-a reaching the broker through a network that can be cut, svc-b directly
+    host, port = system.amqp_url.rpartition("@")[2].split("/")[0].split(":")
+    with Partition(host, int(port)) as network:
+        system.start_manager()
+        victim = system.start_service("svc-a", workers=4, ORCH_AMQP_URL=network.url_for(system.amqp_url))
+        # Their side effects are local (no emits, which would wait for the cut broker)
+        log = tmp_path / "ticks.log"
+        args = probe_args(log, INTERVAL_S, emit=False)
+        ids = [system.create(f"f-{i}", kind="probe", args=args)["id"] for i in range(4)]
+        for oid in ids:
+            system.wait_status(oid, "Processing")
+        system.start_service("svc-b", workers=4)
+        svc_b = system.service_by_name("svc-b")
+        assert svc_b is not None
+        time.sleep(0.5)
+
+        # When the network between svc-a and the broker drops everything: svc-a runs on, its
+        # sockets stay open, nothing tells either side
+        network.cut()
+
+        # Then the broker gives its observers to svc-b, and svc-a stopped acting before that
+        wait_for(
+            lambda: all(system.observer(i)["service_id"] == svc_b["id"] for i in ids), 60, "the observers on svc-b"
+        )
+        wait_for(lambda: "fenced 4 observer(s)" in victim.text(), 60, "svc-a to fence its observers")
+        assert "broker session lost: no frame from the broker for" in victim.text(), victim.text()[-3000:]
+        time.sleep(1)
+        moves = assert_never_on_two_hosts(log)
+        assert moves >= 4, activity_intervals(log)
+
+        # And when the network comes back svc-a serves again, having run nothing twice
+        network.heal()
+        wait_for(lambda: victim.text().count("broker session open") >= 2, 60, "svc-a to open a new session")
+        time.sleep(1)
+        assert victim.alive()
+        assert_never_on_two_hosts(log)
+        assert all(system.observer(i)["status"] == "Processing" for i in ids)

@@ -24,6 +24,7 @@ from tools import infra
 from tools.harness import free_port, unique
 from tools.infra import conflicts
 from tools.infra.conflicts import Holder
+from tools.partition import Partition
 
 PROC_NET_TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -203,3 +204,31 @@ def test_a_killed_nodes_name_that_epmd_still_lists_does_not_stop_a_start(
     finally:
         dying.kill()
         dying.wait()
+
+
+def test_a_cut_partition_carries_nothing_and_a_healed_one_carries_on_in_order() -> None:
+    # Given an echo server behind the relay, and a client connected through it
+    with socket.create_server(("127.0.0.1", 0)) as server, Partition("127.0.0.1", server.getsockname()[1]) as network:
+        client = socket.create_connection(("127.0.0.1", network.port), timeout=5)
+        peer, _ = server.accept()
+        client.sendall(b"before ")
+        assert peer.recv(100) == b"before "
+
+        # When the network is cut, what is sent arrives nowhere, and nothing is closed
+        network.cut()
+        time.sleep(0.1)  # the cut reaches the relay's loop
+        client.sendall(b"during ")
+        peer.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            peer.recv(100)
+
+        # Then, healed, it arrives in order, and the connection goes on
+        network.heal()
+        peer.settimeout(5)
+        client.sendall(b"after")
+        received = b""
+        while len(received) < len(b"during after"):
+            received += peer.recv(100)
+        assert received == b"during after"
+        client.close()
+        peer.close()

@@ -270,14 +270,21 @@ def probe_args(log: Path, interval_s: float = 0.2, **more: Any) -> dict[str, Any
 
 def read_ticks(path: Path) -> list[tuple[str, str, int, float]]:
     """Lines a ``probe`` wrote: (observer id, service id, pid, unix time)."""
+    return [(observer, service, pid, at) for observer, service, pid, at, _ in read_probe_lines(path)]
+
+
+def read_probe_lines(path: Path) -> list[tuple[str, str, int, float, str]]:
+    """Lines the test plug-in wrote: (observer id, service id, pid, unix time, run token);
+    the token is ``probe``'s, one per start of the observer on a host ("" for other kinds)."""
     if not path.exists():
         return []
-    ticks = []
+    lines = []
     for line in path.read_text().splitlines():
         parts = line.split()
-        if len(parts) == 4:
-            ticks.append((parts[0], parts[1], int(parts[2]), float(parts[3])))
-    return ticks
+        if len(parts) in (4, 5):
+            run = parts[4] if len(parts) == 5 else ""
+            lines.append((parts[0], parts[1], int(parts[2]), float(parts[3]), run))
+    return lines
 
 
 def unique(prefix: str) -> str:

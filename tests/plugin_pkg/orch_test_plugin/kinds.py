@@ -1,7 +1,8 @@
 """Test kinds: a well-behaved plug-in (``echo``), a ticker that leaves evidence of every tick
 (``probe``) and misbehaving ones for the runtime's retry, isolation and quarantine tests.
 Each appends a line per run (``probe``: per tick) to ``log_file`` when given:
-"<observer id> <service id> <pid> <unix time>".
+"<observer id> <service id> <pid> <unix time>", and ``probe`` a fifth field, a token of the run
+(one start of the observer on one host), so each run's span of activity is known exactly.
 
 Writing to a path named in the args is fine for a test plug-in and nothing else: whoever may
 create observers picks the path (the built-in ``ticker`` lost its ``log_file`` for that)."""
@@ -13,6 +14,7 @@ import os
 import random
 import signal
 import time
+import uuid
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,10 +28,10 @@ class _Args(BaseModel):
     log_file: str | None = None
 
 
-def _log_run(args: _Args, ctx: ObserverContext) -> None:
+def _log_run(args: _Args, ctx: ObserverContext, run: str = "") -> None:
     if args.log_file:
         with Path(args.log_file).open("a", encoding="utf-8") as f:
-            f.write(f"{ctx.observer_id} {ctx.service_id} {os.getpid()} {time.time():.6f}\n")
+            f.write(f"{ctx.observer_id} {ctx.service_id} {os.getpid()} {time.time():.6f} {run}".rstrip() + "\n")
 
 
 class EchoArgs(_Args):
@@ -53,11 +55,12 @@ async def probe(args: ProbeArgs, ctx: ObserverContext) -> None:
     """The built-in ticker plus one line per tick in ``log_file``: which host acted when, the
     evidence of the failover and fencing tests (an observer never acts on two hosts at once)."""
     tick = 0
+    run = uuid.uuid4().hex[:12]
     await asyncio.sleep(random.uniform(0, args.interval_s))  # a random phase, as the ticker
     while True:
         tick += 1
         ctx.ensure_lease()
-        _log_run(args, ctx)  # one short O_APPEND write: lines of several hosts do not mix
+        _log_run(args, ctx, run)  # one short O_APPEND write: lines of several hosts do not mix
         if args.emit:
             await ctx.emit({"tick": tick})
         await asyncio.sleep(args.interval_s)
