@@ -48,6 +48,7 @@ from observer_service.holder_channel import hold_channel
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
 from shared import topology
+from shared.amqp_errors import describe_close
 from shared.errors import DecodeError
 from shared.messages import ControlMessage, decode_control
 
@@ -68,6 +69,7 @@ Settle = Literal["ack", "requeue", "reject"]
 class HoldingConnection:
     def __init__(self, lease: Lease, heartbeat_s: int, to_main: Mailbox, fail: FailHandler) -> None:
         self.lease = lease
+        self._heartbeat_s = heartbeat_s
         self._period = heartbeat_s / 4
         self._to_main = to_main
         self._fail = fail
@@ -121,7 +123,7 @@ class HoldingConnection:
 
     def _on_closed(self, _sender: Any, exc: BaseException | None) -> None:
         if not self._closing:
-            self._fail(f"closed by broker or network: {exc!r}", exc)
+            self._fail(describe_close(exc, self._heartbeat_s), exc)
 
     async def close(self) -> None:
         self._closing = True

@@ -44,7 +44,7 @@ from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
 from shared import topology
-from shared.amqp_errors import describe_connect_failure
+from shared.amqp_errors import describe_close, describe_connect_failure
 from shared.errors import BrokerUnavailable, LeaseLost
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 
@@ -113,9 +113,9 @@ class Session:
                 amqp_url_with_heartbeat(self.settings.amqp_url, max(heartbeat, PUBLISH_HEARTBEAT_S)),
                 client_properties={"connection_name": f"{name} (publish)"},
             )
-            self._publish.close_callbacks.add(self._on_closed)
+            self._publish.close_callbacks.add(self._on_publish_closed)
             self._pub = await self._publish.channel(publisher_confirms=True)
-            self._pub.close_callbacks.add(self._on_closed)
+            self._pub.close_callbacks.add(self._on_publish_closed)
             await topology.declare_common(self._pub)
             self._events = EventPublisher(await self._pub.get_underlay_channel(), self.lease, self.fail)
             self._thread = LoopThread(f"hold {self.id.hex[:8]}", self.settings.event_loop)
@@ -141,8 +141,9 @@ class Session:
         self._tasks = [asyncio.create_task(self._outbox_loop(outbox), name="outbox")]
         logger.info("broker session open (pools=%s, prefetch=%d)", self.settings.pools, self.settings.workers_count)
 
-    def _on_closed(self, _sender: Any, exc: BaseException | None) -> None:
-        self.fail(f"closed by broker or network: {exc!r}", exc)
+    def _on_publish_closed(self, _sender: Any, exc: BaseException | None) -> None:
+        heartbeat = max(self.settings.amqp_heartbeat_s, PUBLISH_HEARTBEAT_S)
+        self.fail(describe_close(exc, heartbeat), exc)
 
     def _fail_from_hold(self, reason: str, exc: BaseException | None) -> None:
         """The holding connection is gone (called on its thread). The lease goes at once, so

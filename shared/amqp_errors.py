@@ -1,4 +1,5 @@
-"""What a failed attempt to connect to RabbitMQ means, in a line an operator can act on.
+"""What a failed attempt to connect to RabbitMQ, or a connection that ended, means, in a line
+an operator can act on.
 
 aiormq reports a virtual host that the broker refuses (it does not exist, or the user has
 no permissions on it) as ``InvalidFrameError: Invalid frame received: "Expected one of
@@ -10,7 +11,10 @@ timed out) already names itself and is quoted as it is.
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import unquote, urlsplit
+
+import aiormq
 
 _VHOST_REFUSED = ("Connection.OpenOk", "Connection.Close")
 
@@ -35,3 +39,19 @@ def vhost_refused_text(amqp_url: str) -> str:
 def describe_connect_failure(error: BaseException, amqp_url: str) -> str:
     """``error`` (an attempt to connect to ``amqp_url`` that failed) in one line."""
     return vhost_refused_text(amqp_url) if vhost_refused(error) else repr(error)
+
+
+def describe_close(error: BaseException | None, heartbeat_s: int) -> str:
+    """Why a connection with AMQP heartbeat ``heartbeat_s`` ended, in one line.
+
+    When no frame arrives for aiormq's grace (``(heartbeat + 1) x 3`` seconds) it cancels its
+    reader, and the connection's close callbacks get a bare ``CancelledError``: a network
+    partition said only "closed by broker or network: CancelledError(CancelledError())"
+    (``tests/test_fencing.py``, the partitioned service)."""
+    if isinstance(error, asyncio.CancelledError):
+        grace = (heartbeat_s + 1) * aiormq.Connection.HEARTBEAT_GRACE_MULTIPLIER
+        return (
+            f"no frame from the broker for {grace}s (the AMQP heartbeat's grace): "
+            "the network to it, or the broker, stopped answering"
+        )
+    return f"closed by broker or network: {error!r}"

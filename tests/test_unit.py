@@ -34,7 +34,7 @@ from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
 from observer_service.outbox import Outbox, StartedReport, pack
 from observer_service.session import prefetch_chunks
-from shared.amqp_errors import describe_connect_failure
+from shared.amqp_errors import describe_close, describe_connect_failure
 from shared.errors import DecodeError, LeaseLost
 from shared.logs import configure_logging, last_chatter
 from shared.messages import (
@@ -553,3 +553,11 @@ def test_a_refused_virtual_host_is_told_by_name_and_other_connect_failures_as_th
     assert "'orch-prod'" in describe_connect_failure(refused, "amqp://orch:secret@127.0.0.1:5672/orch-prod")
     other = ConnectionRefusedError(111, "Connection refused")
     assert describe_connect_failure(other, "amqp://orch:secret@127.0.0.1:5672/") == repr(other)
+
+
+def test_a_connection_that_stopped_answering_is_told_as_such() -> None:
+    # aiormq cancels its reader when no frame came for (heartbeat + 1) x 3 seconds
+    said = describe_close(asyncio.CancelledError(), 6)
+    assert said.startswith("no frame from the broker for 21s") and "stopped answering" in said
+    forced = aiormq.exceptions.ConnectionClosed(320, "CONNECTION_FORCED - broker forced connection closure")
+    assert describe_close(forced, 6) == f"closed by broker or network: {forced!r}"
