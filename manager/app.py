@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
@@ -35,6 +37,16 @@ from shared import __version__
 from shared.settings import ManagerSettings, get_manager_settings
 
 logger = logging.getLogger(__name__)
+
+
+def _stop_if_the_side_ended(task: asyncio.Task[None]) -> None:
+    """``ORCH_STATE_PROCESS=false``: the state side ended while the API serves. An API whose
+    reports nobody applies would accept creates that never run, with nothing said: the
+    process stops instead, for its supervisor to start it again (the child process of the
+    default mode is restarted by the API, ``manager/state_child.py``)."""
+    why = "cancelled from within" if task.cancelled() else repr(task.exception())
+    logger.critical("the state side stopped (%s): stopping the manager for its supervisor to restart it", why)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 async def _local_state_metrics() -> str:
@@ -104,6 +116,7 @@ def create_app(settings: ManagerSettings | None = None, state_child: StateChild 
             side = StateSide(settings, sessions, broker, commands.in_flight)
             broker.start(side.on_message)
             task = asyncio.create_task(side.run(), name="state-side")
+            task.add_done_callback(_stop_if_the_side_ended)
             app.state.state_metrics = _local_state_metrics
         # Move what start-up made (~130,000 objects of FastAPI, SQLAlchemy, pydantic) out of
         # the collector's sight: every full collection walked them again.
@@ -116,6 +129,7 @@ def create_app(settings: ManagerSettings | None = None, state_child: StateChild 
             if child is not None:
                 await child.stop()
             if task is not None:
+                task.remove_done_callback(_stop_if_the_side_ended)
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task

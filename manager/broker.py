@@ -19,9 +19,16 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 from aiormq import spec
+from pamqp.common import FieldTable
 
 from shared import topology
-from shared.amqp_errors import describe_connect_failure, vhost_refused, vhost_refused_text
+from shared.amqp_errors import (
+    ConnectionCancelled,
+    cancelled_calls_as_errors,
+    describe_connect_failure,
+    vhost_refused,
+    vhost_refused_text,
+)
 from shared.batch_publish import Outgoing, publish_batch
 from shared.errors import BrokerUnavailable
 from shared.logs import last_chatter
@@ -87,6 +94,10 @@ def reconnect_interval(down_for_s: float) -> float:
     quarter of that, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``, to a hundredth
     (aio-pika's log line for each attempt prints it as it is)."""
     return round(min(_RECONNECT_MAX_S, max(_RECONNECT_FIRST_S, down_for_s / 4)), 2)
+
+
+def _named(name: str) -> FieldTable:
+    return {"connection_name": name}
 
 
 def _reason(exc: BaseException | None) -> str:
@@ -256,9 +267,10 @@ class BrokerLink:
         Any failure is ``BrokerUnavailable``, caused by the broker's error."""
         url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
         try:
-            connection = await aio_pika.connect(url, client_properties={"connection_name": f"manager: {what}"})
-            async with connection:
-                await act(await connection.channel())
+            with cancelled_calls_as_errors():
+                connection = await aio_pika.connect(url, client_properties={"connection_name": f"manager: {what}"})
+                async with connection:
+                    await act(await connection.channel())
         except Exception as e:
             raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
 
@@ -275,26 +287,27 @@ class BrokerLink:
         if not ids:
             return {}
         try:
-            if self._presence is None or self._presence.is_closed:
-                url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
-                self._presence = await aiormq.connect(url, client_properties={"connection_name": "manager: presence"})
-            connection = self._presence
-            limit = asyncio.Semaphore(_PRESENCE_CHECKS_AT_ONCE)
+            with cancelled_calls_as_errors():
+                if self._presence is None or self._presence.is_closed:
+                    url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+                    self._presence = await aiormq.connect(url, client_properties=_named("manager: presence"))
+                connection = self._presence
+                limit = asyncio.Semaphore(_PRESENCE_CHECKS_AT_ONCE)
 
-            async def connected(service_id: uuid.UUID) -> bool:
-                async with limit:
-                    channel = await connection.channel()
-                    try:
-                        await channel.queue_declare(topology.control_queue_name(service_id), passive=True)
-                    except aiormq.exceptions.ChannelLockedResource:
-                        return True
-                    except aiormq.exceptions.ChannelNotFoundEntity:
-                        return False
-                    with contextlib.suppress(Exception):
-                        await channel.close()
-                    return True  # declared without a lock: only its owner could, so it lives
+                async def connected(service_id: uuid.UUID) -> bool:
+                    async with limit:
+                        channel = await connection.channel()
+                        try:
+                            await channel.queue_declare(topology.control_queue_name(service_id), passive=True)
+                        except aiormq.exceptions.ChannelLockedResource:
+                            return True
+                        except aiormq.exceptions.ChannelNotFoundEntity:
+                            return False
+                        with contextlib.suppress(Exception):
+                            await channel.close()
+                        return True  # declared without a lock: only its owner could, so it lives
 
-            answers = await asyncio.wait_for(asyncio.gather(*map(connected, ids)), _PUBLISH_TIMEOUT_S)
+                answers = await asyncio.wait_for(asyncio.gather(*map(connected, ids)), _PUBLISH_TIMEOUT_S)
         except Exception as e:
             raise BrokerUnavailable(f"cannot ask the broker which services are connected: {e!r}") from e
         return dict(zip(ids, answers, strict=True))
@@ -306,15 +319,16 @@ class BrokerLink:
         passive declare closes the channel) costs only this channel, opened again for the
         next pool. Raises ``BrokerUnavailable`` if the broker cannot be reached."""
         try:
-            if self._waker is None or self._waker.is_closed:
-                url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
-                self._waker = await aiormq.connect(url, client_properties={"connection_name": "manager: queue waker"})
-            for pool in pools:
-                if self._waker_channel is None or self._waker_channel.is_closed:
-                    self._waker_channel = await self._waker.channel()
-                declare = self._waker_channel.queue_declare(topology.start_queue_name(pool), passive=True)
-                with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
-                    await asyncio.wait_for(declare, _PUBLISH_TIMEOUT_S)
+            with cancelled_calls_as_errors():
+                if self._waker is None or self._waker.is_closed:
+                    url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+                    self._waker = await aiormq.connect(url, client_properties=_named("manager: queue waker"))
+                for pool in pools:
+                    if self._waker_channel is None or self._waker_channel.is_closed:
+                        self._waker_channel = await self._waker.channel()
+                    declare = self._waker_channel.queue_declare(topology.start_queue_name(pool), passive=True)
+                    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+                        await asyncio.wait_for(declare, _PUBLISH_TIMEOUT_S)
         except Exception as e:
             if self._waker_channel is not None:  # an answer may still come: never reuse it
                 with contextlib.suppress(Exception):
@@ -362,27 +376,28 @@ class BrokerLink:
             await self._ensure_marker()
         deadline = _PUBLISH_TIMEOUT_S + _PUBLISH_TIMEOUT_PER_MESSAGE_S * len(starts)
         try:
-            for pool in sorted({s.pool for s in starts} - self._declared_pools):
-                # Many creates arrive at once: declare each pool's queue once, not per publish.
-                async with self._declare_lock:
-                    if pool not in self._declared_pools:
-                        await topology.declare_start_queue(channel, pool)
-                        self._declared_pools.add(pool)
-            raw = await self._unblocked(channel)
-            publish = publish_batch(
-                cast(aiormq.Channel, raw),
-                [
-                    Outgoing(
-                        topology.start_queue_name(start.pool),
-                        start.encode(),
-                        topology.persistent_properties(str(start.message_id)),
-                    )
-                    for start in starts
-                ],
-                timeout=deadline,
-                mandatory=True,
-            )
-            results = await _unless_blocked(raw.connection, publish)
+            with cancelled_calls_as_errors():
+                for pool in sorted({s.pool for s in starts} - self._declared_pools):
+                    # Many creates arrive at once: declare each pool's queue once, not per publish.
+                    async with self._declare_lock:
+                        if pool not in self._declared_pools:
+                            await topology.declare_start_queue(channel, pool)
+                            self._declared_pools.add(pool)
+                raw = await self._unblocked(channel)
+                publish = publish_batch(
+                    cast(aiormq.Channel, raw),
+                    [
+                        Outgoing(
+                            topology.start_queue_name(start.pool),
+                            start.encode(),
+                            topology.persistent_properties(str(start.message_id)),
+                        )
+                        for start in starts
+                    ],
+                    timeout=deadline,
+                    mandatory=True,
+                )
+                results = await _unless_blocked(raw.connection, publish)
         except TimeoutError as e:
             raise BrokerUnavailable(
                 f"the broker did not confirm {len(starts)} start message(s) within {deadline:g}s (overloaded?)"
@@ -408,18 +423,19 @@ class BrokerLink:
         raw = await self._unblocked(channel)
         target = getattr(message, "service_id", None)
         try:
-            if target is None:
-                exchange = await channel.get_exchange(topology.CONTROL_EXCHANGE, ensure=False)
-                routing_key = ""
-            else:
-                exchange, routing_key = channel.default_exchange, topology.control_queue_name(target)
-            publish = exchange.publish(
-                topology.persistent(message.encode(), message_id=str(message.message_id)),
-                routing_key=routing_key,
-                mandatory=False,
-                timeout=_PUBLISH_TIMEOUT_S,
-            )
-            await _unless_blocked(raw.connection, publish)
+            with cancelled_calls_as_errors():
+                if target is None:
+                    exchange = await channel.get_exchange(topology.CONTROL_EXCHANGE, ensure=False)
+                    routing_key = ""
+                else:
+                    exchange, routing_key = channel.default_exchange, topology.control_queue_name(target)
+                publish = exchange.publish(
+                    topology.persistent(message.encode(), message_id=str(message.message_id)),
+                    routing_key=routing_key,
+                    mandatory=False,
+                    timeout=_PUBLISH_TIMEOUT_S,
+                )
+                await _unless_blocked(raw.connection, publish)
         except Exception as e:
             raise BrokerUnavailable(f"control message not confirmed: {e!r}") from e
 
@@ -428,8 +444,13 @@ class BrokerLink:
         disk alarm the broker blocks publishing connections (``connection.blocked``); a
         publish then would wait for the alarm to clear, holding the request and its database
         work, so it is refused at once instead (the client is told to retry)."""
-        raw = await channel.get_underlay_channel()
-        if not await _may_publish(raw.connection, _BLOCKED_WAIT_S):
+        try:
+            with cancelled_calls_as_errors():
+                raw = await channel.get_underlay_channel()
+                may_publish = await _may_publish(raw.connection, _BLOCKED_WAIT_S)
+        except ConnectionCancelled as e:
+            raise BrokerUnavailable(str(e)) from e
+        if not may_publish:
             raise BrokerUnavailable(BLOCKED)
         return raw
 
@@ -437,11 +458,12 @@ class BrokerLink:
         """Messages ready in a pool's start queue (declared if missing, with its arguments:
         a passive declare of a missing queue would close the channel), or None if unknown."""
         try:
-            channel = await self._channel()
-            raw = await channel.get_underlay_channel()  # the robust channel caches counts
-            result = await raw.queue_declare(
-                topology.start_queue_name(pool), durable=True, arguments=topology.start_queue_arguments(pool)
-            )
+            with cancelled_calls_as_errors():
+                channel = await self._channel()
+                raw = await channel.get_underlay_channel()  # the robust channel caches counts
+                result = await raw.queue_declare(
+                    topology.start_queue_name(pool), durable=True, arguments=topology.start_queue_arguments(pool)
+                )
         except Exception:  # noqa: BLE001
             return None
         return result.message_count
@@ -449,11 +471,12 @@ class BrokerLink:
     async def state_backlog(self) -> int | None:
         """Messages ready in the state queue, or None if unknown."""
         try:
-            channel = await self._channel()
-            # On the raw channel: aio-pika's robust channel keeps the first declaration
-            # result of a queue and would report a stale count.
-            raw = await channel.get_underlay_channel()
-            result = await raw.queue_declare(topology.STATE_QUEUE, passive=True)
+            with cancelled_calls_as_errors():
+                channel = await self._channel()
+                # On the raw channel: aio-pika's robust channel keeps the first declaration
+                # result of a queue and would report a stale count.
+                raw = await channel.get_underlay_channel()
+                result = await raw.queue_declare(topology.STATE_QUEUE, passive=True)
         except Exception:  # noqa: BLE001
             return None
         return result.message_count

@@ -141,6 +141,7 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
     # inbox until ``side.run`` applies them: nothing is applied, and nothing acked, on a
     # database the check refuses (``tests/test_state_start.py``).
     broker.start(side.on_message)
+    asked = asyncio.Event()  # SIGTERM came: the side's end is a stop, not a failure
     try:
         await wait_for_schema(engine, "the state process", logger)
         task = asyncio.create_task(side.run())
@@ -149,7 +150,12 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
         # SIGTERM from the parent stops us; Ctrl-C in a terminal reaches the parent too, which
         # then sends SIGTERM: ignoring SIGINT here keeps the shutdown in that one order.
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)
+
+        def stop() -> None:
+            asked.set()
+            task.cancel()
+
+        loop.add_signal_handler(signal.SIGTERM, stop)
         loop.add_signal_handler(signal.SIGINT, lambda: None)
         with contextlib.suppress(asyncio.CancelledError):
             await task
@@ -157,6 +163,10 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
         await broker.close()
         await engine.dispose()
         await _let_closing_finish()
+    if not asked.is_set():
+        # Cancelled from within: a CancelledError that escaped a call (shared/amqp_errors.py)
+        logger.error("the state side stopped without being asked to; the manager starts it again")
+        raise SystemExit(1)
     logger.info("state process stopped")
 
 

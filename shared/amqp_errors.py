@@ -12,6 +12,8 @@ timed out) already names itself and is quoted as it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from urllib.parse import unquote, urlsplit
 
 import aiormq
@@ -55,3 +57,28 @@ def describe_close(error: BaseException | None, heartbeat_s: int) -> str:
             "the network to it, or the broker, stopped answering"
         )
     return f"closed by broker or network: {error!r}"
+
+
+class ConnectionCancelled(Exception):
+    """An AMQP call ended because its connection was given up under it, not because its
+    caller was cancelled."""
+
+
+@contextlib.contextmanager
+def cancelled_calls_as_errors() -> Iterator[None]:
+    """Turn a ``CancelledError`` that the current task was not asked for into
+    ``ConnectionCancelled``, an ordinary error its caller handles like any other failure of
+    the broker.
+
+    When aiormq gives a stuck connection up it cancels its reader, and every call waiting on
+    the connection (an RPC, a confirm) raises ``CancelledError`` in its caller. Taken for a
+    cancellation of the caller it went through every ``except Exception``: a network partition
+    of 21 s ended the manager's state process (its heartbeat judge was asking the broker for
+    the state backlog), which then exited with status 0 and was started again."""
+    try:
+        yield
+    except asyncio.CancelledError as e:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        raise ConnectionCancelled("the call was cut short: its broker connection stopped answering") from e

@@ -1,9 +1,13 @@
-"""The broker restarts, or everything loses power at once. (Issue #2 tests 9 and 10.)"""
+"""The broker restarts, everything loses power at once (issue #2 tests 9 and 10), or the
+manager is cut off from the broker."""
 
 from __future__ import annotations
 
+import pytest
+
 from tools import infra
 from tools.harness import System, wait_for
+from tools.partition import Partition
 
 
 def start_fleet(system: System, count: int) -> list[str]:
@@ -82,3 +86,36 @@ def test_blackout_everything_comes_back(system: System, rabbit: infra.RabbitNode
     names = {s["name"] for s in system.services() if s["status"] == "alive"}
     assert names == {"svc-a", "svc-b"}
     assert all(s["status"] == "deleted" for s in system.services() if s["name"] in names and s["status"] != "alive")
+
+
+@pytest.mark.parametrize("state_process", ["true", "false"])
+def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(system: System, state_process: str) -> None:
+    # Given a manager that reaches the broker through a network that can be cut
+    host, port = system.amqp_url.rpartition("@")[2].split("/")[0].split(":")
+    with Partition(host, int(port)) as network:
+        manager = system.start_manager(ORCH_AMQP_URL=network.url_for(system.amqp_url), ORCH_STATE_PROCESS=state_process)
+        system.start_service("svc-a", workers=10)
+        ids = [system.create(f"o-{i}")["id"] for i in range(3)]
+        for oid in ids:
+            system.wait_status(oid, "Processing")
+
+        # When the network drops everything for longer than the AMQP heartbeat's grace, so
+        # that the manager gives its connections up with calls still waiting on them
+        sides = 2 if state_process == "true" else 1  # each has a connection of its own
+        network.cut()
+        wait_for(lambda: manager.text().count("lost the broker connection") >= sides, 60, "the manager to give up")
+        during = system.post("/api/observers", {"name": "during-cut", "kind": "ticker"})
+        assert during.status_code == 503 and "broker" in during.json()["detail"], during.text
+        network.heal()
+
+        # Then it reconnects with the same processes, and serves: a create runs, a stop ends
+        wait_for(lambda: manager.text().count("reconnected to the broker after") >= sides, 60, "a reconnection")
+        wait_for(lambda: system.get("/readyz").status_code == 200, 30, "ready again")
+        after = system.create("after-cut")["id"]
+        system.wait_status(after, "Processing")
+        assert system.delete(f"/api/observers/{ids[0]}").status_code == 202
+        system.wait_status(ids[0], "Deleted")
+        said = manager.text()
+        assert manager.alive(), said[-4000:]
+        assert "state process exited" not in said and "state side stopped" not in said, said[-4000:]
+        assert "Traceback" not in said and " ERROR [" not in said, said[-4000:]
