@@ -25,6 +25,7 @@ from shared import topology
 from shared.amqp_errors import (
     ConnectionCancelled,
     cancelled_calls_as_errors,
+    describe_close,
     describe_connect_failure,
     vhost_refused,
     vhost_refused_text,
@@ -100,11 +101,13 @@ def _named(name: str) -> FieldTable:
     return {"connection_name": name}
 
 
-def _reason(exc: BaseException | None) -> str:
+def _reason(exc: BaseException | None, heartbeat_s: int) -> str:
     """Why a connection closed, in a line: the broker's reply (``CONNECTION_FORCED - ...``),
-    or the socket's error."""
+    the socket's error, or no frame for the heartbeat's grace (``describe_close``)."""
     if exc is None:
         return "no reason given"
+    if isinstance(exc, asyncio.CancelledError):
+        return describe_close(exc, heartbeat_s)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -181,7 +184,7 @@ class BrokerLink:
             return  # closed on purpose, or already being paced
         # The one line an outage writes when it begins: aio-pika's and aiormq's own records of
         # it (an ERROR and a traceback per attempt) are debug chatter (``shared.logs``).
-        logger.warning("lost the broker connection (%s); reconnecting", _reason(reason))
+        logger.warning("lost the broker connection (%s); reconnecting", _reason(reason, self.settings.amqp_heartbeat_s))
         self._lost_at = asyncio.get_running_loop().time()
         self._pacing = asyncio.create_task(self._pace_reconnects(connection), name="broker-reconnect-pace")
 

@@ -118,4 +118,5 @@ def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(system
         said = manager.text()
         assert manager.alive(), said[-4000:]
         assert "state process exited" not in said and "state side stopped" not in said, said[-4000:]
+        assert said.count("lost the broker connection (no frame from the broker for") == sides, said[-4000:]
         assert "Traceback" not in said and " ERROR [" not in said, said[-4000:]
