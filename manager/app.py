@@ -38,6 +38,8 @@ from shared.settings import ManagerSettings, get_manager_settings
 
 logger = logging.getLogger(__name__)
 
+_CLIENT_TIMEOUT_MARGIN_S = 5.0
+
 
 def _stop_if_the_side_ended(task: asyncio.Task[None]) -> None:
     """``ORCH_STATE_PROCESS=false``: the state side ended while the API serves. An API whose
@@ -91,14 +93,26 @@ def create_app(settings: ManagerSettings | None = None, state_child: StateChild 
         # state side in this process (``ORCH_STATE_PROCESS=false``) the engine is shared, and
         # the state side's transactions may wait for locks as long as they must: no timeout.
         lock_timeout_s = settings.api_db_timeout_s if settings.state_process else None
-        engine = make_engine(settings.database_url, lock_timeout_s=lock_timeout_s)
+        # The client's own bound, for a database that answers nothing: later than the
+        # server's, which says why (a lock, a slow statement) and keeps the connection.
+        client_timeout_s = settings.api_db_timeout_s + _CLIENT_TIMEOUT_MARGIN_S
+        engine = make_engine(
+            settings.database_url,
+            lock_timeout_s=lock_timeout_s,
+            client_timeout_s=client_timeout_s if settings.state_process else None,
+        )
         await check_schema(engine)
         sessions = make_sessionmaker(engine)
         # A read that waits past the timeout (a table locked by a migration or an operator's
         # session, a database too busy to answer) is refused with a 503 rather than holding
         # the client and a pooled connection for as long as the lock lasts: held, requests
         # filled the read pool and the rest waited 30 s for a connection.
-        read_engine = make_engine(settings.database_url, read_only=True, statement_timeout_s=settings.api_db_timeout_s)
+        read_engine = make_engine(
+            settings.database_url,
+            read_only=True,
+            statement_timeout_s=settings.api_db_timeout_s,
+            client_timeout_s=client_timeout_s,
+        )
         broker = BrokerLink(settings)
         commands = ObserverCommands(sessions, broker, settings.default_retry(), Admission(settings.api_in_flight))
         app.state.sessions = sessions

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from shared import topology
 from tools import infra
 from tools.harness import Proc, System, wait_for
+from tools.partition import Partition
 
 STATE_ERRORS = topology.error_queue_name(topology.STATE_QUEUE)
 
@@ -256,3 +257,40 @@ def test_a_manager_given_a_wrong_database_password_says_so_in_one_line_and_exits
     assert "CRITICAL [manager] manager: cannot use the database at" in said, said
     assert 'password authentication failed for user "orch"' in said and "fix ORCH_DATABASE_URL" in said, said
     assert "Traceback" not in said and "not-the-password" not in said, said
+
+
+def test_a_database_cut_off_by_the_network_gets_answers_not_hangs(system: System) -> None:
+    # Given a manager that reaches PostgreSQL through a network that can be cut
+    host, port = system.database_url.rpartition("@")[2].split("/")[0].split(":")
+    with Partition(host, int(port)) as network:
+        url = network.url_for(system.database_url)
+        manager = system.start_manager(ORCH_DATABASE_URL=url, ORCH_API_DB_TIMEOUT_S="2")
+        system.start_service("svc-a", workers=10)
+        running = system.create("before-cut")["id"]
+        system.wait_status(running, "Processing")
+
+        # When the network drops everything: PostgreSQL answers nothing, refuses nothing
+        network.cut()
+
+        # Then every route answers 503 in its own time (the client here gives up after 10 s)
+        ready = system.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["database"].startswith("no answer within"), ready.text
+        for response in (
+            system.get("/api/observers"),
+            system.get(f"/api/observers/{running}"),
+            system.post("/api/observers", {"name": "during-cut", "kind": "ticker"}),
+            system.delete(f"/api/observers/{running}"),
+        ):
+            assert response.status_code == 503, response.text
+            assert "database" in response.json()["detail"] and int(response.headers["retry-after"]) > 0
+
+        # And once the network is back it serves again: what was refused was not done
+        network.heal()
+        wait_for(lambda: system.get("/readyz").status_code == 200, 60, "ready again")
+        assert system.get("/api/observers", name="during-cut").json()["items"] == []
+        assert system.observer(running)["status"] == "Processing"
+        after = system.create("after-cut")["id"]
+        system.wait_status(after, "Processing")
+        said = manager.text()
+        assert "database unavailable: TimeoutError: no answer in time" in said, said[-3000:]
+        assert "Traceback" not in said and " ERROR [" not in said, said[-3000:]

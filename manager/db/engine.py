@@ -25,6 +25,7 @@ def make_engine(
     read_only: bool = False,
     statement_timeout_s: float | None = None,
     lock_timeout_s: float | None = None,
+    client_timeout_s: float | None = None,
 ) -> AsyncEngine:
     """The engine of the manager's writers, or with ``read_only`` the API's reads (lists,
     gets, stats, metrics, readiness): autocommit, so a request costs PostgreSQL two round
@@ -49,6 +50,14 @@ def make_engine(
         server_settings["statement_timeout"] = str(max(1, round(statement_timeout_s * 1000)))
     if lock_timeout_s is not None:
         server_settings["lock_timeout"] = str(max(1, round(lock_timeout_s * 1000)))
+    connect_args: dict[str, Any] = {"server_settings": server_settings}
+    # The server's timeouts need a server that answers. One cut off by the network (packets
+    # dropped), frozen or gone without a reset answers nothing, and a request waited for as
+    # long as TCP kept trying: a create and /readyz still hung after 60 s (tools/partition.py).
+    # asyncpg's own clock bounds each statement and each connect; a statement it gives up on
+    # raises TimeoutError, an OSError, which the API answers 503 (manager/db/errors.py).
+    if client_timeout_s is not None:
+        connect_args |= {"command_timeout": client_timeout_s, "timeout": client_timeout_s}
     options: dict[str, Any] = {"pool_size": 10, "max_overflow": 20}
     if read_only:
         server_settings["default_transaction_read_only"] = "on"
@@ -57,7 +66,7 @@ def make_engine(
         url,
         pool_pre_ping=True,
         json_deserializer=decode_json,
-        connect_args={"server_settings": server_settings},
+        connect_args=connect_args,
         **options,
     )
 

@@ -53,7 +53,10 @@ def describe(error: BaseException) -> str:
     """One line for a log: a DBAPIError's text goes on with its SQL and parameters (10,000
     ids in a bulk statement)."""
     lines = str(error).splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+    said = lines[0] if lines else ""
+    if not said and isinstance(error, TimeoutError):  # asyncpg's clock ran out: it says nothing
+        said = "no answer in time (from the database, or the network to it)"
+    return f"{type(error).__name__}: {said}"
 
 
 def sqlstates(error: BaseException) -> Iterator[str]:
