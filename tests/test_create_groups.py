@@ -12,9 +12,8 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.test_overload import metric
 from tests.test_write_races import wait_blocked_on_a_lock
-from tools.harness import System, wait_for
+from tools.harness import System, metric, wait_for
 
 
 def ticker(name: str, kind: str = "ticker") -> dict[str, Any]:

@@ -24,13 +24,7 @@ from tests.test_manager_repairs import sql
 from tests.test_reliability import event_names
 from tests.test_write_races import wait_blocked_on_a_lock
 from tools import infra
-from tools.harness import System, free_port, wait_for
-
-
-def metric(system: System, name: str) -> float:
-    """A sample of the manager's ``/metrics`` (0 if it was never counted or set)."""
-    found = re.search(rf"^{name} (\S+)$", system.get("/metrics").text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+from tools.harness import System, free_port, metric, wait_for
 
 
 def test_late_heartbeats_of_a_connected_service_are_not_a_death(system: System) -> None:

@@ -5,9 +5,8 @@ whose queue processes are sampled where they run."""
 from __future__ import annotations
 
 from shared import topology
-from tests.test_overload import metric
 from tools import infra
-from tools.harness import System, wait_for
+from tools.harness import System, metric, wait_for
 
 _SAMPLES = 40
 _SAMPLE_EVERY_MS = 250

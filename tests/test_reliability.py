@@ -16,7 +16,8 @@ from shared.messages import Message, ObserversStarted, ObserverStarted, StopObse
 from tests.test_fencing import assert_never_on_two_hosts
 from tests.test_manager_repairs import sql
 from tools import infra
-from tools.harness import System, probe_args, read_ticks, wait_for
+from tools.harness import System, metric, probe_args, read_ticks, wait_for
+from tools.partition import Partition
 
 
 def event_names(system: System, observer_id: str) -> list[str]:
@@ -78,6 +79,45 @@ def test_host_deaths_never_fail_healthy_observers(system: System) -> None:
         assert ("probation" in history) == bool(obs["probation"]) or "probation_ended" in history
     assert system.get("/api/stats").json()["probation"] == len(on_probation)
     assert f"orch_observers_on_probation {float(len(on_probation))}" in system.get("/metrics").text
+
+
+def test_hosts_that_come_back_after_a_partition_put_nobody_on_probation(system: System) -> None:
+    """A network flap is not a crash: the hosts lost their sessions, not their processes."""
+    # Given a fleet whose network to the broker can be cut, and probation after 2 host deaths
+    host, port = system.amqp_url.rpartition("@")[2].split("/")[0].split(":")
+    with Partition(host, int(port)) as network:
+        system.start_manager(ORCH_PROBATION_AFTER_HOST_DEATHS="2")
+        url = network.url_for(system.amqp_url)
+        services = [system.start_service(name, workers=20, ORCH_AMQP_URL=url) for name in ("svc-a", "svc-b")]
+        ids = [system.create(f"healthy-{i}", args={"interval_s": 0.5, "emit": False})["id"] for i in range(10)]
+        for oid in ids:
+            system.wait_status(oid, "Processing")
+
+        # When the whole fleet's network drops everything twice, long enough for the broker
+        # to close every service's connection and the manager to judge them lost
+        def flap(times: int) -> None:
+            lost_before = metric(system, "orch_services_lost_total")
+            network.cut()
+            wait_for(lambda: metric(system, "orch_services_lost_total") >= lost_before + 2, 60, "both judged lost")
+            network.heal()
+            wait_for(lambda: all(p.text().count("broker session open") > times for p in services), 60, "back")
+            wait_for(
+                lambda: system.get("/api/stats").json()["services"] == {"alive": 2, "lost": 0, "deleted": 0},
+                60,
+                "both alive again",
+            )
+            wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 60, "all running")
+
+        flap(1)
+        flap(2)
+
+        # Then each observer's history has both deaths, and none is on probation: both hosts
+        # came back as the same processes, so nothing they ran is suspect
+        for oid in ids:
+            assert event_names(system, oid).count("host_lost") >= 2, event_names(system, oid)
+        observers = [system.observer(oid) for oid in ids]
+        assert [o for o in observers if o["probation"]] == [], observers
+        assert system.get("/api/stats").json()["probation"] == 0
 
 
 def test_a_late_stop_aimed_at_an_older_copy_is_ignored(system: System, rabbit: infra.RabbitNode) -> None:

@@ -13,8 +13,7 @@ import pytest
 
 from shared import topology
 from shared.messages import StartObserver
-from tests.test_overload import metric
-from tools.harness import System, probe_args, read_ticks, wait_for
+from tools.harness import System, metric, probe_args, read_ticks, wait_for
 
 
 def test_garbage_is_dead_lettered_and_consumers_keep_working(system: System) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -266,6 +267,12 @@ def probe_args(log: Path, interval_s: float = 0.2, **more: Any) -> dict[str, Any
     """Args of the test plug-in's ``probe`` kind (the ``with_test_plugin`` fixture installs it):
     a ticker that appends a line per tick to ``log``, read back by ``read_ticks``."""
     return {"interval_s": interval_s, "log_file": str(log)} | more
+
+
+def metric(system: System, name: str) -> float:
+    """A sample of the manager's ``/metrics`` (0 if it was never counted or set)."""
+    found = re.search(rf"^{name} (\S+)$", system.get("/metrics").text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def read_ticks(path: Path) -> list[tuple[str, str, int, float]]:

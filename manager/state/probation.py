@@ -18,7 +18,15 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
   still says ``async``) is told again (``rules._started``); a host with no free process slot
   keeps it paused, its delivery held, until one frees;
 * it leaves probation once it has run in a child for its retry policy's ``reset_after_s``
-  without a failure (``end_probations``, a repair of the background loop).
+  without a failure (``end_probations``, a repair of the background loop);
+* a death counts only while its host has not come back. A service judged lost that speaks
+  again under the same id is the same process: its session was cut (a network partition, a
+  paused VM, a starved host), it did not die, and nothing it ran is suspect; the service
+  itself says "no observer is to blame" when it wakes. Counted, three flaps of the fleet's
+  network within the window put every healthy observer on probation, and those beyond the
+  process slots waited, paused (``tools/partition.py``; ``tests/test_fencing.py``). A host
+  that died (restarted under its name: a new id, the old one deleted) or never returned
+  still counts. The ``host_lost`` events stay in the history either way.
 
 Why not a cleverer statistic (e.g. "was present at nearly every death in the fleet")? Any
 rule that fails an observer on correlation alone fails some healthy one in a long enough
@@ -33,12 +41,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import CompoundSelect, Float, and_, cast, func, insert, literal, select, union
+from sqlalchemy import ColumnElement, CompoundSelect, Float, and_, cast, exists, func, insert, literal, select, union
 from sqlalchemy.orm import aliased
 
 from manager.db.hosts import hosted_on
-from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus
+from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus, Service
 from manager.db.sql import id_in
 from manager.state.rows import ObserverRows
 from shared.messages import RetryPolicy
@@ -95,7 +104,11 @@ async def host_died(
     # per victim: seconds for a whole host's share at 1,000,000) is not needed. That is
     # every death of a healthy fleet; the count runs when deaths cluster.
     since = now - timedelta(seconds=policy.window_s)
-    deaths = await session.scalar(select(func.count()).select_from(HostDeath).where(HostDeath.at > since))
+    deaths = await session.scalar(
+        select(func.count())
+        .select_from(HostDeath)
+        .where(HostDeath.at > since, _not_back_since(HostDeath.service_id, HostDeath.at))
+    )
     if (deaths or 0) < policy.after_host_deaths:
         return {}
     ids = set(await session.scalars(_victims(service_id, last_heard)))
@@ -122,6 +135,15 @@ async def host_died(
         if row.status == ObserverStatus.PROCESSING and host is not None and host != service_id:
             isolate[row.id] = host
     return isolate
+
+
+def _not_back_since(host: Any, died_at: Any) -> ColumnElement[bool]:
+    """The host of a death recorded at ``died_at`` has not spoken since: no heartbeat of its
+    id came later (one whose row is gone with the retention did not come back either). Judged
+    per death, not by the host's status now: in a flap of the whole fleet a host is lost
+    again while another's death is recorded, and the death being recorded is its host's
+    second under the same id."""
+    return ~exists().where(Service.id == host, Service.last_heartbeat_at > died_at)
 
 
 def _victims(service_id: uuid.UUID, last_heard: datetime) -> CompoundSelect[uuid.UUID]:
@@ -154,6 +176,7 @@ async def _deaths_since_last_probation(
         .where(
             ObserverEvent.event == EventType.HOST_LOST.value,
             id_in(ObserverEvent.observer_id, victims),
+            _not_back_since(ObserverEvent.service_id, ObserverEvent.at),
             ObserverEvent.at > since,
             ObserverEvent.at > func.coalesce(last_ended, literal("-infinity").cast(ObserverEvent.at.type)),
         )
