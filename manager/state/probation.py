@@ -21,10 +21,10 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
   without a failure (``end_probations``, a repair of the background loop);
 * a death counts only while its host has not come back. A service judged lost that speaks
   again under the same id is the same process: its session was cut (a network partition, a
-  paused VM, a starved host), it did not die, and nothing it ran is suspect; the service
-  itself says "no observer is to blame" when it wakes. Counted, three flaps of the fleet's
+  paused VM, a starved host), it did not die, and nothing it ran is suspect (a frozen
+  service says "no observer is to blame" when it wakes). Counted, three flaps of the fleet's
   network within the window put every healthy observer on probation, and those beyond the
-  process slots waited, paused (``tools/partition.py``; ``tests/test_fencing.py``). A host
+  process slots waited, paused (``tools/partition.py``; ``tests/test_reliability.py``). A host
   that died (restarted under its name: a new id, the old one deleted) or never returned
   still counts. The ``host_lost`` events stay in the history either way.
 
