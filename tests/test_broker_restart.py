@@ -91,8 +91,7 @@ def test_blackout_everything_comes_back(system: System, rabbit: infra.RabbitNode
 @pytest.mark.parametrize("state_process", ["true", "false"])
 def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(system: System, state_process: str) -> None:
     # Given a manager that reaches the broker through a network that can be cut
-    host, port = system.amqp_url.rpartition("@")[2].split("/")[0].split(":")
-    with Partition(host, int(port)) as network:
+    with Partition.before(system.amqp_url) as network:
         manager = system.start_manager(ORCH_AMQP_URL=network.url_for(system.amqp_url), ORCH_STATE_PROCESS=state_process)
         system.start_service("svc-a", workers=10)
         ids = [system.create(f"o-{i}")["id"] for i in range(3)]

@@ -261,8 +261,7 @@ def test_a_manager_given_a_wrong_database_password_says_so_in_one_line_and_exits
 
 def test_a_database_cut_off_by_the_network_gets_answers_not_hangs(system: System) -> None:
     # Given a manager that reaches PostgreSQL through a network that can be cut
-    host, port = system.database_url.rpartition("@")[2].split("/")[0].split(":")
-    with Partition(host, int(port)) as network:
+    with Partition.before(system.database_url) as network:
         url = network.url_for(system.database_url)
         manager = system.start_manager(ORCH_DATABASE_URL=url, ORCH_API_DB_TIMEOUT_S="2")
         system.start_service("svc-a", workers=10)

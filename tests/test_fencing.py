@@ -105,8 +105,7 @@ def test_frozen_service_does_not_act_after_waking(system: System, tmp_path: Path
 
 def test_a_partitioned_service_stops_acting_before_its_observers_move(system: System, tmp_path: Path) -> None:
     # Given svc-a reaching the broker through a network that can be cut, svc-b directly
-    host, port = system.amqp_url.rpartition("@")[2].split("/")[0].split(":")
-    with Partition(host, int(port)) as network:
+    with Partition.before(system.amqp_url) as network:
         system.start_manager()
         victim = system.start_service("svc-a", workers=4, ORCH_AMQP_URL=network.url_for(system.amqp_url))
         # Their side effects are local (no emits, which would wait for the cut broker)

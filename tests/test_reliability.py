@@ -85,8 +85,7 @@ def test_host_deaths_never_fail_healthy_observers(system: System) -> None:
 def test_hosts_that_come_back_after_a_partition_put_nobody_on_probation(system: System) -> None:
     """A network flap is not a crash: the hosts lost their sessions, not their processes."""
     # Given a fleet whose network to the broker can be cut, and probation after 2 host deaths
-    host, port = system.amqp_url.rpartition("@")[2].split("/")[0].split(":")
-    with Partition(host, int(port)) as network:
+    with Partition.before(system.amqp_url) as network:
         system.start_manager(ORCH_PROBATION_AFTER_HOST_DEATHS="2")
         url = network.url_for(system.amqp_url)
         services = [system.start_service(name, workers=20, ORCH_AMQP_URL=url) for name in ("svc-a", "svc-b")]

@@ -43,6 +43,12 @@ class Partition:
         self.port = 0
         self.connections = 0  # accepted so far
 
+    @classmethod
+    def before(cls, url: str) -> Partition:
+        """A relay to the server a URL names (``scheme://user:pass@host:port/path``)."""
+        host, _, port = url.rpartition("@")[2].split("/")[0].rpartition(":")
+        return cls(host, int(port))
+
     def __enter__(self) -> Partition:
         self._thread.start()
         if not self._ready.wait(10):
