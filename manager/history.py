@@ -15,17 +15,17 @@ from manager.db.models import EventType, ObserverEvent
 from manager.db.sql import factor
 
 # Events are sent as their ids and, for each, the number of its (at, event, service_id,
-# from_service_id, detail) among the batch's distinct ones (``manager.db.sql.factor``);
+# from_service_id, from_session_id, detail) among the batch's distinct ones (``manager.db.sql.factor``);
 # inserted in the order given, so one observer's events get ascending ids as they happened.
 _INSERT = text(
     """
-    INSERT INTO observer_events (observer_id, at, event, service_id, from_service_id, detail)
-    SELECT e.observer_id, d.at, d.event, d.service_id, d.from_service_id, d.detail
+    INSERT INTO observer_events (observer_id, at, event, service_id, from_service_id, from_session_id, detail)
+    SELECT e.observer_id, d.at, d.event, d.service_id, d.from_service_id, d.from_session_id, d.detail
     FROM unnest(CAST(:observer_ids AS uuid[]), CAST(:keys AS integer[])) WITH ORDINALITY AS e(observer_id, k, n)
     JOIN unnest(
         CAST(:ats AS timestamptz[]), CAST(:events AS text[]), CAST(:service_ids AS uuid[]),
-        CAST(:from_ids AS uuid[]), CAST(:details AS text[])
-    ) WITH ORDINALITY AS d(at, event, service_id, from_service_id, detail, k) USING (k)
+        CAST(:from_ids AS uuid[]), CAST(:from_sessions AS uuid[]), CAST(:details AS text[])
+    ) WITH ORDINALITY AS d(at, event, service_id, from_service_id, from_session_id, detail, k) USING (k)
     ORDER BY e.n
     """
 )
@@ -41,13 +41,14 @@ class NewEvent:
     service_id: uuid.UUID | None = None
     from_service_id: uuid.UUID | None = None
     detail: str | None = None
+    from_session_id: uuid.UUID | None = None
 
 
 async def insert_events(session: AsyncSession, events: list[NewEvent]) -> None:
     """One statement for any number of events (a failover moves thousands at once)."""
     if not events:
         return
-    keys, (ats, kinds, service_ids, from_ids, details) = factor(events, _described)
+    keys, (ats, kinds, service_ids, from_ids, from_sessions, details) = factor(events, _described)
     await session.execute(
         _INSERT,
         {
@@ -57,6 +58,7 @@ async def insert_events(session: AsyncSession, events: list[NewEvent]) -> None:
             "events": kinds,
             "service_ids": service_ids,
             "from_ids": from_ids,
+            "from_sessions": from_sessions,
             "details": details,
         },
     )
@@ -64,7 +66,8 @@ async def insert_events(session: AsyncSession, events: list[NewEvent]) -> None:
 
 def _described(e: NewEvent) -> tuple[Any, ...]:
     """What an event says besides whose it is."""
-    return e.at, e.event.value, e.service_id, e.from_service_id, e.detail[:_MAX_DETAIL] if e.detail else None
+    detail = e.detail[:_MAX_DETAIL] if e.detail else None
+    return e.at, e.event.value, e.service_id, e.from_service_id, e.from_session_id, detail
 
 
 async def list_events(

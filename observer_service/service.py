@@ -251,10 +251,14 @@ class ObserverService:
             await asyncio.sleep(self.settings.heartbeat_s)
             lag = self.watchdog.take_lag()
             metrics.LOOP_LAG.set(lag)
-            if self.session is not None and not self.session.closed.is_set():
+            session = self.session
+            if session is not None and not session.closed.is_set():
                 self.outbox.put(
                     ServiceHeartbeat(
-                        service_id=self.service_id, running=len(self.runner.running), loop_lag_ms=round(lag, 3)
+                        service_id=self.service_id,
+                        session_id=session.id,
+                        running=len(self.runner.running),
+                        loop_lag_ms=round(lag, 3),
                     )
                 )
 

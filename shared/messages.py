@@ -178,6 +178,9 @@ class ServiceHeartbeat(Message):
     service_id: uuid.UUID
     running: int
     loop_lag_ms: float = 0.0
+    # The broker session it speaks from: a host death takes the moves of that session only
+    # (``manager/state/probation.py``). None: a service of an older version.
+    session_id: uuid.UUID | None = None
 
 
 class ServiceStopped(Message):

@@ -9,7 +9,6 @@ import random
 import signal
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
 
 from shared import topology
@@ -107,16 +106,9 @@ def test_hosts_that_come_back_after_a_partition_put_nobody_on_probation(system: 
                 "both alive again",
             )
             wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 60, "all running")
-            # Each host heartbeats once after the moves back were applied: a host cut off
-            # again before that has its previous loss's moves counted as victims of its next
-            # death too (``probation._victims``: moves since it was last heard of), a
-            # double count this test is not about.
-            moved = max(datetime.fromisoformat(system.observer(i)["modified_at"]) for i in ids)
-            wait_for(
-                lambda: all(datetime.fromisoformat(s["last_heartbeat_at"]) > moved for s in system.services()),
-                30,
-                "a heartbeat of each host after the moves",
-            )
+            # No wait for a heartbeat: the next cut may come before a host speaks again, and
+            # a move away from it applied after it spoke from its new session belongs to the
+            # session that ended, not to its next death (``probation._victims``).
 
         flap(1)
         flap(2)

@@ -61,6 +61,8 @@ class Service(Base):
     last_heartbeat_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
+    # The broker session it last spoke from (migration 0012); None: not said.
+    session_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
 
     __table_args__ = (Index("ix_services_status_name", "status", "name"),)
 
@@ -212,6 +214,8 @@ class ObserverEvent(Base):
     event: Mapped[str] = mapped_column(String(32), nullable=False)
     service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     from_service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # A move: the old host's broker session that held the start (migration 0012).
+    from_session_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     detail: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (

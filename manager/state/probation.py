@@ -5,10 +5,11 @@ own (the OOM killer, a crash-looping deploy, a machine reclaimed, an operator's 
 and then every one of its observers was merely nearby. Failing them turned an incident into
 a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
 
-* every takeover is recorded as a ``moved`` event (``from_service_id`` = the old host), and
-  when a host is judged dead (lost, or replaced by a restart under its name) the death gets a
-  ``host_deaths`` row and each observer it was running (still there, or moved away since its
-  last heartbeat) gets ``host_lost``, both at the same instant;
+* every takeover is recorded as a ``moved`` event (``from_service_id`` = the old host,
+  ``from_session_id`` its broker session), and when a host is judged dead (lost, or replaced
+  by a restart under its name) the death gets a ``host_deaths`` row and each observer it was
+  running in the session it last spoke from (still there, or moved away since its last
+  heartbeat) gets ``host_lost``, both at the same instant;
 * ``after_host_deaths`` of those within ``window_s`` (counted since its last probation ended)
   put the observer on **probation**: its host is told to run it in a child process of its own
   (``IsolateObservers``; the start delivery stays held, nothing moves). There a crash, a
@@ -43,7 +44,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, CompoundSelect, Float, and_, cast, exists, func, insert, literal, select, union
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    Float,
+    SQLColumnExpression,
+    and_,
+    cast,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    true,
+    union,
+)
 from sqlalchemy.orm import aliased
 
 from manager.db.hosts import hosted_on
@@ -71,10 +87,11 @@ async def host_died(
     them started)."""
     session = rows.session
     await rows.flush()
+    died_in = await session.scalar(select(Service.session_id).where(Service.id == service_id))
     # One statement, in the database: the victims of a host's death are a third of a million
     # at 1,000,000, and reading their ids into the manager only to send them back as events
     # cost the state process seconds of a failover's CPU, which is all taken.
-    victims = _victims(service_id, last_heard).subquery()
+    victims = _victims(service_id, last_heard, died_in).subquery()
     recorded = (
         insert(ObserverEvent)
         .from_select(
@@ -111,7 +128,7 @@ async def host_died(
     )
     if (deaths or 0) < policy.after_host_deaths:
         return {}
-    ids = set(await session.scalars(_victims(service_id, last_heard)))
+    ids = set(await session.scalars(_victims(service_id, last_heard, died_in)))
     counts = await _deaths_since_last_probation(rows, ids, since, policy)
     if not counts:
         return {}
@@ -146,18 +163,37 @@ def _not_back_since(host: Any, died_at: Any) -> ColumnElement[bool]:
     return ~exists().where(Service.id == host, Service.last_heartbeat_at > died_at)
 
 
-def _victims(service_id: uuid.UUID, last_heard: datetime) -> CompoundSelect[uuid.UUID]:
-    """The observers a death of ``service_id`` took a host from: those moved away since it
-    was last heard of (the broker hands its starts over as its connection drops, before the
-    death is judged) and those still on it."""
+def _victims(service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None) -> CompoundSelect[uuid.UUID]:
+    """The observers a death of ``service_id`` in broker session ``died_in`` (the one it last
+    spoke from) took a host from: those moved away from that session since it was last heard
+    of (the broker hands its starts over as its connection drops, before the death is
+    judged) and those the rows still have in it.
+
+    By session, not only by time: a move is recorded when the new host reports it, and that
+    report can be applied after the old host, back from a partition under the same id, spoke
+    from its next session. Such a move (and a row not yet moved) belongs to the session
+    before, whose end the host survived; counted again here, one flap was two deaths
+    (``tests/test_probation_rules.py``). A session not said (None, on either side: a service
+    of an older version) matches any."""
     return union(
         select(ObserverEvent.observer_id).where(
             ObserverEvent.event == EventType.MOVED.value,
             ObserverEvent.from_service_id == service_id,
             ObserverEvent.at >= last_heard,
+            _in_session(ObserverEvent.from_session_id, died_in),
         ),
-        select(Observer.id).where(hosted_on(service_id), Observer.status == ObserverStatus.PROCESSING),
+        select(Observer.id).where(
+            hosted_on(service_id),
+            Observer.status == ObserverStatus.PROCESSING,
+            _in_session(Observer.host_session_id, died_in),
+        ),
     )
+
+
+def _in_session(column: SQLColumnExpression[uuid.UUID | None], died_in: uuid.UUID | None) -> ColumnElement[bool]:
+    if died_in is None:
+        return true()
+    return or_(column.is_(None), column == died_in)
 
 
 async def _deaths_since_last_probation(

@@ -119,9 +119,10 @@ class ObserverRows:
         service_id: uuid.UUID | None = None,
         from_service_id: uuid.UUID | None = None,
         detail: str | None = None,
+        from_session_id: uuid.UUID | None = None,
     ) -> None:
         """Record a history event; written by ``flush`` with the rows."""
-        self._events.append(NewEvent(observer_id, event, at, service_id, from_service_id, detail))
+        self._events.append(NewEvent(observer_id, event, at, service_id, from_service_id, detail, from_session_id))
 
     async def load(self, where: ColumnElement[bool]) -> list[Row]:
         """Lock and return the rows matching ``where`` as stored after writing every pending
@@ -295,14 +296,22 @@ class ServiceRows:
         )
         return self._keep(result.all())
 
-    async def touch(self, service_id: uuid.UUID, now: datetime, running: int, loop_lag_ms: float | None = None) -> bool:
-        """Record a sign of life; a lost service that speaks again is alive. False if the
-        service is unknown or deleted."""
+    async def touch(
+        self,
+        service_id: uuid.UUID,
+        now: datetime,
+        running: int,
+        session_id: uuid.UUID | None,
+        loop_lag_ms: float | None = None,
+    ) -> bool:
+        """Record a sign of life from ``session_id`` (None: a service that does not say); a
+        lost service that speaks again is alive. False if the service is unknown or deleted."""
         values: dict[str, object] = {
             "status": ServiceStatus.ALIVE,
             "last_heartbeat_at": now,
             "modified_at": now,
             "running": running,
+            "session_id": session_id,
         }
         if loop_lag_ms is not None:
             values["loop_lag_ms"] = loop_lag_ms

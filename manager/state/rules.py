@@ -147,7 +147,7 @@ class StateRules:
         await services.born(m, now)
 
     async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: Outgoing) -> None:
-        if not await self._services_of(session).touch(m.service_id, now, m.running, m.loop_lag_ms):
+        if not await self._services_of(session).touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms):
             await self._introduce_if_unknown(session, m.service_id, out)
 
     async def _introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: Outgoing) -> None:
@@ -219,7 +219,14 @@ class StateRules:
                 out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
                 return
         if host is not None and host != m.service_id:
-            self._rows_of(session).event(obs.id, EventType.MOVED, now, service_id=m.service_id, from_service_id=host)
+            self._rows_of(session).event(
+                obs.id,
+                EventType.MOVED,
+                now,
+                service_id=m.service_id,
+                from_service_id=host,
+                from_session_id=obs.host_session_id,
+            )
             self.moved_from_at[host] = time.monotonic()
         else:
             self._rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
@@ -288,7 +295,7 @@ class StateRules:
 
     async def _digest(self, session: AsyncSession, m: ServiceDigest, now: datetime, out: Outgoing) -> None:
         """Compare a service's digest with the rows; ask for its whole inventory if they differ."""
-        if not await self._services_of(session).touch(m.service_id, now, m.count):
+        if not await self._services_of(session).touch(m.service_id, now, m.count, m.session_id):
             await self._introduce_if_unknown(session, m.service_id, out)
             return
         await self._rows_of(session).flush()  # the digest is read from the rows as changed so far
@@ -307,7 +314,7 @@ class StateRules:
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the
         steady state an inventory of 30,000 ids costs two index scans, no Python per id."""
-        if not await self._services_of(session).touch(m.service_id, now, len(m.observer_ids)):
+        if not await self._services_of(session).touch(m.service_id, now, len(m.observer_ids), m.session_id):
             await self._introduce_if_unknown(session, m.service_id, out)
             return
         sid = m.service_id
