@@ -174,9 +174,9 @@ class BackgroundLoops:
         connects = self.broker.connects
         if connects == self._marker_checked:
             return
-        if not await self.broker.marker_present():
+        if not await self.broker.probes.marker_present():
             await rebuild(self.sessions, self.broker)
-            await self.broker.declare_marker()
+            await self.broker.probes.declare_marker()
         self._marker_checked = connects
 
     async def restop(self) -> None:

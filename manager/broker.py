@@ -1,4 +1,5 @@
-"""The manager's link to RabbitMQ: the only manager module that imports aio-pika.
+"""The manager's link to RabbitMQ: with ``manager/broker_probes.py`` (questions asked on
+connections of their own), the only manager module that imports aio-pika.
 
 Uses a robust connection: unlike a service, the manager holds no deliveries that stand
 for running work, so re-consuming the state queue after a reconnect is exactly right.
@@ -11,16 +12,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar, cast
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 from aiormq import spec
-from pamqp.common import FieldTable
 
+from manager.broker_probes import BrokerProbes
 from shared import topology
 from shared.amqp_errors import (
     ConnectionCancelled,
@@ -46,7 +46,6 @@ _PUBLISH_TIMEOUT_S = 10.0
 # A batch of starts gets this much more per message: 8 bulk creates of 1,000 in flight while
 # 100,000 observers emit kept a busy broker's confirms past a flat 10 s (make bench, scale).
 _PUBLISH_TIMEOUT_PER_MESSAGE_S = 0.01
-_PRESENCE_CHECKS_AT_ONCE = 32
 # The interval between attempts to reconnect a lost connection (``BrokerLink._pace_reconnects``).
 _RECONNECT_FIRST_S = 0.2
 _RECONNECT_MAX_S = 5.0
@@ -97,10 +96,6 @@ def reconnect_interval(down_for_s: float) -> float:
     return round(min(_RECONNECT_MAX_S, max(_RECONNECT_FIRST_S, down_for_s / 4)), 2)
 
 
-def _named(name: str) -> FieldTable:
-    return {"connection_name": name}
-
-
 def _reason(exc: BaseException | None, heartbeat_s: int) -> str:
     """Why a connection closed, in a line: the broker's reply (``CONNECTION_FORCED - ...``),
     the socket's error, or no frame for the heartbeat's grace (``describe_close``)."""
@@ -128,10 +123,9 @@ class BrokerLink:
         # empty one (manager/rebuild.py checks the marker then).
         self.connects = 0
         self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
-        self._presence: aiormq.abc.AbstractConnection | None = None
         self._lost_at: float | None = None  # loop time the connection was lost, None while up
-        self._waker: aiormq.abc.AbstractConnection | None = None
-        self._waker_channel: aiormq.abc.AbstractChannel | None = None
+        # Liveness, the queue waker and the rebuild ask the broker on connections of their own.
+        self.probes = BrokerProbes(settings)
 
     def start(self, on_state: StateHandler | None) -> None:
         """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
@@ -224,19 +218,6 @@ class BrokerLink:
             return "no answer yet"
         return vhost_refused_text(self.settings.amqp_url) if vhost_refused(said) else said
 
-    async def marker_present(self) -> bool:
-        """Whether the rebuild marker queue exists (``_on_marker_channel`` says why not
-        through the robust channel)."""
-        try:
-            await self._on_marker_channel(
-                "check the rebuild marker", lambda ch: ch.declare_queue(topology.REBUILD_MARKER, passive=True)
-            )
-        except BrokerUnavailable as e:
-            if isinstance(e.__cause__, aio_pika.exceptions.ChannelNotFoundEntity):
-                return False
-            raise
-        return True
-
     async def checked(self) -> bool:
         """Whether the broker of this connection was checked for lost data (and rebuilt)."""
         try:
@@ -252,100 +233,16 @@ class BrokerLink:
         if self._marker_seen == self.connects:
             return
         connects = self.connects
-        if not await self.marker_present():
+        if not await self.probes.marker_present():
             raise BrokerUnavailable(
                 "the broker is new or lost its data and is being rebuilt from the database; retry in a few seconds"
             )
         self._marker_seen = connects
 
-    async def declare_marker(self) -> None:
-        await self._on_marker_channel(
-            "declare the rebuild marker", lambda ch: ch.declare_queue(topology.REBUILD_MARKER, durable=True)
-        )
-
-    async def _on_marker_channel(self, what: str, act: Callable[[AbstractChannel], Awaitable[object]]) -> None:
-        """``act`` on a channel of a connection of its own: a passive declare of a missing
-        queue closes its channel, and the robust channel would re-declare after a reconnect
-        whatever was declared through it (the marker must be declared only by a rebuild).
-        Any failure is ``BrokerUnavailable``, caused by the broker's error."""
-        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
-        try:
-            with cancelled_calls_as_errors():
-                connection = await aio_pika.connect(url, client_properties={"connection_name": f"manager: {what}"})
-                async with connection:
-                    await act(await connection.channel())
-        except Exception as e:
-            raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
-
-    async def services_connected(self, service_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, bool]:
-        """Whether each service's broker connection lives, asked of the broker itself, whose
-        answer does not depend on how late the service's reports are. A service's control
-        queue is ``exclusive``: it lives exactly as long as the connection that declared it,
-        and a passive declare of it from another connection answers RESOURCE_LOCKED (405)
-        while that connection lives and NOT_FOUND (404) once it is gone (DESIGN.md,
-        "Liveness needs evidence too"). Each check closes its channel, so they run on a
-        plain connection of their own. Raises ``BrokerUnavailable`` if the broker cannot
-        be asked: no answer is no evidence."""
-        ids = list(service_ids)
-        if not ids:
-            return {}
-        try:
-            with cancelled_calls_as_errors():
-                if self._presence is None or self._presence.is_closed:
-                    url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
-                    self._presence = await aiormq.connect(url, client_properties=_named("manager: presence"))
-                connection = self._presence
-                limit = asyncio.Semaphore(_PRESENCE_CHECKS_AT_ONCE)
-
-                async def connected(service_id: uuid.UUID) -> bool:
-                    async with limit:
-                        channel = await connection.channel()
-                        try:
-                            await channel.queue_declare(topology.control_queue_name(service_id), passive=True)
-                        except aiormq.exceptions.ChannelLockedResource:
-                            return True
-                        except aiormq.exceptions.ChannelNotFoundEntity:
-                            return False
-                        with contextlib.suppress(Exception):
-                            await channel.close()
-                        return True  # declared without a lock: only its owner could, so it lives
-
-                answers = await asyncio.wait_for(asyncio.gather(*map(connected, ids)), _PUBLISH_TIMEOUT_S)
-        except Exception as e:
-            raise BrokerUnavailable(f"cannot ask the broker which services are connected: {e!r}") from e
-        return dict(zip(ids, answers, strict=True))
-
-    async def touch_start_queues(self, pools: Iterable[str]) -> None:
-        """A passive declare of each pool's start queue: a call to the queue's process,
-        which keeps it from hibernating (``manager/queue_waker.py``). On a connection of its
-        own: a slow answer holds up no publish, and a queue that does not exist (whose
-        passive declare closes the channel) costs only this channel, opened again for the
-        next pool. Raises ``BrokerUnavailable`` if the broker cannot be reached."""
-        try:
-            with cancelled_calls_as_errors():
-                if self._waker is None or self._waker.is_closed:
-                    url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
-                    self._waker = await aiormq.connect(url, client_properties=_named("manager: queue waker"))
-                for pool in pools:
-                    if self._waker_channel is None or self._waker_channel.is_closed:
-                        self._waker_channel = await self._waker.channel()
-                    declare = self._waker_channel.queue_declare(topology.start_queue_name(pool), passive=True)
-                    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
-                        await asyncio.wait_for(declare, _PUBLISH_TIMEOUT_S)
-        except Exception as e:
-            if self._waker_channel is not None:  # an answer may still come: never reuse it
-                with contextlib.suppress(Exception):
-                    await self._waker_channel.close()
-                self._waker_channel = None
-            raise BrokerUnavailable(f"cannot reach the start queues: {e!r}") from e
-
     async def close(self) -> None:
         if self._pacing is not None:
             self._pacing.cancel()
-        for side in (self._presence, self._waker):
-            if side is not None:
-                with contextlib.suppress(Exception):
-                    await side.close()
+        await self.probes.close()
         if self._connect_task is not None:
             self._connect_task.cancel()
             with contextlib.suppress(BaseException):

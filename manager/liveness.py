@@ -95,7 +95,7 @@ class Liveness:
             self._late.clear()
             self._moving.clear()
             return
-        connected = await self.broker.services_connected(service_id for service_id, _, _ in late)
+        connected = await self.broker.probes.services_connected(service_id for service_id, _, _ in late)
         moving: set[uuid.UUID] = set()
         for service_id, name, last_heard in late:
             if connected[service_id]:

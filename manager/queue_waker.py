@@ -15,7 +15,7 @@ Only a pool whose live observers (Created, Processing, OnDeleting: each one a me
 start queue) reach ``start_queue_keep_awake_from`` is kept awake: a small queue's compaction
 costs next to nothing, and a hibernating process takes the least memory.
 
-The declares go on a connection of the manager's own (``BrokerLink.touch_start_queues``), not
+The declares go on a connection of the manager's own (``BrokerProbes.touch_start_queues``), not
 on its publishing channel; no service's lease or heartbeat shares anything with them.
 """
 
@@ -73,7 +73,7 @@ class StartQueueWaker:
                         pools = await pools_to_keep_awake(session, keep_awake_from)
                     START_QUEUES_KEPT_AWAKE.set(len(pools))
                 if pools and self.broker.ready.is_set():
-                    await self.broker.touch_start_queues(pools)
+                    await self.broker.probes.touch_start_queues(pools)
                 failing = False
             except Exception as e:  # noqa: BLE001 - the broker or the database: the waker goes on
                 if not failing:

@@ -1,0 +1,144 @@
+"""Questions the manager asks the broker on connections of their own, apart from its
+publishing and consuming connection (``manager/broker.py``): whether services' connections
+live (liveness), a touch of each start queue (the queue waker) and the rebuild marker.
+
+Each of them may close the channel it runs on (a passive declare of a queue that does not
+exist, or that another connection holds exclusively), and a slow answer to one must hold up
+no publish. Every failure is ``BrokerUnavailable``, caused by the broker's error: no answer
+is no evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+
+import aio_pika
+import aiormq
+from aio_pika.abc import AbstractChannel
+from pamqp.common import FieldTable
+
+from shared import topology
+from shared.amqp_errors import cancelled_calls_as_errors
+from shared.errors import BrokerUnavailable
+from shared.settings import ManagerSettings, amqp_url_with_heartbeat
+
+_PRESENCE_CHECKS_AT_ONCE = 32
+# How long a batch of presence checks, or one start queue's touch, may wait for its answer.
+_ANSWER_TIMEOUT_S = 10.0
+
+
+def _named(name: str) -> FieldTable:
+    return {"connection_name": name}
+
+
+class BrokerProbes:
+    def __init__(self, settings: ManagerSettings) -> None:
+        self.settings = settings
+        self._presence: aiormq.abc.AbstractConnection | None = None
+        self._waker: aiormq.abc.AbstractConnection | None = None
+        self._waker_channel: aiormq.abc.AbstractChannel | None = None
+
+    def _url(self) -> str:
+        return amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+
+    async def marker_present(self) -> bool:
+        """Whether the rebuild marker queue exists (``_on_marker_channel`` says why not
+        through the robust channel)."""
+        try:
+            await self._on_marker_channel(
+                "check the rebuild marker", lambda ch: ch.declare_queue(topology.REBUILD_MARKER, passive=True)
+            )
+        except BrokerUnavailable as e:
+            if isinstance(e.__cause__, aio_pika.exceptions.ChannelNotFoundEntity):
+                return False
+            raise
+        return True
+
+    async def declare_marker(self) -> None:
+        await self._on_marker_channel(
+            "declare the rebuild marker", lambda ch: ch.declare_queue(topology.REBUILD_MARKER, durable=True)
+        )
+
+    async def _on_marker_channel(self, what: str, act: Callable[[AbstractChannel], Awaitable[object]]) -> None:
+        """``act`` on a channel of a connection of its own: a passive declare of a missing
+        queue closes its channel, and the robust channel would re-declare after a reconnect
+        whatever was declared through it (the marker must be declared only by a rebuild).
+        Any failure is ``BrokerUnavailable``, caused by the broker's error."""
+        try:
+            with cancelled_calls_as_errors():
+                connection = await aio_pika.connect(
+                    self._url(), client_properties={"connection_name": f"manager: {what}"}
+                )
+                async with connection:
+                    await act(await connection.channel())
+        except Exception as e:
+            raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
+
+    async def services_connected(self, service_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, bool]:
+        """Whether each service's broker connection lives, asked of the broker itself, whose
+        answer does not depend on how late the service's reports are. A service's control
+        queue is ``exclusive``: it lives exactly as long as the connection that declared it,
+        and a passive declare of it from another connection answers RESOURCE_LOCKED (405)
+        while that connection lives and NOT_FOUND (404) once it is gone (DESIGN.md,
+        "Liveness needs evidence too"). Each check closes its channel, so they run on a
+        plain connection of their own. Raises ``BrokerUnavailable`` if the broker cannot
+        be asked: no answer is no evidence."""
+        ids = list(service_ids)
+        if not ids:
+            return {}
+        try:
+            with cancelled_calls_as_errors():
+                if self._presence is None or self._presence.is_closed:
+                    self._presence = await aiormq.connect(self._url(), client_properties=_named("manager: presence"))
+                connection = self._presence
+                limit = asyncio.Semaphore(_PRESENCE_CHECKS_AT_ONCE)
+
+                async def connected(service_id: uuid.UUID) -> bool:
+                    async with limit:
+                        channel = await connection.channel()
+                        try:
+                            await channel.queue_declare(topology.control_queue_name(service_id), passive=True)
+                        except aiormq.exceptions.ChannelLockedResource:
+                            return True
+                        except aiormq.exceptions.ChannelNotFoundEntity:
+                            return False
+                        with contextlib.suppress(Exception):
+                            await channel.close()
+                        return True  # declared without a lock: only its owner could, so it lives
+
+                answers = await asyncio.wait_for(asyncio.gather(*map(connected, ids)), _ANSWER_TIMEOUT_S)
+        except Exception as e:
+            raise BrokerUnavailable(f"cannot ask the broker which services are connected: {e!r}") from e
+        return dict(zip(ids, answers, strict=True))
+
+    async def touch_start_queues(self, pools: Iterable[str]) -> None:
+        """A passive declare of each pool's start queue: a call to the queue's process,
+        which keeps it from hibernating (``manager/queue_waker.py``). On a connection of its
+        own: a slow answer holds up no publish, and a queue that does not exist (whose
+        passive declare closes the channel) costs only this channel, opened again for the
+        next pool. Raises ``BrokerUnavailable`` if the broker cannot be reached."""
+        try:
+            with cancelled_calls_as_errors():
+                if self._waker is None or self._waker.is_closed:
+                    self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
+                for pool in pools:
+                    if self._waker_channel is None or self._waker_channel.is_closed:
+                        self._waker_channel = await self._waker.channel()
+                    declare = self._waker_channel.queue_declare(topology.start_queue_name(pool), passive=True)
+                    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+                        await asyncio.wait_for(declare, _ANSWER_TIMEOUT_S)
+        except Exception as e:
+            if self._waker_channel is not None:  # an answer may still come: never reuse it
+                with contextlib.suppress(Exception):
+                    await self._waker_channel.close()
+                self._waker_channel = None
+            raise BrokerUnavailable(f"cannot reach the start queues: {e!r}") from e
+
+    async def close(self) -> None:
+        for connection in (self._presence, self._waker):
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    await connection.close()
