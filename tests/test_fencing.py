@@ -22,7 +22,7 @@ import pytest
 
 from tools import infra
 from tools.harness import FAST_ENV, System, probe_args, read_probe_lines, wait_for
-from tools.partition import Partition
+from tools.partition import Direction, Partition
 
 INTERVAL_S = 0.05
 pytestmark = pytest.mark.usefixtures("with_test_plugin")
@@ -103,7 +103,17 @@ def test_frozen_service_does_not_act_after_waking(system: System, tmp_path: Path
     assert "event loop blocked" not in woken and "garbage collection paused" not in woken, woken[-3000:]
 
 
-def test_a_partitioned_service_stops_acting_before_its_observers_move(system: System, tmp_path: Path) -> None:
+@pytest.mark.parametrize("direction", ["both", "to_server", "to_client"])
+def test_a_partitioned_service_stops_acting_before_its_observers_move(
+    system: System, tmp_path: Path, direction: Direction
+) -> None:
+    """Cut both ways, nothing tells either side, and only svc-a's lease (its round trip
+    fails) stops it before the broker gives its observers away. Cut one way, the side that
+    gives up first still tells the other: svc-a unheard (``to_server``) is closed by the
+    broker after the heartbeats it missed, and hears the close; svc-a deaf (``to_client``)
+    is still heard, so the broker keeps its connection and deliveries until svc-a's own
+    heartbeat check gives up and closes it. (With a lease that never lapses, only the cut
+    both ways fails here.)"""
     # Given svc-a reaching the broker through a network that can be cut, svc-b directly
     with Partition.before(system.amqp_url) as network:
         system.start_manager()
@@ -119,16 +129,17 @@ def test_a_partitioned_service_stops_acting_before_its_observers_move(system: Sy
         assert svc_b is not None
         time.sleep(0.5)
 
-        # When the network between svc-a and the broker drops everything: svc-a runs on, its
-        # sockets stay open, nothing tells either side
-        network.cut()
+        # When the network between svc-a and the broker drops everything (one way, or both):
+        # svc-a runs on, its sockets stay open
+        network.cut(direction)
 
         # Then the broker gives its observers to svc-b, and svc-a stopped acting before that
         wait_for(
             lambda: all(system.observer(i)["service_id"] == svc_b["id"] for i in ids), 60, "the observers on svc-b"
         )
         wait_for(lambda: "fenced 4 observer(s)" in victim.text(), 60, "svc-a to fence its observers")
-        assert "broker session lost: no frame from the broker for" in victim.text(), victim.text()[-3000:]
+        cause = "closed by broker or network" if direction == "to_server" else "no frame from the broker for"
+        assert f"broker session lost: {cause}" in victim.text(), victim.text()[-3000:]
         time.sleep(1)
         moves = assert_never_on_two_hosts(log)
         assert moves >= 4, activity_intervals(log)

@@ -232,3 +232,38 @@ def test_a_cut_partition_carries_nothing_and_a_healed_one_carries_on_in_order() 
         assert received == b"during after"
         client.close()
         peer.close()
+
+
+def test_a_partition_cut_one_way_carries_the_other_way() -> None:
+    # Given an echo server behind the relay, and a client connected through it
+    with socket.create_server(("127.0.0.1", 0)) as server, Partition("127.0.0.1", server.getsockname()[1]) as network:
+        client = socket.create_connection(("127.0.0.1", network.port), timeout=5)
+        peer, _ = server.accept()
+        peer.settimeout(0.5)
+        client.settimeout(0.5)
+
+        # When only the way to the server is cut, the client is not heard and still hears
+        network.cut("to_server")
+        time.sleep(0.1)
+        client.sendall(b"unheard")
+        with pytest.raises(TimeoutError):
+            peer.recv(100)
+        peer.sendall(b"heard")
+        assert client.recv(100) == b"heard"
+
+        # And when only the way to the client is cut, the other way round
+        network.heal()
+        assert peer.recv(100) == b"unheard"
+        network.cut("to_client")
+        time.sleep(0.1)
+        peer.sendall(b"unheard")
+        with pytest.raises(TimeoutError):
+            client.recv(100)
+        client.sendall(b"heard")
+        assert peer.recv(100) == b"heard"
+
+        # Then a close by the side still heard reaches the other at once
+        client.close()
+        peer.settimeout(5)
+        assert peer.recv(100) == b""
+        peer.close()

@@ -12,6 +12,8 @@ kernel's buffers, and once they fill the sender's writes block, as TCP behaves w
 segments are being dropped and retransmitted. ``heal()`` carries on from where it stopped,
 in order, like TCP's retransmission after the network returns. A peer that gave up and
 closed its socket meanwhile is seen when the relay reads again, and the close is passed on.
+``cut("to_server")`` and ``cut("to_client")`` stop one direction only (a firewall rule or a
+route lost one way): the other still carries everything, a close included.
 Connections made while cut are accepted and carry nothing until healed (a real partition
 would leave the SYN unanswered; either way the handshake does not complete in time).
 
@@ -25,8 +27,11 @@ import contextlib
 import socket
 import threading
 from types import TracebackType
+from typing import Literal
 
 _CHUNK = 64 * 1024
+
+Direction = Literal["both", "to_server", "to_client"]
 
 
 class Partition:
@@ -35,7 +40,9 @@ class Partition:
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self._loop = asyncio.new_event_loop()
-        self._open = asyncio.Event()
+        # Whether bytes flow from the client to the server, and from the server to the client.
+        self._to_server = asyncio.Event()
+        self._to_client = asyncio.Event()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="partition-relay", daemon=True)
         self._server: asyncio.Server | None = None
@@ -68,18 +75,23 @@ class Partition:
         traceback for a connection handler that ends cancelled)."""
         assert self._server is not None
         self._server.close()
-        self._open.set()
+        self._to_server.set()
+        self._to_client.set()
         for writer in self._writers:
             writer.close()
         relays = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         if relays:
             await asyncio.wait(relays, timeout=5)
 
-    def cut(self) -> None:
-        self._loop.call_soon_threadsafe(self._open.clear)
+    def cut(self, direction: Direction = "both") -> None:
+        if direction in ("both", "to_server"):
+            self._loop.call_soon_threadsafe(self._to_server.clear)
+        if direction in ("both", "to_client"):
+            self._loop.call_soon_threadsafe(self._to_client.clear)
 
     def heal(self) -> None:
-        self._loop.call_soon_threadsafe(self._open.set)
+        self._loop.call_soon_threadsafe(self._to_server.set)
+        self._loop.call_soon_threadsafe(self._to_client.set)
 
     def url_for(self, amqp_url: str) -> str:
         """``amqp_url`` with its host and port replaced by the relay's."""
@@ -91,7 +103,8 @@ class Partition:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._open.set()
+        self._to_server.set()
+        self._to_client.set()
         self._server = self._loop.run_until_complete(asyncio.start_server(self._relay, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
@@ -103,7 +116,9 @@ class Partition:
     async def _relay(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         self._writers.add(client_writer)
-        await self._open.wait()  # connected while cut: the handshake goes nowhere until healed
+        # Connected while cut (either way): the handshake goes nowhere until healed.
+        await self._to_server.wait()
+        await self._to_client.wait()
         try:
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
         except OSError:
@@ -113,18 +128,18 @@ class Partition:
         for writer in (client_writer, upstream_writer):
             writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         await asyncio.gather(
-            self._pump(client_reader, upstream_writer),
-            self._pump(upstream_reader, client_writer),
+            self._pump(client_reader, upstream_writer, self._to_server),
+            self._pump(upstream_reader, client_writer, self._to_client),
         )
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event) -> None:
         try:
             while True:
-                await self._open.wait()
+                await flowing.wait()
                 data = await reader.read(_CHUNK)
                 if not data:
                     break
-                await self._open.wait()  # read just before a cut: held until the heal
+                await flowing.wait()  # read just before a cut: held until the heal
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
