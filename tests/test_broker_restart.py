@@ -7,7 +7,7 @@ import pytest
 
 from tools import infra
 from tools.harness import System, wait_for
-from tools.partition import Partition
+from tools.partition import Direction, Partition
 
 
 def start_fleet(system: System, count: int) -> list[str]:
@@ -88,8 +88,14 @@ def test_blackout_everything_comes_back(system: System, rabbit: infra.RabbitNode
     assert all(s["status"] == "deleted" for s in system.services() if s["name"] in names and s["status"] != "alive")
 
 
-@pytest.mark.parametrize("state_process", ["true", "false"])
-def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(system: System, state_process: str) -> None:
+@pytest.mark.parametrize(
+    ("state_process", "direction"), [("true", "both"), ("false", "both"), ("true", "to_server"), ("true", "to_client")]
+)
+def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(
+    system: System, state_process: str, direction: Direction
+) -> None:
+    """Cut both ways, or deaf (``to_client``), the manager gives its connections up by its
+    own heartbeat check; unheard (``to_server``), the broker closes them and it hears so."""
     # Given a manager that reaches the broker through a network that can be cut
     with Partition.before(system.amqp_url) as network:
         manager = system.start_manager(ORCH_AMQP_URL=network.url_for(system.amqp_url), ORCH_STATE_PROCESS=state_process)
@@ -101,7 +107,7 @@ def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(system
         # When the network drops everything for longer than the AMQP heartbeat's grace, so
         # that the manager gives its connections up with calls still waiting on them
         sides = 2 if state_process == "true" else 1  # each has a connection of its own
-        network.cut()
+        network.cut(direction)
         wait_for(lambda: manager.text().count("lost the broker connection") >= sides, 60, "the manager to give up")
         during = system.post("/api/observers", {"name": "during-cut", "kind": "ticker"})
         assert during.status_code == 503 and "broker" in during.json()["detail"], during.text
@@ -117,5 +123,6 @@ def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(system
         said = manager.text()
         assert manager.alive(), said[-4000:]
         assert "state process exited" not in said and "state side stopped" not in said, said[-4000:]
-        assert said.count("lost the broker connection (no frame from the broker for") == sides, said[-4000:]
+        cause = "AMQPConnectionError" if direction == "to_server" else "no frame from the broker for"
+        assert said.count(f"lost the broker connection ({cause}") == sides, said[-4000:]
         assert "Traceback" not in said and " ERROR [" not in said, said[-4000:]
