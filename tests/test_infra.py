@@ -24,7 +24,7 @@ from tools import infra
 from tools.harness import free_port, unique
 from tools.infra import conflicts
 from tools.infra.conflicts import Holder
-from tools.partition import Partition
+from tools.partition import Direction, Partition
 
 PROC_NET_TCP = """\
   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
@@ -234,6 +234,18 @@ def test_a_cut_partition_carries_nothing_and_a_healed_one_carries_on_in_order() 
         peer.close()
 
 
+def _cut_one_way(network: Partition, direction: Direction, unheard: socket.socket, hearing: socket.socket) -> None:
+    """Cut ``direction``: what ``unheard`` sends does not reach ``hearing``, and what
+    ``hearing`` sends still reaches ``unheard``."""
+    network.cut(direction)
+    time.sleep(0.1)  # the cut reaches the relay's loop
+    unheard.sendall(b"unheard")
+    with pytest.raises(TimeoutError):
+        hearing.recv(100)
+    hearing.sendall(b"heard")
+    assert unheard.recv(100) == b"heard"
+
+
 def test_a_partition_cut_one_way_carries_the_other_way() -> None:
     # Given an echo server behind the relay, and a client connected through it
     with socket.create_server(("127.0.0.1", 0)) as server, Partition("127.0.0.1", server.getsockname()[1]) as network:
@@ -243,24 +255,12 @@ def test_a_partition_cut_one_way_carries_the_other_way() -> None:
         client.settimeout(0.5)
 
         # When only the way to the server is cut, the client is not heard and still hears
-        network.cut("to_server")
-        time.sleep(0.1)
-        client.sendall(b"unheard")
-        with pytest.raises(TimeoutError):
-            peer.recv(100)
-        peer.sendall(b"heard")
-        assert client.recv(100) == b"heard"
+        _cut_one_way(network, "to_server", unheard=client, hearing=peer)
 
         # And when only the way to the client is cut, the other way round
         network.heal()
         assert peer.recv(100) == b"unheard"
-        network.cut("to_client")
-        time.sleep(0.1)
-        peer.sendall(b"unheard")
-        with pytest.raises(TimeoutError):
-            client.recv(100)
-        client.sendall(b"heard")
-        assert peer.recv(100) == b"heard"
+        _cut_one_way(network, "to_client", unheard=peer, hearing=client)
 
         # Then a close by the side still heard reaches the other at once
         client.close()
