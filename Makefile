@@ -2,10 +2,14 @@
 # need is installed by the targets below: a virtualenv in .venv, RabbitMQ and PostgreSQL
 # from Debian packages run as plain processes under .run/ (tools/infra/).
 VENV ?= .venv
+# Which RabbitMQ: 4.3 (the default), 4.0 or 3.10 (docs/broker-versions.md), e.g.
+# `make test RABBITMQ=4.0`. Each runs from Debian's package (tools/infra/brokers.py).
+RABBITMQ ?=
+export ORCH_RABBITMQ := $(RABBITMQ)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test lint compose-check bench bench-quick bench-scale ci clean
+.PHONY: venv infra-up infra-down migrate run test test-broker lint compose-check bench bench-quick bench-scale ci clean
 
 venv: $(VENV)/.installed
 
@@ -29,6 +33,18 @@ run: migrate
 
 test: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The tests of the broker's semantics, which CI runs on every supported RabbitMQ besides the
+# default (docs/broker-versions.md): the core flow, the consumer timeout, fencing, failover
+# and SIGTERM handoff, broker restart, broker data lost, chaos, a cancelled consumer, and the
+# holder channel (aiormq's internals against the broker).
+BROKER_TESTS = tests/test_lifecycle.py tests/test_ack_timeout.py tests/test_fencing.py \
+	tests/test_failover.py tests/test_broker_restart.py \
+	tests/test_reliability.py::test_the_broker_rebuilt_from_the_database tests/test_chaos.py \
+	tests/test_consumer_cancel.py tests/test_holder_channel.py
+
+test-broker: venv infra-up
+	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -109,6 +109,17 @@ async def list_services(session: AsyncSession, include_deleted: bool = True) -> 
     return [(svc, int(n)) for svc, n in (await session.execute(query)).all()]
 
 
+async def refused_services(session: AsyncSession, limit: int = 5) -> list[tuple[str, str]]:
+    """(name, what the broker refuses it) of alive services that said they are refused."""
+    result = await session.execute(
+        select(Service.name, Service.refused)
+        .where(Service.status == ServiceStatus.ALIVE, Service.refused.is_not(None))
+        .order_by(Service.name)
+        .limit(limit)
+    )
+    return [(name, refused) for name, refused in result.tuples() if refused is not None]
+
+
 async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Service, int]:
     counts = held_per_service()
     row = (

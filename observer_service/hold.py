@@ -48,7 +48,7 @@ from observer_service.holder_channel import hold_channel
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
 from shared import topology
-from shared.amqp_errors import describe_close
+from shared.amqp_errors import describe_close, refusal
 from shared.errors import DecodeError
 from shared.messages import ControlMessage, decode_control
 
@@ -63,7 +63,11 @@ StartHandler = Callable[[bytes, Holder, int, bool], None]
 ControlHandler = Callable[[ControlMessage], None]
 # Called (on any thread) when the connection is gone: the reason and the error, if any.
 FailHandler = Callable[[str, BaseException | None], None]
+# Called on the main loop with a pool and what the broker refuses about its start queue (in
+# a line naming what to change), or None once it consumes that pool.
+RefusedHandler = Callable[[str, str | None], None]
 Settle = Literal["ack", "requeue", "reject"]
+REFUSED_RETRY_S = 30.0  # a refused start queue is declared again this often
 
 
 class HoldingConnection:
@@ -79,6 +83,7 @@ class HoldingConnection:
         self._start_consumers: list[tuple[Holder, str]] = []
         self._on_start: StartHandler | None = None
         self._on_control: ControlHandler | None = None
+        self._on_refused: RefusedHandler | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         # Settles posted by the main loop, sent in order by ``_settle_loop``.
@@ -94,10 +99,11 @@ class HoldingConnection:
         on_control: ControlHandler,
         service_id: uuid.UUID,
         holds: list[tuple[str, list[int]]],
+        on_refused: RefusedHandler,
     ) -> None:
         """Connect, take the lease, declare the control queue and consume each pool's start
         queue on channels of the given prefetches (``holds``: pool, prefetch per channel)."""
-        self._on_start, self._on_control = on_start, on_control
+        self._on_start, self._on_control, self._on_refused = on_start, on_control, on_refused
         self._settle_wakeup = asyncio.Event()
         self._connection = await aio_pika.connect(url, client_properties={"connection_name": name})
         self._connection.close_callbacks.add(self._on_closed)
@@ -105,12 +111,11 @@ class HoldingConnection:
         await self._renew_lease()
         work = await self._channel()
         control = await topology.declare_control_queue(work, service_id)
+        self._watch_cancels(await work.get_underlay_channel(), control.name)
         await control.consume(self._on_control_message)
         for pool, prefetches in holds:
-            queue = await topology.declare_start_queue(work, pool)
-            for prefetch in prefetches:
-                await self._hold_on_new_channel(queue.name, prefetch)
-        self._tasks = [
+            await self._hold_pool(pool, prefetches)
+        self._tasks += [
             asyncio.create_task(self._lease_loop(), name="lease"),
             asyncio.create_task(self._settle_loop(), name="settle"),
         ]
@@ -140,13 +145,65 @@ class HoldingConnection:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._connection.close(), 5)
 
+    async def _hold_pool(self, pool: str, prefetches: list[int]) -> None:
+        """Declare the pool's start queue and consume it. A declare the broker refuses for
+        good (the queue exists with other arguments, a policy or version rejects them, no
+        permission) costs only its own channel: the session stays open for the other pools
+        and the control queue, the main loop is told (``RefusedHandler``, so the operator is,
+        and the manager through the heartbeats), and the declare is tried again every
+        ``REFUSED_RETRY_S`` until whatever was wrong is fixed. Any other failure fails the
+        open, as before."""
+        assert self._connection is not None and self._on_refused is not None
+        declare = await self._connection.channel(publisher_confirms=False)  # a refusal closes it alone
+        try:
+            queue = await topology.declare_start_queue(declare, pool)
+        except aiormq.exceptions.AMQPChannelError as e:
+            hint = refusal(e)
+            if hint is None:
+                raise
+            self._to_main.post(self._on_refused, pool, hint)
+            self._tasks.append(asyncio.create_task(self._hold_later(pool, prefetches), name=f"refused {pool}"))
+            return
+        with contextlib.suppress(Exception):
+            await declare.close()
+        for prefetch in prefetches:
+            await self._hold_on_new_channel(queue.name, prefetch)
+        self._to_main.post(self._on_refused, pool, None)
+
+    async def _hold_later(self, pool: str, prefetches: list[int]) -> None:
+        await asyncio.sleep(REFUSED_RETRY_S)
+        try:
+            await self._hold_pool(pool, prefetches)
+        except Exception as e:  # noqa: BLE001 - the session is broken: end it like any loss
+            self._fail(f"consuming pool {pool} failed: {e!r}", e)
+
     async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
         channel = await self._channel()
         raw = hold_channel(await channel.get_underlay_channel(), self._on_start_delivery)
         self._holders.append(channel)
         await channel.set_qos(prefetch_count=prefetch)
-        tag = await raw.consume(queue, {"x-consumer-timeout": topology.START_CONSUMER_TIMEOUT_MS})
+        self._watch_cancels(raw, queue)
+        tag = await raw.consume(queue, {})
         self._start_consumers.append((raw, tag))
+
+    def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
+        """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum
+        queue's consumer timeout) ends the session. The broker has already given its
+        deliveries back, or lost them with the queue, so the observers they started are no
+        longer this host's to run: the session's end fences them at once, and the next
+        session declares the queues again and consumes. Ending the whole session costs a
+        move of the other observers too, but keeps one rule for every loss of a lease:
+        deliveries belong to a session, and a session is whole or gone."""
+
+        def cancelled(frame: aiormq.spec.Basic.Cancel) -> None:
+            if not self._closing:
+                self._fail(
+                    f"the broker cancelled the consumer of {queue} (consumer tag {frame.consumer_tag}): the queue was "
+                    "deleted, its node went down, or a quorum queue's consumer timeout fired",
+                    None,
+                )
+
+        channel.on_consumer_cancel_callbacks.add(cancelled)
 
     async def stop_consuming(self) -> None:
         for raw, tag in self._start_consumers:

@@ -38,6 +38,14 @@ STARTS_HELD_BACK = Counter(
     "Times starting deliveries paused because ORCH_OUTBOX_HIGH_WATER reports awaited publishing",
     registry=REGISTRY,
 )
+REFUSED = Gauge(
+    "orch_service_refused",
+    "Things the broker refuses this service now, for good until fixed (a pool's start queue, the session)",
+    registry=REGISTRY,
+)
+REFUSALS = Counter(
+    "orch_service_refusals", "Refusals by the broker that retrying cannot heal (each attempt)", registry=REGISTRY
+)
 EMITS_WAITING = Gauge("orch_service_emits_waiting", "Emits waiting for a slot now", registry=REGISTRY)
 
 

@@ -24,10 +24,12 @@ from observer_service.capacity import sized
 from observer_service.hold import Holder
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
+from observer_service.refusals import Refusals
 from observer_service.runner import Runner
 from observer_service.session import Session
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
+from shared.amqp_errors import refusal
 from shared.backoff import backoff_delay
 from shared.errors import BrokerUnavailable
 from shared.kinds import discover_kinds
@@ -56,6 +58,9 @@ logger = logging.getLogger(__name__)
 # a low cap, and jitter so that a fleet cut at one instant does not retry in lockstep.
 _RECONNECT_MIN_S = 0.5
 _RECONNECT_MAX_S = 2.0
+# A session the broker refuses for good (credentials, permissions, a queue it rejects) is
+# tried again this often, in case someone fixes it.
+_REFUSED_RETRY_S = 10.0
 
 
 def reconnect_delay(failures: int) -> float:
@@ -80,6 +85,7 @@ class ObserverService:
         self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
         self.lease = Lease(settings.amqp_heartbeat_s)
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
+        self.refusals = Refusals()
         self.session: Session | None = None
         self.shutdown = asyncio.Event()
         self.gc_pauses = GcPauses()
@@ -142,14 +148,25 @@ class ObserverService:
         while not self.shutdown.is_set():
             session = Session(self.settings, self.service_id, self.lease)
             try:
-                await session.open(functools.partial(self._on_start, session=session), self._on_control, self.outbox)
+                await session.open(
+                    functools.partial(self._on_start, session=session),
+                    self._on_control,
+                    self.refusals.pool,
+                    self.outbox,
+                )
             except BrokerUnavailable as e:
                 failures += 1
-                delay = reconnect_delay(failures)
-                logger.warning("%s; retrying in %.1fs", e, delay)
+                hint = refusal(e.__cause__, self.settings.amqp_url)
+                if hint is not None:  # no retry heals it: said once a minute, tried less often
+                    self.refusals.session_refused(hint)
+                    delay = _REFUSED_RETRY_S
+                else:
+                    delay = reconnect_delay(failures)
+                    logger.warning("%s; retrying in %.1fs", e, delay)
                 await _wait_any(self.shutdown, timeout=delay)
                 continue
             failures = 0
+            self.refusals.session_opened()
             self.session = session
             self._send_inventory()
             await _wait_any(self.shutdown, session.closed)
@@ -259,6 +276,7 @@ class ObserverService:
                         session_id=session.id,
                         running=len(self.runner.running),
                         loop_lag_ms=round(lag, 3),
+                        refused=self.refusals.summary(),
                     )
                 )
 

@@ -39,12 +39,12 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from observer_service import metrics
 from observer_service.emits import EventPublisher, Slots
-from observer_service.hold import ControlHandler, Holder, HoldingConnection, Settle, StartHandler
+from observer_service.hold import ControlHandler, Holder, HoldingConnection, RefusedHandler, Settle, StartHandler
 from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
 from shared import topology
-from shared.amqp_errors import describe_close, describe_connect_failure
+from shared.amqp_errors import describe_close, describe_connect_failure, refusal
 from shared.errors import BrokerUnavailable, LeaseLost
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 
@@ -53,7 +53,8 @@ logger = logging.getLogger(__name__)
 ACK_TIMEOUT_HINT = (
     "the broker closed the channel because a delivery stayed unacked longer than its "
     "consumer_timeout: observers hold their start message for their whole life, so lift it "
-    "(advanced.config: [{rabbit,[{consumer_timeout, undefined}]}]. — shipped in deploy/rabbitmq/)"
+    "(rabbitmq.conf: consumer_timeout = 315360000000, as deploy/rabbitmq/orchestrator.conf ships; "
+    "and no consumer-timeout policy or x-consumer-timeout argument on the start queues)"
 )
 
 _OUTBOX_BATCH = 5_000  # reports taken per round; packed into far fewer messages
@@ -102,10 +103,13 @@ class Session:
 
     # --- lifecycle -------------------------------------------------------------------
 
-    async def open(self, on_start: StartHandler, on_control: ControlHandler, outbox: Outbox) -> None:
-        """Both called on this (the main) loop: ``on_start`` per start delivery, in order,
-        and ``on_control`` per control command, already acked (a malformed one is
-        dead-lettered and never reaches it)."""
+    async def open(
+        self, on_start: StartHandler, on_control: ControlHandler, on_refused: RefusedHandler, outbox: Outbox
+    ) -> None:
+        """All called on this (the main) loop: ``on_start`` per start delivery, in order,
+        ``on_control`` per control command, already acked (a malformed one is dead-lettered
+        and never reaches it), and ``on_refused`` with what the broker refuses about a
+        pool's start queue (``hold.RefusedHandler``)."""
         heartbeat = self.settings.amqp_heartbeat_s
         name = f"observer-service {self.settings.service_name}"
         try:
@@ -132,10 +136,11 @@ class Session:
                     on_control,
                     self.service_id,
                     holds,
+                    on_refused,
                 )
             )
         except Exception as e:
-            why = describe_connect_failure(e, self.settings.amqp_url)
+            why = refusal(e, self.settings.amqp_url) or describe_connect_failure(e, self.settings.amqp_url)
             await self.close(f"open failed: {why}")
             raise BrokerUnavailable(f"cannot open a broker session: {why}") from e
         self._tasks = [asyncio.create_task(self._outbox_loop(outbox), name="outbox")]

@@ -82,3 +82,50 @@ def cancelled_calls_as_errors() -> Iterator[None]:
         if task is None or task.cancelling():
             raise
         raise ConnectionCancelled("the call was cut short: its broker connection stopped answering") from e
+
+
+# Refusals that no retry heals: what the broker said, and what to change.
+_REFUSED: tuple[tuple[type[BaseException], str], ...] = (
+    (
+        aiormq.exceptions.ChannelPreconditionFailed,
+        "the broker refuses a queue's arguments or type: a queue of that name exists with other arguments "
+        "(delete it, or fix what declared it), or a policy or this RabbitMQ version rejects them "
+        "(docs/broker-versions.md)",
+    ),
+    (
+        aiormq.exceptions.ChannelAccessRefused,
+        "the broker refuses the user access: rabbitmqctl set_permissions on the virtual host",
+    ),
+    (
+        aiormq.exceptions.ConnectionNotAllowed,
+        "the broker does not allow the connection: the virtual host and the user's permissions on it",
+    ),
+    (
+        aiormq.exceptions.ProbableAuthenticationError,
+        "the broker refuses the credentials: the user and password in the AMQP URL",
+    ),
+    (
+        aiormq.exceptions.AuthenticationError,
+        "the broker refuses the credentials: the user and password in the AMQP URL",
+    ),
+)
+
+
+def refusal(error: BaseException | None, amqp_url: str = "") -> str | None:
+    """``error`` as one line naming what to change, if it is a refusal that retrying cannot
+    heal (a queue argument or type, a permission, the credentials, a deprecated feature the
+    broker denies); None for a failure that may pass (the broker down, a network cut)."""
+    if error is None:
+        return None
+    if vhost_refused(error):
+        return vhost_refused_text(amqp_url)
+    said = str(error.args[0]) if error.args else str(error)
+    if isinstance(error, aiormq.exceptions.ConnectionInternalError) and "deprecated" in said:
+        return (
+            f"{said.splitlines()[0]} the broker denies a deprecated feature the orchestrator used: "
+            "run a release of the orchestrator that supports this RabbitMQ (docs/broker-versions.md)"
+        )
+    for kind, what in _REFUSED:
+        if isinstance(error, kind):
+            return f"{said}: {what}"
+    return None

@@ -181,6 +181,9 @@ class ServiceHeartbeat(Message):
     # The broker session it speaks from: a host death takes the moves of that session only
     # (``manager/state/probation.py``). None: a service of an older version.
     session_id: uuid.UUID | None = None
+    # What the broker refuses this service for good now (a pool's start queue it cannot
+    # consume, and why: ``observer_service/refusals.py``); None: nothing.
+    refused: str | None = None
 
 
 class ServiceStopped(Message):

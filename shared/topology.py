@@ -32,12 +32,6 @@ EVENTS_EXCHANGE = "observers.events"
 DEAD_LETTER_EXCHANGE = "orch.dead"
 REBUILD_MARKER = "orch.manager.marker"
 
-# Sent as a consumer argument on start queues. RabbitMQ 3.12+ honours it per consumer and
-# it overrides the node-wide consumer_timeout that would otherwise close the channel of
-# every observer older than 30 min. 3.10 ignores it: there the shipped advanced.config
-# lifts the node-wide setting. Ten years in ms: an observer is meant to run "forever".
-START_CONSUMER_TIMEOUT_MS = 10 * 365 * 24 * 3600 * 1000
-
 
 def start_queue_name(pool: str) -> str:
     return f"orch.start.{pool}"

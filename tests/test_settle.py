@@ -51,6 +51,10 @@ class Received:
         return next((h, t) for b, h, t, r in self.starts if b == body and r == redelivered)
 
 
+def _ignore_refusal(_pool: str, _hint: str | None) -> None:
+    pass
+
+
 def _ignore(command: ControlMessage) -> None:
     pass
 
@@ -99,7 +103,7 @@ async def _ready(channel: AbstractChannel, queue: str) -> int:
 
 async def test_ack_requeue_and_reject_settle_the_delivery_they_name(session: Session, channel: AbstractChannel) -> None:
     received = Received()
-    await session.open(received, _ignore, Outbox())
+    await session.open(received, _ignore, _ignore_refusal, Outbox())
     await _publish(channel, b"acked", b"requeued", b"rejected", b"held")
     await received.until(4)
     assert all(not redelivered for _, _, _, redelivered in received.starts)
@@ -128,7 +132,7 @@ async def test_ack_requeue_and_reject_settle_the_delivery_they_name(session: Ses
 
 async def test_no_start_arrives_once_the_consumers_are_cancelled(session: Session, channel: AbstractChannel) -> None:
     received = Received()
-    await session.open(received, _ignore, Outbox())
+    await session.open(received, _ignore, _ignore_refusal, Outbox())
     await _publish(channel, b"first")
     await received.until(1)
     await session.stop_consuming()

@@ -1,5 +1,6 @@
 """/healthz (the process is up) and /readyz (database and broker reachable, and the broker
-checked for lost data: creates are refused until then, ``manager/rebuild.py``)."""
+checked for lost data: creates are refused until then, ``manager/rebuild.py``; services the
+broker refuses are named, without making the manager unready)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
+
+from manager import queries
 
 router = APIRouter(tags=["health"])
 
@@ -24,9 +27,11 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     checks: dict[str, str] = {}
+    refused: list[tuple[str, str]] = []
     try:
         async with asyncio.timeout(_DATABASE_ANSWERS_WITHIN_S), request.app.state.read_sessions() as session:
             await session.execute(text("SELECT 1"))
+            refused = await queries.refused_services(session)
         checks["database"] = "ok"
     except TimeoutError:
         checks["database"] = f"no answer within {_DATABASE_ANSWERS_WITHIN_S:g}s"
@@ -38,4 +43,8 @@ async def readyz(request: Request) -> JSONResponse:
     else:
         checks["broker"] = "ok" if await broker.checked() else "being rebuilt from the database"
     ready = all(v == "ok" for v in checks.values())
-    return JSONResponse({"status": "ok" if ready else "unavailable", **checks}, status_code=200 if ready else 503)
+    # A service the broker refuses is not well, but the manager is ready: creates still run
+    # on the other services. So it is said here, and the answer stays 200 ("degraded").
+    services = "; ".join(f"{name} cannot consume: {why}" for name, why in refused) or "ok"
+    status = "unavailable" if not ready else "ok" if services == "ok" else "degraded"
+    return JSONResponse({"status": status, **checks, "services": services}, status_code=200 if ready else 503)

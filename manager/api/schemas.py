@@ -168,6 +168,9 @@ class ServiceOut(BaseModel):
     process_slots: int
     running: int
     loop_lag_ms: float
+    # What the broker refuses this service for good (a pool's start queue it cannot consume,
+    # and what to change); null: nothing. An alive service with this set is not well.
+    refused: str | None = None
     heartbeat_age_s: float
     last_heartbeat_at: datetime
     created_at: datetime
@@ -188,6 +191,7 @@ class ServiceOut(BaseModel):
             process_slots=svc.process_slots,
             running=running,
             loop_lag_ms=svc.loop_lag_ms,
+            refused=svc.refused,
             heartbeat_age_s=round((datetime.now(UTC) - svc.last_heartbeat_at).total_seconds(), 3),
             last_heartbeat_at=svc.last_heartbeat_at,
             created_at=svc.created_at,

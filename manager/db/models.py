@@ -63,6 +63,9 @@ class Service(Base):
     )
     # The broker session it last spoke from (migration 0012); None: not said.
     session_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
+    # What the broker refuses it for good, as its last heartbeat said (migration 0013);
+    # None: nothing (``observer_service/refusals.py``).
+    refused: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (Index("ix_services_status_name", "status", "name"),)
 

@@ -303,9 +303,11 @@ class ServiceRows:
         running: int,
         session_id: uuid.UUID | None,
         loop_lag_ms: float | None = None,
+        refused: str | None = None,
     ) -> bool:
         """Record a sign of life from ``session_id`` (None: a service that does not say); a
-        lost service that speaks again is alive. False if the service is unknown or deleted."""
+        lost service that speaks again is alive. False if the service is unknown or deleted.
+        A heartbeat also gives ``loop_lag_ms`` and ``refused`` (what the broker refuses it)."""
         values: dict[str, object] = {
             "status": ServiceStatus.ALIVE,
             "last_heartbeat_at": now,
@@ -315,6 +317,7 @@ class ServiceRows:
         }
         if loop_lag_ms is not None:
             values["loop_lag_ms"] = loop_lag_ms
+            values["refused"] = refused
         result = await self.session.execute(
             update(Service)
             .where(Service.id == service_id, Service.status != ServiceStatus.DELETED)

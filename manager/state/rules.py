@@ -147,7 +147,8 @@ class StateRules:
         await services.born(m, now)
 
     async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: Outgoing) -> None:
-        if not await self._services_of(session).touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms):
+        services = self._services_of(session)
+        if not await services.touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms, m.refused):
             await self._introduce_if_unknown(session, m.service_id, out)
 
     async def _introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: Outgoing) -> None:

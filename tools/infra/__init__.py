@@ -2,7 +2,10 @@
 
 Both servers run as plain processes under one base folder (default ``<repo>/.run/``), never as
 system services, listening on 127.0.0.1 only. Standard library only, so it works before the
-project is installed (``make infra-up`` runs it with the system ``python3``).
+project is installed (``make infra-up`` runs it with the system ``python3``). RabbitMQ is the
+series ``$ORCH_RABBITMQ`` names (``make ... RABBITMQ=4.0``; 4.3 by default), from Debian's
+package: the host's own (3.10) or a newer release's, run inside a root of that release
+(``brokers``; docs/broker-versions.md).
 
 CLI (``__main__``)::
 
@@ -13,16 +16,20 @@ CLI (``__main__``)::
     python -m tools.infra destroy  # stop both and delete all their data
 
 Modules: ``system`` (commands, processes, ports, files), ``packages`` (Debian packages),
-``rabbitmq`` (``RabbitNode``), ``postgres`` (``PostgresNode``), ``conflicts`` (who holds a
-node name or a port we need), ``state`` (ports and passwords in ``infra.json``, the env
+``brokers`` (the supported RabbitMQ series and where each runs), ``rabbitmq``
+(``RabbitNode``), ``postgres`` (``PostgresNode``), ``conflicts`` (who holds a node name or a
+port we need), ``state`` (ports and passwords in ``infra.json``, the env
 file, the lock), ``stack`` (``up`` / ``down`` / ``status`` / ``destroy`` of both).
 
 Layout of the base folder::
 
     infra.json          chosen ports and generated passwords (reused by every later ``up``)
     env                 ORCH_AMQP_URL=... / ORCH_DATABASE_URL=... (shell-sourceable)
-    rabbitmq/           RabbitNode.base: rabbitmq.conf, advanced.config, enabled_plugins,
-                        <name>.pid, .erlang.cookie, mnesia/, log/ (console.log, <node>.log)
+    rabbitmq-<series>/  RabbitNode.base: rabbitmq.conf, advanced.config, enabled_plugins,
+                        <name>.pid, .erlang.cookie, mnesia/, log/ (console.log, <node>.log);
+                        one per series (one runs at a time: same node name and ports)
+    brokers/<suite>/    a Debian root with that release's rabbitmq-server (4.0: trixie,
+                        4.3: sid), made once by debootstrap and reused
     postgres/pg/        PostgresNode: data/, run/ (unix socket), log/postgres.log; owned by the
                         ``postgres`` user; a symlink to /var/tmp/orch-pg-<hash>/ when the
                         ``postgres`` user cannot reach the base folder

@@ -1,4 +1,4 @@
-"""The Debian packages the servers come from: where their binaries are, and installing them
+"""Debian packages of the host: where PostgreSQL's binaries are, and installing packages
 (``apt-get``) when missing without letting them start their system services."""
 
 from __future__ import annotations
@@ -10,10 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tools.infra.system import InfraError, log, run
-
-RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
-RABBIT_SERVER = RABBIT_BIN / "rabbitmq-server"
-RABBITMQCTL = RABBIT_BIN / "rabbitmqctl"
 
 
 def pg_bin_dir() -> Path | None:
@@ -43,23 +39,22 @@ def no_service_starts() -> Iterator[None]:
 
 
 def ensure_packages() -> None:
-    """apt-get install rabbitmq-server / postgresql when missing, without starting services.
-
-    Runs ``apt-get update`` only when something must be installed. A temporary
-    ``/usr/sbin/policy-rc.d`` (exit 101) stops the packages' maintainer scripts from starting
-    their system services; if a system epmd/broker starts anyway, ours still uses its own node
-    name and ports.
-    """
-    missing: list[str] = []
-    if not RABBIT_SERVER.exists():
-        missing.append("rabbitmq-server")
+    """apt-get install postgresql when missing (RabbitMQ: ``brokers.ensure_installed``)."""
     if pg_bin_dir() is None:
-        missing.append("postgresql")
-    if not missing:
-        log("packages present: rabbitmq-server, postgresql")
-        return
+        apt_install(["postgresql"])
+        if pg_bin_dir() is None:
+            raise InfraError("postgresql installed but its binaries not found")
+
+
+def apt_install(names: list[str]) -> None:
+    """``apt-get install -y names`` without starting their system services.
+
+    Runs ``apt-get update`` first. A temporary ``/usr/sbin/policy-rc.d`` (exit 101) stops the
+    packages' maintainer scripts from starting their system services; if a system epmd or
+    broker starts anyway, ours still uses its own node name and ports.
+    """
     if os.geteuid() != 0:
-        raise InfraError(f"missing packages {' '.join(missing)}: run as root (apt-get install)")
+        raise InfraError(f"missing packages {' '.join(names)}: run as root (apt-get install)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     with no_service_starts():
         log("apt-get update")
@@ -67,8 +62,6 @@ def ensure_packages() -> None:
             run(["apt-get", "update"], env=env, timeout=900)
         except InfraError as exc:
             log(f"warning: apt-get update failed; trying the cached package lists ({exc})")
-        log(f"apt-get install -y {' '.join(missing)}")
-        run(["apt-get", "install", "-y", *missing], env=env, timeout=1800)
-    if not RABBIT_SERVER.exists() or pg_bin_dir() is None:
-        raise InfraError("packages installed but binaries not found")
-    log(f"installed {' '.join(missing)} (system services not started)")
+        log(f"apt-get install -y {' '.join(names)}")
+        run(["apt-get", "install", "-y", *names], env=env, timeout=1800)
+    log(f"installed {' '.join(names)} (system services not started)")

@@ -20,7 +20,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tools.infra import conflicts
-from tools.infra.packages import RABBIT_SERVER, RABBITMQCTL
+from tools.infra.brokers import Install, default_install
 from tools.infra.state import REPO
 from tools.infra.system import (
     LOOPBACK,
@@ -42,10 +42,14 @@ from tools.infra.system import (
 _ERL_LOOPBACK_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
 # How long a killed node's name may stay registered with epmd (``RabbitNode._epmd_forgets``).
 _EPMD_FORGETS_S = 10.0
-# The orchestrator's broker settings (the consumer timeout lifted, channels woken every 10
-# minutes): the file compose ships, copied as it is, so what `make run`, the tests and the
-# benches run is what users get. The file says why each setting is there.
-SHIPPED_ADVANCED_CONFIG = REPO / "deploy" / "rabbitmq" / "advanced.config"
+# The orchestrator's broker settings, the files compose ships, copied as they are, so what
+# `make run`, the tests and the benches run is what users get. Each file says why each
+# setting is there: the consumer timeout lifted (every series), deprecated features denied
+# (4.x: 3.10 knows no such keys), channels woken every 10 minutes.
+SHIPPED = REPO / "deploy" / "rabbitmq"
+SHIPPED_CONF = SHIPPED / "orchestrator.conf"
+SHIPPED_DENY_DEPRECATED = SHIPPED / "deny-deprecated.conf"
+SHIPPED_ADVANCED_CONFIG = SHIPPED / "advanced.config"
 # Characters allowed in user names and passwords written into rabbitmq.conf.
 _CONF_VALUE = re.compile(r"[A-Za-z0-9._~!$&*+,;=:@%^()\[\]{}|/?<>-]+")
 
@@ -66,6 +70,8 @@ class RabbitNode:
     # Erlang cookie; nodes meant to form a cluster need the same one. "" = generate once.
     cookie: str = field(default="", repr=False)
     start_timeout: float = 90.0
+    # Which RabbitMQ and where its binaries are (``brokers``): the selected series by default.
+    install: Install = field(default_factory=default_install)
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ----- names and paths
@@ -164,6 +170,10 @@ class RabbitNode:
             "loopback_users = none",
             "log.file.level = info",
         ]
+        if self.product_settings:
+            conf += ["", f"# {SHIPPED_CONF.name}", SHIPPED_CONF.read_text().strip()]
+            if self.install.series != "3.10":
+                conf += ["", f"# {SHIPPED_DENY_DEPRECATED.name}", SHIPPED_DENY_DEPRECATED.read_text().strip()]
         if self.extra_conf.strip():
             conf += ["", "# extra_conf", self.extra_conf.strip()]
         write_private(self.config_file, "\n".join(conf) + "\n")
@@ -217,12 +227,18 @@ class RabbitNode:
             if self._proc.poll() is not None:
                 self._proc = None
 
+    def _command(self, *argv: str) -> list[str]:
+        """``argv`` run with this node's RabbitMQ: inside its root, if it has one, with the
+        node's folder at the same path."""
+        self.base.mkdir(parents=True, exist_ok=True)
+        return self.install.command(argv, [self.base])
+
     # ----- rabbitmqctl
 
     def ctl(self, *args: str, timeout: float = 120.0) -> str:
         """Run ``rabbitmqctl -n NODE *args`` with this node's HOME/env; return stdout."""
         return run(
-            [str(RABBITMQCTL), "-n", self.node, *args],
+            self._command(str(self.install.ctl), "-n", self.node, *args),
             env=self._env(),
             timeout=timeout,
             cwd=self.base if self.base.is_dir() else "/",
@@ -287,8 +303,11 @@ class RabbitNode:
                         f"{self.advanced_config_file.name}: `python -m tools.infra down`, then `up`, applies them"
                     )
             return
-        if not RABBIT_SERVER.exists():
-            raise InfraError(f"{RABBIT_SERVER} missing: run tools.infra.ensure_packages()")
+        if not self.install.present():
+            raise InfraError(
+                f"RabbitMQ {self.install.series} is not installed ({self.install.root or 'host'}): "
+                "run `python -m tools.infra up` first"
+            )
         began = time.monotonic()
         pid = self._live_pid()
         if pid is not None:
@@ -309,7 +328,7 @@ class RabbitNode:
             console.write(f"\n==== start {time.strftime('%Y-%m-%d %H:%M:%S')} ====\n".encode())
             console.flush()
             self._proc = subprocess.Popen(
-                [str(RABBIT_SERVER)],
+                self._command(str(self.install.server)),
                 env=self._env(),
                 cwd=self.base,
                 stdin=subprocess.DEVNULL,
@@ -354,13 +373,10 @@ class RabbitNode:
 
     def _wait_ready(self, pid: int | None) -> None:
         """Wait (rabbitmqctl wait) for the boot to finish; fail fast if the server dies."""
-        argv = [str(RABBITMQCTL), "-n", self.node, "wait", str(self.pid_file)]
-        argv += ["--timeout", str(int(self.start_timeout))]
-        if pid is not None:
-            argv = [str(RABBITMQCTL), "-n", self.node, "wait", "--pid", str(pid)]
-            argv += ["--timeout", str(int(self.start_timeout))]
+        which = ["--pid", str(pid)] if pid is not None else [str(self.pid_file)]
+        argv = [str(self.install.ctl), "-n", self.node, "wait", *which, "--timeout", str(int(self.start_timeout))]
         waiter = subprocess.Popen(
-            argv,
+            self._command(*argv),
             env=self._env(),
             cwd=self.base,
             stdin=subprocess.DEVNULL,

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
+from tools.infra.brokers import RELEASES, ensure_installed, install_for, selected_series
 from tools.infra.packages import ensure_packages
 from tools.infra.postgres import PostgresNode
 from tools.infra.rabbitmq import RabbitNode
@@ -35,17 +36,21 @@ from tools.infra.state import (
 from tools.infra.system import LOOPBACK, log
 
 
-def nodes(base: Path, *, allocate: bool) -> tuple[RabbitNode, PostgresNode]:
-    """Nodes described by ``<base>/infra.json``; with ``allocate``, fix ports and save."""
+def nodes(base: Path, *, allocate: bool, series: str | None = None) -> tuple[RabbitNode, PostgresNode]:
+    """Nodes described by ``<base>/infra.json``; with ``allocate``, fix ports and save.
+    ``series``: which RabbitMQ (default: ``$ORCH_RABBITMQ``, else the newest)."""
     state = load_state(base)
     rabbit_state = state.get("rabbitmq", {})
     pg_state = state.get("postgres", {})
+    series = series or selected_series()
     # Erlang node names are machine-wide (epmd): one per base folder. A checkout deleted and
     # cloned again at the same path gets the same name; RabbitNode.start names a leftover node.
     default_name = "orch-" + hashlib.sha256(str(base).encode()).hexdigest()[:6]
     rabbit = RabbitNode(
         name=str_field(rabbit_state, "name", default_name),
-        base=base / "rabbitmq",
+        # Each series keeps data of its own: a node reads no other series' data.
+        base=base / f"rabbitmq-{series}",
+        install=install_for(series, base),
         port=int_field(rabbit_state, "port", DEFAULT_AMQP_PORT),
         dist_port=int_field(rabbit_state, "dist_port", DEFAULT_DIST_PORT),
         user=str_field(rabbit_state, "user", DEFAULT_USER),
@@ -86,6 +91,15 @@ def nodes(base: Path, *, allocate: bool) -> tuple[RabbitNode, PostgresNode]:
     return rabbit, pg
 
 
+def _series_nodes(base: Path, but: str | None = None) -> list[RabbitNode]:
+    """The nodes of every series this base folder has data of (but ``but``)."""
+    found = []
+    for series in RELEASES:
+        if series != but and (base / f"rabbitmq-{series}").exists():
+            found.append(nodes(base, allocate=False, series=series)[0])
+    return found
+
+
 def rabbit_node(base: Path | None = None) -> RabbitNode:
     """The project's RabbitMQ node under ``base`` (ports/password from ``infra.json``)."""
     base = resolve_base(base)
@@ -111,10 +125,17 @@ def up(base: Path | None = None, *, install: bool = True) -> dict[str, str]:
     """Start (or reuse) both servers, create database ``orch``, write ``<base>/env``."""
     base = resolve_base(base)
     began = time.monotonic()
-    if install:
-        ensure_packages()
     with locked(base):
-        rabbit, pg = nodes(base, allocate=True)
+        series = selected_series()
+        # One node name and one set of ports per base folder: another series' node yields.
+        for other in _series_nodes(base, but=series):
+            if other.live_pid() is not None:
+                log(f"stopping RabbitMQ {other.install.series} ({other.node}): RabbitMQ {series} was asked for")
+                other.stop()
+        if install:
+            ensure_packages()
+            ensure_installed(install_for(series, base))
+        rabbit, pg = nodes(base, allocate=True, series=series)
         # RabbitMQ boots in several seconds: start PostgreSQL meanwhile.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabbitmq-start") as pool:
             rabbit_started = pool.submit(rabbit.start)
@@ -134,8 +155,9 @@ def down(base: Path | None = None) -> None:
         log(f"nothing to stop: no {base / 'infra.json'}")
         return
     with locked(base):
-        rabbit, pg = nodes(base, allocate=False)
-        rabbit.stop()
+        _, pg = nodes(base, allocate=False)
+        for rabbit in _series_nodes(base):
+            rabbit.stop()
         pg.stop()
 
 
@@ -144,8 +166,9 @@ def destroy(base: Path | None = None) -> None:
     base = resolve_base(base)
     if (base / "infra.json").exists():
         with locked(base):
-            rabbit, pg = nodes(base, allocate=False)
-            rabbit.destroy()
+            _, pg = nodes(base, allocate=False)
+            for rabbit in _series_nodes(base):
+                rabbit.destroy()
             pg.destroy()
     shutil.rmtree(base, ignore_errors=True)
     log(f"removed {base}")
@@ -162,7 +185,7 @@ def status(base: Path | None = None, out: TextIO | None = None) -> dict[str, boo
     result = {"rabbitmq": rabbit.is_running(), "postgres": pg.is_running()}
     print(
         f"rabbitmq: {'running' if result['rabbitmq'] else 'not running'}"
-        f" (node {rabbit.node}, amqp {LOOPBACK}:{rabbit.port}, base {rabbit.base})",
+        f" (RabbitMQ {rabbit.install.series}, node {rabbit.node}, amqp {LOOPBACK}:{rabbit.port}, base {rabbit.base})",
         file=out,
     )
     print(

@@ -1,0 +1,55 @@
+"""A consumer the broker cancels is fenced and consumes again (issue 53).
+
+The broker cancels a consumer (``basic.cancel``) when its queue is deleted, when the queue's
+node goes down (a classic queue in a cluster) or when a quorum queue's consumer timeout
+fires. What that consumer held is no longer the service's to run: the broker has handed it
+to another host, or lost it with the queue. aiormq only logs the cancel, so a service that
+did not watch for it ran those observers on, and never consumed again. Here the start queue
+is deleted under 50 observers on 3 services (the test plug-in's ``probe``, whose ticks show
+which host acted when): every service must fence and consume again, and since the starts
+went with the queue, the manager's lost-start repair publishes them again (its wait is
+short here: ``ORCH_LOST_START_AFTER_S``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.test_fencing import assert_never_on_two_hosts
+from tools import infra
+from tools.harness import System, probe_args, wait_for
+
+pytestmark = pytest.mark.usefixtures("with_test_plugin")
+
+SERVICES = ("svc-a", "svc-b", "svc-c")
+CANCELLED = "the broker cancelled the consumer of orch.start.default"
+
+
+def test_a_deleted_start_queue_fences_its_observers_and_every_service_consumes_again(
+    system: System, tmp_path: Path, rabbit: infra.RabbitNode, vhost: str
+) -> None:
+    system.start_manager(ORCH_LOST_START_AFTER_S="3")
+    services = [system.start_service(name, workers=60) for name in SERVICES]
+    log = tmp_path / "ticks.log"
+    ids = [system.create(f"c-{i}", kind="probe", args=probe_args(log, 0.1))["id"] for i in range(50)]
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+    hosts_before = {system.observer(oid)["service_id"] for oid in ids}
+    assert len(hosts_before) > 1, "the 50 should be spread over the services"
+
+    rabbit.ctl("delete_queue", "-p", vhost, "orch.start.default")
+
+    # Every service consumed the queue, so every one says why it fenced what it ran
+    wait_for(lambda: all(CANCELLED in p.text() for p in services), 30, "every service to notice the cancel")
+    wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 120, "all 50 running again")
+    assert_never_on_two_hosts(log)
+
+    # Every service consumes again: new creates reach each of them
+    more = [system.create(f"m-{i}", kind="probe", args=probe_args(log, 1.0))["id"] for i in range(30)]
+    for oid in more:
+        system.wait_status(oid, "Processing")
+    hosts = {system.observer(oid)["service_id"] for oid in more}
+    alive = {system.service_by_name(name)["id"] for name in SERVICES}  # type: ignore[index]
+    assert hosts == alive, (hosts, alive)
+    assert "Traceback" not in system.logs()

@@ -1,0 +1,190 @@
+"""The RabbitMQ releases the project supports, each run from a real Debian package.
+
+A Debian 12 machine packages RabbitMQ 3.10 only. Newer series come from newer Debian
+releases, whose binaries need a newer glibc than the host's, so they run inside a root
+made by ``debootstrap`` (a minimal Debian of that release with ``rabbitmq-server``
+installed), in a mount namespace of their own: the node's folder is bound into the root
+at the same path, so paths, pid files and logs read the same from either side, and the
+mounts vanish with the process (nothing to unmount, nothing left behind by a ``kill -9``).
+
+A root is made once per base folder (``<base>/brokers/<suite>/``) and reused by every
+later ``up``: it is never upgraded behind the user's back. Debian unstable changes daily:
+a made root keeps the version it was made with, and a day on which the suite will not
+install (or has moved to another series) fails ``up`` with a message that says so and
+names the way out, leaving any earlier root untouched (``destroy`` or deleting the folder
+makes a new one).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.infra.packages import apt_install
+from tools.infra.state import resolve_base
+from tools.infra.system import InfraError, log, run
+
+# The series ``make run`` and ``make test`` use unless told otherwise: what users install
+# today (the newest release; the RabbitMQ Cluster Operator's default) is what we test first.
+DEFAULT_SERIES = "4.3"
+SERIES_ENV_VAR = "ORCH_RABBITMQ"
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+
+@dataclass(frozen=True)
+class Release:
+    """A supported series and where its package comes from."""
+
+    series: str
+    # The Debian suite whose package gives this series; None: the host's own package.
+    suite: str | None
+    why: str
+
+
+RELEASES: dict[str, Release] = {
+    r.series: r
+    for r in (
+        Release("4.3", "sid", "the newest release (Debian unstable's package)"),
+        Release("4.0", "trixie", "Debian 13's package"),
+        Release("3.10", None, "Debian 12's package, the host's own; out of upstream support"),
+    )
+}
+
+
+def release(series: str) -> Release:
+    try:
+        return RELEASES[series]
+    except KeyError:
+        raise InfraError(f"RabbitMQ {series!r} is not supported here: choose one of {', '.join(RELEASES)}") from None
+
+
+@dataclass(frozen=True)
+class Install:
+    """Where one series' binaries are: on the host (``root`` None) or inside a root."""
+
+    series: str
+    root: Path | None = None
+
+    @property
+    def server(self) -> Path:
+        return RABBIT_BIN / "rabbitmq-server"
+
+    @property
+    def ctl(self) -> Path:
+        return RABBIT_BIN / "rabbitmqctl"
+
+    def present(self) -> bool:
+        prefix = self.root if self.root is not None else Path("/")
+        return (prefix / str(self.server).lstrip("/")).exists()
+
+    def command(self, argv: Sequence[str], binds: Sequence[Path] = ()) -> list[str]:
+        """``argv`` as run from the host: as it is, or inside the root with ``binds``
+        (folders of the host) visible at the same paths."""
+        if self.root is None:
+            return list(argv)
+        for folder in binds:
+            (self.root / str(folder).lstrip("/")).mkdir(parents=True, exist_ok=True)
+        mounts = " && ".join(
+            [f'mount --bind "${i + 2}" "$1${i + 2}"' for i in range(len(binds))]
+            + ['mount -t proc proc "$1/proc"', 'mount --rbind /dev "$1/dev"']
+        )
+        script = f'{mounts} || exit 97; root=$1; shift {len(binds) + 1}; exec chroot "$root" "$@"'
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+            str(self.root),
+            *(str(b) for b in binds),
+            *argv,
+        ]
+
+    def version(self) -> str:
+        """The installed package's version (dpkg's database of the root or the host)."""
+        admin = (self.root or Path("/")) / "var/lib/dpkg"
+        out = run(["dpkg-query", "--admindir", str(admin), "-W", "-f", "${Version}", "rabbitmq-server"])
+        return out.strip()
+
+
+def roots_dir(base: Path) -> Path:
+    return base / "brokers"
+
+
+def install_for(series: str, base: Path) -> Install:
+    """Where ``series`` is (or will be, once ``ensure_installed``) for the base folder."""
+    suite = release(series).suite
+    return Install(series, None if suite is None else roots_dir(base) / suite)
+
+
+def selected_series() -> str:
+    """``$ORCH_RABBITMQ`` (``make ... RABBITMQ=4.0`` sets it), else the default. Not sticky:
+    a command that does not say which runs the default, as users' brokers do."""
+    chosen = os.environ.get(SERIES_ENV_VAR) or DEFAULT_SERIES
+    release(chosen)
+    return chosen
+
+
+def default_install() -> Install:
+    """The selected series for the default base folder (what a node made without saying
+    which RabbitMQ runs: the same as the project's own node)."""
+    return install_for(selected_series(), resolve_base(None))
+
+
+def ensure_installed(install: Install) -> None:
+    """Install ``install``'s package if it is missing: ``apt-get`` on the host, or a new root
+    by ``debootstrap`` (about a minute and 400 MB). Checks that what is there is the series
+    asked for."""
+    if install.root is None:
+        if not install.present():
+            apt_install(["rabbitmq-server"])
+    elif not install.present():
+        _make_root(install)
+    version = install.version()
+    if not version.startswith(install.series + "."):
+        where = install.root or "the host"
+        raise InfraError(
+            f"RabbitMQ {install.series} was asked for, but {where} has rabbitmq-server {version}. "
+            + (
+                f"Debian's {release(install.series).suite} now ships another series: delete {install.root} to try "
+                "again another day, or choose another series (RABBITMQ=...)."
+                if install.root is not None
+                else "Choose the series this host's package gives (RABBITMQ=...)."
+            )
+        )
+
+
+def _make_root(install: Install) -> None:
+    assert install.root is not None
+    suite = release(install.series).suite
+    assert suite is not None
+    if shutil.which("debootstrap") is None:
+        apt_install(["debootstrap"])
+    # Made aside and renamed when complete: an interrupted build is never taken for a root.
+    partial = install.root.with_name(install.root.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    log(f"making a Debian {suite} root with rabbitmq-server for RabbitMQ {install.series} in {install.root} (~1 min)")
+    argv = ["debootstrap", "--variant=minbase", "--include=rabbitmq-server", suite, str(partial)]
+    if mirror := os.environ.get("ORCH_DEBIAN_MIRROR"):
+        argv.append(mirror)
+    try:
+        run(argv, timeout=1800)
+    except InfraError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise InfraError(
+            f"could not make a Debian {suite} root for RabbitMQ {install.series} (Debian {suite}'s packages may "
+            f"not install today; try again later, or choose another series with RABBITMQ=...): {exc}"
+        ) from exc
+    # Erlang resolves the node's host name; a minimal root has no /etc/hosts.
+    (partial / "etc" / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost\n")
+    partial.rename(install.root)
+    log(f"made {install.root} in {time.monotonic() - began:.0f}s")
