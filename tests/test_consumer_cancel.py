@@ -53,3 +53,24 @@ def test_a_deleted_start_queue_fences_its_observers_and_every_service_consumes_a
     alive = {system.service_by_name(name)["id"] for name in SERVICES}  # type: ignore[index]
     assert hosts == alive, (hosts, alive)
     assert "Traceback" not in system.logs()
+
+
+def test_a_deleted_state_queue_is_consumed_again_by_the_manager(
+    system: System, rabbit: infra.RabbitNode, vhost: str
+) -> None:
+    # The manager's state consumer cancelled: aio-pika's robust channel (10.2) consumes
+    # again by itself; were it not to, every observer created afterwards would stay Created.
+    system.start_manager()
+    system.start_service("svc-a", workers=10)
+    first = system.create("before", args={"interval_s": 0.5})
+    system.wait_status(first["id"], "Processing")
+
+    rabbit.ctl("delete_queue", "-p", vhost, "orch.state")
+    assert system.manager is not None
+    manager = system.manager
+    wait_for(lambda: "cancelled by the broker" in manager.text(), 30, "the manager to hear the cancel")
+
+    second = system.create("after", args={"interval_s": 0.5})
+    system.wait_status(second["id"], "Processing", timeout=60)
+    assert system.delete(f"/api/observers/{first['id']}").status_code == 202
+    system.wait_status(first["id"], "Deleted", timeout=60)
