@@ -14,8 +14,10 @@ consumers' AMQP heartbeats are the only traffic.
     # URL from ORCH_AMQP_URL or .run/env
 
 ``--queue-version 2`` declares the queue with ``x-queue-version: 2``, RabbitMQ's second storage
-version of classic queues (opt-in on 3.10), to compare with the product's queues (version 1);
-``--queue-mode lazy`` a classic queue that keeps its messages on disk rather than in memory.
+version of classic queues (opt-in on 3.10, the only one from 4.0), to compare with the
+broker's default; ``--queue-mode lazy`` a classic queue that keeps its messages on disk rather
+than in memory (3.x only). Without either, the queue gets no such argument: 4.3 refuses
+``x-queue-mode`` and ``x-queue-version: 1``.
 Each minute also names the five processes that did the most work in it (reductions) and
 their heaps.
 
@@ -82,14 +84,16 @@ async def _keep_awake(channel: aio_pika.abc.AbstractChannel, queue_name: str, ev
 
 
 async def measure(
-    url: str, n: int, consumers: int, minutes: int, queue_version: int, queue_mode: str, keep_awake_s: float
+    url: str, n: int, consumers: int, minutes: int, queue_version: int | None, queue_mode: str, keep_awake_s: float
 ) -> dict[str, object]:
     node = rabbit_node()
     queue_name = f"bench.idle-floor.{uuid.uuid4()}"
     connection = await aio_pika.connect(url)
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
-        arguments: dict[str, Any] = {"x-queue-type": "classic", "x-queue-version": queue_version}
+        arguments: dict[str, Any] = {"x-queue-type": "classic"}
+        if queue_version is not None:
+            arguments["x-queue-version"] = queue_version
         if queue_mode != "default":
             arguments["x-queue-mode"] = queue_mode
         await channel.declare_queue(queue_name, durable=True, arguments=arguments)
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--consumers", type=int, default=3, help="consumer processes (default 3)")
     parser.add_argument("--minutes", type=int, default=3, help="minutes measured (default 3)")
     parser.add_argument(
-        "--queue-version", type=int, choices=(1, 2), default=1, help="classic queue version (default 1)"
+        "--queue-version", type=int, choices=(1, 2), default=None, help="classic queue version (default: the broker's)"
     )
     parser.add_argument(
         "--queue-mode", choices=("default", "lazy"), default="default", help="classic queue mode (default: default)"
