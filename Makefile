@@ -9,7 +9,7 @@ export ORCH_RABBITMQ := $(RABBITMQ)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-broker lint compose-check bench bench-quick bench-scale ci clean
+.PHONY: venv infra-up infra-down migrate run test test-broker lint compose-check bench bench-quick bench-versions bench-scale ci clean
 
 venv: $(VENV)/.installed
 
@@ -58,6 +58,12 @@ bench: venv
 
 bench-quick: venv
 	$(PY) -m bench.run --quick
+
+# create, failover, stop, density and broker memory on 4.3 and 3.10, side by side
+VERSIONS_ARGS ?=
+
+bench-versions: venv
+	$(PY) -m bench.versions $(VERSIONS_ARGS)
 
 # The cost curve to 1,000,000 observers (issue 17): hours, not in CI. SCALE_ARGS narrows it,
 # e.g. SCALE_ARGS='--sizes 10000,100000 --workloads idle'.

@@ -52,6 +52,7 @@ import asyncpg
 import httpx
 
 from bench import broker_work, curve, profile
+from bench.broker_memory import broker_memory_kib
 from bench.deaths import Killed, close_ledger, open_ledger
 from bench.fresh import busiest_host, fresh_system, held_by
 from bench.raw import arun_raw
@@ -249,8 +250,8 @@ class ScalePoint:
         return pids | {pid for pid in (self.rabbit.live_pid(), infra.postgres_node().live_pid()) if pid}
 
     def broker_kib(self) -> int:
-        pid = self.rabbit.live_pid()
-        return rss_kib(pid) if pid else 0
+        """Live memory after a collection of every process, not RSS (``bench.broker_memory``)."""
+        return broker_memory_kib(self.rabbit)
 
     async def postgres_kib(self) -> int:
         assert self.db is not None

@@ -25,6 +25,7 @@ import asyncpg
 import httpx
 
 from bench import profile
+from bench.broker_memory import broker_memory_kib
 from bench.deaths import Killed, Ledger, close_ledger, open_ledger
 from bench.fresh import any_observer, busiest_host, held_by
 from bench.raw import arun_raw
@@ -298,6 +299,7 @@ class Bench:
 
     async def create(self) -> None:
         idle = sum(rss_kib(p.popen.pid) for p in self.services)
+        broker_idle = await asyncio.to_thread(broker_memory_kib, infra.rabbit_node())
         applied = await self.state_messages_applied()
         began = time.monotonic()
         await self.bulk_create("obs", self.n, {"interval_s": 3600, "emit": False})
@@ -329,6 +331,17 @@ class Bench:
                 target=5.0,
                 higher_is_better=False,
                 target_text="<= 5 KiB",
+            )
+        )
+        broker_held = await asyncio.to_thread(broker_memory_kib, infra.rabbit_node())
+        self.add(
+            Figure(
+                "broker-memory",
+                "broker memory per held start",
+                (broker_held - broker_idle) / self.n,
+                "KiB",
+                note=f"live memory after a collection of every Erlang process: {broker_idle:,} KiB idle, "
+                f"{broker_held:,} KiB holding {self.n:,} (bench/broker_memory.py)",
             )
         )
 
