@@ -41,7 +41,7 @@ test: venv infra-up
 BROKER_TESTS = tests/test_lifecycle.py tests/test_ack_timeout.py tests/test_fencing.py \
 	tests/test_failover.py tests/test_broker_restart.py \
 	tests/test_reliability.py::test_the_broker_rebuilt_from_the_database tests/test_chaos.py \
-	tests/test_consumer_cancel.py tests/test_holder_channel.py
+	tests/test_consumer_cancel.py tests/test_holder_channel.py tests/test_brokers.py
 
 test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)
