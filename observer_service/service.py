@@ -58,9 +58,6 @@ logger = logging.getLogger(__name__)
 # a low cap, and jitter so that a fleet cut at one instant does not retry in lockstep.
 _RECONNECT_MIN_S = 0.5
 _RECONNECT_MAX_S = 2.0
-# A session the broker refuses for good (credentials, permissions, a queue it rejects) is
-# tried again this often, in case someone fixes it.
-_REFUSED_RETRY_S = 10.0
 
 
 def reconnect_delay(failures: int) -> float:
@@ -156,12 +153,13 @@ class ObserverService:
                 )
             except BrokerUnavailable as e:
                 failures += 1
+                delay = reconnect_delay(failures)
+                # A refusal is retried as often (a vhost refused a moment is one being made
+                # again after the broker lost its data) but said once a minute, as an ERROR.
                 hint = refusal(e.__cause__, self.settings.amqp_url)
-                if hint is not None:  # no retry heals it: said once a minute, tried less often
+                if hint is not None:
                     self.refusals.session_refused(hint)
-                    delay = _REFUSED_RETRY_S
                 else:
-                    delay = reconnect_delay(failures)
                     logger.warning("%s; retrying in %.1fs", e, delay)
                 await _wait_any(self.shutdown, timeout=delay)
                 continue

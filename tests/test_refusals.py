@@ -79,9 +79,11 @@ def test_credentials_the_broker_refuses_are_said_once_a_minute(system: System) -
     port = free_port()
     service = system.start_service("svc-a", workers=5, wait=False, ORCH_AMQP_URL=wrong, ORCH_METRICS_PORT=str(port))
     said = "cannot open a broker session: ACCESS_REFUSED"
-    wait_for(lambda: errors(service.text(), said), 30, "the service to name the credentials")
+    # WARNINGs for the first seconds (a broker rebuilding its vhost refuses for a moment),
+    # then one ERROR a minute
+    wait_for(lambda: errors(service.text(), said), 60, "the service to name the credentials")
     assert "the user and password in the AMQP URL" in errors(service.text(), said)[0]
-    wait_for(lambda: service_metric(port, "orch_service_refusals_total") >= 2, 40, "a second attempt")
+    attempts = service_metric(port, "orch_service_refusals_total")
+    wait_for(lambda: service_metric(port, "orch_service_refusals_total") >= attempts + 3, 30, "more attempts")
     assert len(errors(service.text(), said)) == 1, service.text()[-3000:]
     assert service_metric(port, "orch_service_refused") == 1.0
-    assert " WARNING " not in service.text(), service.text()[-3000:]
