@@ -358,7 +358,7 @@ class Events:
         self.items: list[dict[str, Any]] = []
 
         async def bind(channel: aio_pika.abc.AbstractChannel) -> None:
-            queue = await channel.declare_queue(self.queue, durable=False, auto_delete=False)
+            queue = await channel.declare_queue(self.queue, durable=True)
             await queue.bind(topology.EVENTS_EXCHANGE, routing_key=pattern)
 
         system.amqp(bind)

@@ -22,7 +22,7 @@ def test_create_runs_on_a_live_service_and_is_visible(system: System, tmp_path: 
     system.start_service("svc-a", workers=5)
 
     async def bind(channel: aio_pika.abc.AbstractChannel) -> None:
-        queue = await channel.declare_queue("test.events", durable=False, auto_delete=False)
+        queue = await channel.declare_queue("test.events", durable=True)
         await queue.bind(topology.EVENTS_EXCHANGE, routing_key="probe.#")
 
     system.amqp(bind)

@@ -347,7 +347,7 @@ class EventFlood:
         async with connection:
             channel = await connection.channel(publisher_confirms=False)
             queue = await channel.declare_queue(
-                self.SINK, arguments={"x-max-length": 200_000, "x-overflow": "drop-head"}
+                self.SINK, durable=True, arguments={"x-max-length": 200_000, "x-overflow": "drop-head"}
             )
             await queue.bind(topology.EVENTS_EXCHANGE, routing_key="#")
             exchange = await channel.get_exchange(topology.EVENTS_EXCHANGE)

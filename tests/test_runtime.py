@@ -64,7 +64,7 @@ def test_plugin_kind_is_discovered_listed_validated_and_run(plugged: System) -> 
     assert plugged.get("/api/observers").json()["items"] == []
 
     async def bind(channel: aio_pika.abc.AbstractChannel) -> None:
-        queue = await channel.declare_queue("test.echo", durable=False)
+        queue = await channel.declare_queue("test.echo", durable=True)
         await queue.bind(topology.EVENTS_EXCHANGE, routing_key="echo.#")
 
     plugged.amqp(bind)
