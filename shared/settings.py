@@ -1,4 +1,5 @@
-"""Settings from environment variables prefixed ``ORCH_`` (see the README's table).
+"""Settings from environment variables prefixed ``ORCH_`` (docs/configuration.md, made from the
+fields' descriptions here).
 
 Each process builds its settings once through a cached getter; tests start real
 processes with their own environment instead of patching these objects.
@@ -31,62 +32,126 @@ _POOL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 class CommonSettings(BaseSettings):
+    """Every field's ``description`` is its documentation: ``docs/configuration.md`` is made
+    from them (``python -m shared.settings_doc``), and a test fails when the two differ."""
+
     model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore", populate_by_name=True)
 
-    amqp_url: str = "amqp://orch:orch@127.0.0.1:5682/"
-    # AMQP heartbeat H in seconds: how fast a silent peer is declared dead, and the base
-    # of the fencing lease (valid for H/2 after the last confirmed round trip).
-    amqp_heartbeat_s: int = Field(default=6, ge=2, le=60)
-    # Service heartbeat to the manager (state queue), seconds.
-    heartbeat_s: float = Field(default=5.0, gt=0)
-    log_level: str = "INFO"
-    log_format: Literal["text", "json"] = "text"
-    # "auto": uvloop when it is installed (a dependency on Linux), else asyncio's own loop.
-    event_loop: EventLoopChoice = "auto"
+    amqp_url: str = Field(default="amqp://orch:orch@127.0.0.1:5682/", description="RabbitMQ URL")
+    amqp_heartbeat_s: int = Field(
+        default=6,
+        ge=2,
+        le=60,
+        description="AMQP heartbeat H: a silent peer is dead after ~H; the fencing lease lasts H/2",
+    )
+    heartbeat_s: float = Field(
+        default=5.0, gt=0, description="service heartbeat period (the manager uses it to judge silence)"
+    )
+    log_level: str = Field(default="INFO", description="log level")
+    log_format: Literal["text", "json"] = Field(default="text", description="`json` for one JSON object per line")
+    event_loop: EventLoopChoice = Field(
+        default="auto", description="`uvloop` (installed on Linux; `auto` picks it) or `asyncio`"
+    )
 
 
 class ServiceSettings(CommonSettings):
-    service_name: str = Field(default_factory=socket.gethostname, min_length=1, max_length=200)
-    # A number, or "auto" (AUTO = 0 here): sized from CPUs and memory at start
-    # (observer_service.capacity, formula in the README).
-    workers_count: int = Field(default=100, ge=AUTO, le=1_000_000)
-    # How many observers may run in child processes (isolation "process"); "auto" (-1 here).
-    process_slots: int = Field(default=AUTO_SLOTS, ge=AUTO_SLOTS, le=100_000)
-    # Budgets of the "auto" formula.
-    async_per_cpu: int = Field(default=5000, ge=1)
-    async_budget_kb: float = Field(default=64.0, gt=0)
-    processes_per_cpu: int = Field(default=8, ge=0)
-    process_budget_mb: float = Field(default=64.0, gt=0)
-    memory_fraction: float = Field(default=0.7, gt=0, le=1)
-    pools: Annotated[list[str], NoDecode] = ["default"]
-    inventory_s: float = Field(default=30.0, gt=0)
-    # State reports awaiting the broker: past the high water no more starts are started until
-    # the publisher catches up; past the maximum the oldest report is dropped (observer_service.outbox).
-    outbox_high_water: int = Field(default=20_000, ge=1)
-    outbox_max: int = Field(default=200_000, ge=1)
-    # Observer events awaiting the broker's confirm at once; past it an emit waits for a slot
-    # (backpressure on the observer; nothing is dropped).
-    emits_in_flight: int = Field(default=1000, ge=1)
-    stop_grace_s: float = Field(default=5.0, ge=0)
-    # How long a stop for an observer this service does not host is remembered, so that a
-    # start message arriving later (redistribution race) is acked at once instead of run.
-    stopped_ids_ttl_s: float = Field(default=300.0, gt=0)
-    # A process-isolated observer whose child shows no sign of life this long is killed and
-    # restarted under its retry policy (a hung or CPU-bound-forever child). None: no check.
-    process_liveness_timeout_s: float | None = Field(default=None, gt=0)
-    # Where this service serves /metrics (0: nowhere).
-    metrics_port: int = Field(default=0, ge=0, le=65535)
-    metrics_host: str = "127.0.0.1"
-    # Modules (and packages) whose functions the `periodic` kind may call; empty: none, since
-    # whoever may create observers picks the function. The kind reads the variable itself
-    # (it also runs in child processes and tests); parsed here too so that a malformed list
-    # stops the service at start.
-    periodic_modules: Annotated[tuple[str, ...], NoDecode] = ()
-    # Networks http_poll and websocket may (allow; empty: any) and may never (deny) connect
-    # to, checked on the resolved addresses at connect time (shared.egress, which reads the
-    # variables itself for the same reason as above). Deny unset = link-local + cloud metadata.
-    egress_allow: Annotated[tuple[Network, ...], NoDecode] = ()
-    egress_deny: Annotated[tuple[Network, ...], NoDecode] = parse_networks(DEFAULT_DENY, DENY_ENV)
+    service_name: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        max_length=200,
+        description="stable name; a new instance with the same name replaces the old one",
+        json_schema_extra={"shown_default": "host name"},
+    )
+    # "auto" is AUTO (0) here: sized from CPUs and memory at start (observer_service.capacity).
+    workers_count: int = Field(
+        default=100,
+        ge=AUTO,
+        le=1_000_000,
+        description="observers this service may run (its prefetch), or `auto` (from CPUs and memory)",
+    )
+    # "auto" is AUTO_SLOTS (-1) here.
+    process_slots: int = Field(
+        default=AUTO_SLOTS,
+        ge=AUTO_SLOTS,
+        le=100_000,
+        description="how many of them may run as child processes (`isolation: process`), or `auto`",
+        json_schema_extra={"shown_default": "`auto`"},
+    )
+    async_per_cpu: int = Field(default=5000, ge=1, description="`auto` workers: async observers per CPU")
+    async_budget_kb: float = Field(default=64.0, gt=0, description="`auto` workers: memory budget per async observer")
+    processes_per_cpu: int = Field(default=8, ge=0, description="`auto` process slots: child processes per CPU")
+    process_budget_mb: float = Field(default=64.0, gt=0, description="`auto` process slots: memory per child process")
+    memory_fraction: float = Field(
+        default=0.7, gt=0, le=1, description="`auto`: the share of available memory the budgets may use"
+    )
+    pools: Annotated[list[str], NoDecode] = Field(
+        default=["default"],
+        description="comma-separated pools it serves",
+        json_schema_extra={"shown_default": "`default`"},
+    )
+    inventory_s: float = Field(
+        default=30.0, gt=0, description="period of the digest of what it runs, sent to the manager (anti-entropy)"
+    )
+    outbox_high_water: int = Field(
+        default=20_000,
+        ge=1,
+        description="state reports awaiting the broker past which no more starts are started (they stay held) "
+        "until the publisher catches up",
+    )
+    outbox_max: int = Field(
+        default=200_000,
+        ge=1,
+        description="state reports kept at most; past it the oldest is dropped (counted in the log)",
+    )
+    emits_in_flight: int = Field(
+        default=1000,
+        ge=1,
+        description="events awaiting the broker's confirm at once; past it `ctx.emit()` waits (nothing is dropped)",
+    )
+    stop_grace_s: float = Field(default=5.0, ge=0, description="how long a stopped observer may take to finish")
+    # So that a start arriving after its stop (a redistribution race) is acked at once, not run.
+    stopped_ids_ttl_s: float = Field(
+        default=300.0, gt=0, description="how long a stop for an observer it does not host is remembered"
+    )
+    process_liveness_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="kill and restart (under its retry policy) a child process that shows no sign of life this long",
+    )
+    metrics_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="where the service serves `/metrics` (0: nowhere); a port it cannot bind stops it at start with "
+        "one line saying which (exit status 2)",
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="the address `/metrics` listens on")
+    # The kind reads the variable itself (it also runs in child processes and tests); parsed
+    # here too so that a malformed list stops the service at start.
+    periodic_modules: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="comma-separated module or package names whose functions the `periodic` kind may call "
+        "(`myjobs` allows `myjobs` and `myjobs.*`; the function must be defined there, not merely imported); "
+        "unset or empty, `periodic` calls nothing and the manager answers such creates with a 422 naming this "
+        "variable. Give every service of a pool the same list: a create must suit each of them",
+        json_schema_extra={"shown_default": "unset (none)"},
+    )
+    # Checked on the resolved addresses at connect time by shared.egress, which reads the
+    # variables itself for the same reason as above.
+    egress_allow: Annotated[tuple[Network, ...], NoDecode] = Field(
+        default=(),
+        description="when set, the only networks `http_poll` and `websocket` may connect to; a denial wins over it",
+        json_schema_extra={"shown_default": "unset (anywhere)"},
+    )
+    egress_deny: Annotated[tuple[Network, ...], NoDecode] = Field(
+        default=parse_networks(DEFAULT_DENY, DENY_ENV),
+        description="comma-separated networks (CIDR) or addresses `http_poll` and `websocket` never connect to; "
+        "every address a URL's host resolves to is checked when connecting (a redirect too), and a refused one "
+        "fails the observer with `EgressDenied` naming the network. The default refuses link-local addresses and "
+        "cloud metadata services (instance credentials at 169.254.169.254); setting the variable replaces it "
+        "(empty: nothing refused). Recommended lists: [the threat model](threat-model.md#what-operators-should-set)",
+        json_schema_extra={"shown_default": f"`{DEFAULT_DENY}`"},
+    )
 
     @field_validator("workers_count", mode="before")
     @classmethod
@@ -121,67 +186,110 @@ class ServiceSettings(CommonSettings):
 
 
 class ManagerSettings(CommonSettings):
-    database_url: str = "postgresql+asyncpg://orch:orch@127.0.0.1:5442/orch"
-    manager_host: str = "127.0.0.1"
-    manager_port: int = Field(default=8000, ge=0, le=65535)
-    # A service silent for this many heartbeat intervals is asked about: the broker says
-    # whether its connection lives (manager/liveness.py); only a gone one is marked lost.
-    lost_after_heartbeats: int = Field(default=3, ge=1)
-    # Observers the API creates or stops at once (all requests together); a request that
-    # would go past it gets 503 with Retry-After (one larger request alone is let through).
-    api_in_flight: int = Field(default=20_000, ge=1)
-    # A stop still OnDeleting after this many seconds is broadcast again.
-    restop_after_s: float = Field(default=10.0, gt=0)
-    # An ObserverStarted for an id the manager does not know is stopped after this grace
-    # (covers a create whose commit is still in flight).
-    unknown_grace_s: float = Field(default=10.0, ge=0)
-    # A row whose start message was never confirmed is published again after this age.
-    enqueue_sweep_after_s: float = Field(default=30.0, gt=0)
-    # A row with no host whose pool's start queue is empty for this long gets its start
-    # published again (manager/lost_starts.py).
-    lost_start_after_s: float = Field(default=60.0, gt=0)
-    # History (observer_events) is kept this many days (0: for ever); manager/retention.py.
-    events_retention_days: float = Field(default=30.0, ge=0)
-    # Period of the background loops.
-    sweep_interval_s: float = Field(default=1.0, gt=0)
-    state_prefetch: int = Field(default=2000, ge=1, le=65535)
-    # A pool's start queue holding at least this many messages is kept from hibernating by a
-    # passive declare every start_queue_keep_awake_s (manager/queue_waker.py); 0: never.
-    start_queue_keep_awake_from: int = Field(default=100_000, ge=0)
-    start_queue_keep_awake_s: float = Field(default=0.5, gt=0)
-    # Apply state and run the repairs in a child process of the API's (two cores, and a flood
-    # of reports never stalls a request); false: everything in one process.
-    state_process: bool = True
-    # Bearer tokens for /api/* (comma-separated): full access, and read-only. None: open API.
-    api_tokens: Annotated[list[str], NoDecode] = []
-    api_read_tokens: Annotated[list[str], NoDecode] = []
-    # How long an API request waits on PostgreSQL: a read (list, get, stats, metrics, the
-    # dashboard) that runs longer, or a create or stop that waits longer for a lock, is
-    # cancelled and answered 503 with Retry-After (a locked table, an overloaded database).
-    api_db_timeout_s: float = Field(default=15.0, gt=0)
-    # Request bodies above this many bytes are refused with 413.
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    # Default retry policy of new observers (a create request may override any field).
-    # 0 attempts = retry forever.
-    retry_max_attempts: int = Field(default=5, ge=0)
-    retry_initial_delay_s: float = Field(default=1.0, ge=0)
-    retry_factor: float = Field(default=2.0, ge=1)
-    retry_max_delay_s: float = Field(default=60.0, ge=0)
-    retry_jitter: float = Field(default=0.1, ge=0, le=1)
-    retry_reset_after_s: float = Field(default=60.0, ge=0)
-    # Probation (manager/state/probation.py): an observer whose hosts died this many times
-    # within the window while it ran is run in a child process of its own until it has run
-    # cleanly for its retry policy's reset_after_s (0: off). A host death is never enough to
-    # fail an observer. The old names ORCH_QUARANTINE_* are still read.
+    database_url: str = Field(
+        default="postgresql+asyncpg://orch:orch@127.0.0.1:5442/orch",
+        description="PostgreSQL URL (the manager's, and alembic's)",
+    )
+    manager_host: str = Field(default="127.0.0.1", description="the address the API listens on")
+    manager_port: int = Field(default=8000, ge=0, le=65535, description="the port the API listens on")
+    lost_after_heartbeats: int = Field(
+        default=3,
+        ge=1,
+        description="missed heartbeats before the manager asks the broker whether the service's connection lives; "
+        "only a gone connection marks it lost",
+    )
+    api_in_flight: int = Field(
+        default=20_000,
+        ge=1,
+        description="observers the API creates or stops at once (all requests together); a request past it gets "
+        "503 with `Retry-After` (one larger request alone is let through)",
+    )
+    restop_after_s: float = Field(
+        default=10.0, gt=0, description="a stop still OnDeleting after this is broadcast again"
+    )
+    # Covers a create whose commit is still in flight.
+    unknown_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="an observer running with no row is adopted (or stopped, if its name is taken) after this",
+    )
+    enqueue_sweep_after_s: float = Field(
+        default=30.0, gt=0, description="a row whose start was never confirmed is published again after this"
+    )
+    lost_start_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="a row with no host whose pool's queue stayed empty this long gets its start published again "
+        "(doubling per attempt)",
+    )
+    events_retention_days: float = Field(
+        default=30.0,
+        ge=0,
+        description="history (`observer_events`) older than this is deleted in batches (`0` keeps it for ever)",
+    )
+    sweep_interval_s: float = Field(default=1.0, gt=0, description="period of the background repairs")
+    state_prefetch: int = Field(default=2000, ge=1, le=65535, description="state messages in flight to the manager")
+    start_queue_keep_awake_from: int = Field(
+        default=100_000,
+        ge=0,
+        description="a pool's start queue with this many live observers is kept from hibernating (0: never; "
+        "`manager/queue_waker.py`)",
+    )
+    start_queue_keep_awake_s: float = Field(
+        default=0.5, gt=0, description="how often such a queue is passive-declared to keep it awake"
+    )
+    # Two cores, and a flood of reports never stalls a request.
+    state_process: bool = Field(
+        default=True,
+        description="apply state and run the repairs in a child process of the API's (`false`: one process)",
+    )
+    api_tokens: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="bearer tokens (comma-separated) with full access; with neither this nor the next set, the API "
+        "is open",
+    )
+    api_read_tokens: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="bearer tokens (comma-separated) that may only read",
+    )
+    api_db_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="how long an API request waits on PostgreSQL: a read (list, get, stats, metrics) that runs "
+        "longer, or a create or stop that waits longer for a lock, is cancelled and answered 503 with `Retry-After` "
+        "(writes only with the state side in its own process, the default); a database that answers nothing at all "
+        "(cut off, frozen) is given up 5 s later by the API's own clock, connecting included",
+    )
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    # The default retry policy of new observers (a create request may override any field).
+    retry_max_attempts: int = Field(
+        default=5, ge=0, description="default retry policy: runs in a row before Failed (`0` = forever)"
+    )
+    retry_initial_delay_s: float = Field(default=1.0, ge=0, description="default retry policy: the first delay")
+    retry_factor: float = Field(
+        default=2.0, ge=1, description="default retry policy: each delay is the one before times this"
+    )
+    retry_max_delay_s: float = Field(default=60.0, ge=0, description="default retry policy: the longest delay")
+    retry_jitter: float = Field(
+        default=0.1, ge=0, le=1, description="default retry policy: the share of each delay drawn at random"
+    )
+    retry_reset_after_s: float = Field(
+        default=60.0, ge=0, description="default retry policy: a run this long starts the count again"
+    )
+    # manager/state/probation.py. A host death is never enough to fail an observer.
     probation_after_host_deaths: int = Field(
         default=3,
         ge=0,
         validation_alias=AliasChoices("ORCH_PROBATION_AFTER_HOST_DEATHS", "ORCH_QUARANTINE_AFTER_CRASHES"),
+        description="host deaths within `ORCH_PROBATION_WINDOW_S` while it ran that put an observer on probation "
+        "(a child process of its own until it has run cleanly for its policy's reset time; `0` = never); "
+        "`ORCH_QUARANTINE_AFTER_CRASHES` is still read",
     )
     probation_window_s: float = Field(
         default=600.0,
         gt=0,
         validation_alias=AliasChoices("ORCH_PROBATION_WINDOW_S", "ORCH_QUARANTINE_WINDOW_S"),
+        description="the window of those host deaths; `ORCH_QUARANTINE_WINDOW_S` is still read",
     )
 
     @field_validator("api_tokens", "api_read_tokens", mode="before")
