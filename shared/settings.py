@@ -15,7 +15,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.egress import DEFAULT_DENY, DENY_ENV, Network, parse_networks
@@ -280,16 +280,13 @@ class ManagerSettings(CommonSettings):
     probation_after_host_deaths: int = Field(
         default=3,
         ge=0,
-        validation_alias=AliasChoices("ORCH_PROBATION_AFTER_HOST_DEATHS", "ORCH_QUARANTINE_AFTER_CRASHES"),
         description="host deaths within `ORCH_PROBATION_WINDOW_S` while it ran that put an observer on probation "
-        "(a child process of its own until it has run cleanly for its policy's reset time; `0` = never); "
-        "`ORCH_QUARANTINE_AFTER_CRASHES` is still read",
+        "(a child process of its own until it has run cleanly for its policy's reset time; `0` = never)",
     )
     probation_window_s: float = Field(
         default=600.0,
         gt=0,
-        validation_alias=AliasChoices("ORCH_PROBATION_WINDOW_S", "ORCH_QUARANTINE_WINDOW_S"),
-        description="the window of those host deaths; `ORCH_QUARANTINE_WINDOW_S` is still read",
+        description="the window of those host deaths",
     )
 
     @field_validator("api_tokens", "api_read_tokens", mode="before")

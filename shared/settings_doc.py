@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import AliasChoices
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
@@ -36,10 +35,7 @@ _SECTIONS: tuple[tuple[str, type[BaseSettings]], ...] = (
 )
 
 
-def variable(name: str, info: FieldInfo) -> str:
-    alias = info.validation_alias
-    if isinstance(alias, AliasChoices) and isinstance(alias.choices[0], str):
-        return alias.choices[0]
+def variable(name: str) -> str:
     return f"ORCH_{name.upper()}"
 
 
@@ -75,7 +71,7 @@ def render() -> str:
         for name, info in _own_fields(settings).items():
             if not info.description:
                 raise ValueError(f"{settings.__name__}.{name} has no description")
-            parts.append(f"| `{variable(name, info)}` | {shown_default(info)} | {info.description} |\n")
+            parts.append(f"| `{variable(name)}` | {shown_default(info)} | {info.description} |\n")
     return "".join(parts)
 
 
