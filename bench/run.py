@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,11 @@ def table(figures: list[Figure]) -> str:
     rows = [("scenario", "figure", "value", "target", "ratio", "verdict")]
     for f in figures:
         rows.append((f.scenario, f.name, f.shown(), f.target_text, f.ratio_text(), f.verdict()))
+    return aligned(rows)
+
+
+def aligned(rows: Sequence[Sequence[str]]) -> str:
+    """``rows`` (the first is the heading) as text columns, a rule under the heading."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

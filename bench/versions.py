@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.run import RESULTS
+from bench.run import RESULTS, aligned
+from bench.scenarios import Figure
 from tools.infra.brokers import RELEASES, SERIES_ENV_VAR
 
 SCENARIOS = "create,failover,stop"
@@ -52,14 +53,12 @@ def side_by_side(runs: dict[str, dict[str, Any]]) -> str:
             if key not in values:
                 order.append(key)
                 values[key] = {}
-            values[key][series] = f"{f['value']:,.3f} {f['unit']}".replace(".000 ", " ")
+            shown = Figure(f["scenario"], f["name"], f["value"], f["unit"], decimals=f.get("decimals")).shown()
+            values[key][series] = shown
     heads = [f"{series} ({run['machine']['rabbitmq']})" for series, run in runs.items()]
-    rows = [("scenario", "figure", *heads)]
+    rows: list[tuple[str, ...]] = [("scenario", "figure", *heads)]
     rows += [(s, name, *(values[s, name].get(series, "-") for series in runs)) for s, name in order]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return aligned(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
