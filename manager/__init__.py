@@ -1,7 +1,19 @@
-"""The manager: REST API, state consumer and background loops over PostgreSQL.
+"""The manager: the REST API and the state side (reports applied, repairs) over PostgreSQL.
 
-``app`` wires everything; ``api/`` holds the HTTP routes (thin); ``commands`` and
-``queries`` the operations behind them; ``state/`` applies service reports; ``background``
-the periodic repairs; ``broker`` is the only module that touches aio-pika; ``db/`` the
-models and the engine.
+Where things are handled:
+* HTTP: ``app`` wires everything; ``api/`` holds the routes (thin) and their schemas;
+  ``commands`` (creates, stops, restarts; ``create_groups`` commits single creates together,
+  ``admission`` bounds them) and ``queries`` (reads) are the operations behind them;
+  ``kinds`` validates a create's args against what the live services announce.
+* The state side, a child process of the API's (``state_child`` from the API's side,
+  ``state_process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
+  them off the queue, ``state/rules`` decides each one, ``state/rows`` reads and writes the
+  rows, ``state/probation``, ``state/adoption``, ``state/digest``, ``state/outgoing``);
+  ``background`` runs the periodic repairs (``liveness``, ``lost_starts``, ``rebuild``,
+  ``retention``, ``queue_waker``).
+* The broker: ``broker`` (the manager's connection: publishes, the state consumer) and
+  ``broker_probes`` (questions asked on connections of their own); ``starts`` builds start
+  messages.
+* ``db/``: the models, the engines, the SQL shared by several modules and the error
+  classification; ``history`` writes observer events; ``metrics`` serves ``/metrics``.
 """

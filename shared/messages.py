@@ -1,9 +1,15 @@
 """Message contracts: JSON on the wire, one pydantic model per message, ``type`` discriminator.
 
 Three streams (see ``shared.topology``):
-* start queue of a pool — ``StartObserver`` (manager → any service of the pool);
-* control fanout — ``StopObserver`` and ``InventoryRequest`` (manager → every service);
-* state queue — service → manager reports (``StateMessage``).
+* start queue of a pool: ``StartObserver`` (manager → any service of the pool);
+* control fanout (manager → every service; one naming a service is for that one only):
+  ``ControlMessage``: stops (``StopObserver``, ``StopObservers``), ``InventoryRequest``,
+  ``IsolateObservers``, ``IntroduceRequest`` and ``DescribeRequest``;
+* state queue (service → manager): ``StateMessage``: the service's life (``ServiceBorn``,
+  ``ServiceHeartbeat``, ``ServiceStopped``), what it runs (``ServiceInventory``,
+  ``ServiceDigest``, ``ObserversDescribed``) and observer reports, usually packed in a
+  ``ReportBatch`` (``ObserversStarted`` for a run of starts; ``ObserverStarted`` still
+  understood from older services).
 
 Every model is frozen and forbids unknown fields, so a malformed or foreign body fails
 ``decode_*`` with ``DecodeError`` and is dead-lettered by the consumer.
