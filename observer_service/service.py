@@ -29,9 +29,8 @@ from observer_service.runner import Runner
 from observer_service.session import Session
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
-from shared.amqp_errors import refusal
 from shared.backoff import backoff_delay
-from shared.errors import BrokerUnavailable
+from shared.errors import BrokerRefused, BrokerUnavailable
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
 from shared.messages import (
@@ -156,9 +155,8 @@ class ObserverService:
                 delay = reconnect_delay(failures)
                 # A refusal is retried as often (a vhost refused a moment is one being made
                 # again after the broker lost its data) but said once a minute, as an ERROR.
-                hint = refusal(e.__cause__, self.settings.amqp_url)
-                if hint is not None:
-                    self.refusals.session_refused(hint)
+                if isinstance(e, BrokerRefused):
+                    self.refusals.session_refused(e.hint)
                 else:
                     logger.warning("%s; retrying in %.1fs", e, delay)
                 await _wait_any(self.shutdown, timeout=delay)

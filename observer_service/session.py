@@ -45,7 +45,7 @@ from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
 from shared import topology
 from shared.amqp_errors import describe_close, describe_connect_failure, refusal
-from shared.errors import BrokerUnavailable, LeaseLost
+from shared.errors import BrokerRefused, BrokerUnavailable, LeaseLost
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
@@ -140,8 +140,11 @@ class Session:
                 )
             )
         except Exception as e:
-            why = refusal(e, self.settings.amqp_url) or describe_connect_failure(e, self.settings.amqp_url)
+            hint = refusal(e, self.settings.amqp_url)
+            why = hint or describe_connect_failure(e, self.settings.amqp_url)
             await self.close(f"open failed: {why}")
+            if hint is not None:
+                raise BrokerRefused(f"cannot open a broker session: {hint}", hint) from e
             raise BrokerUnavailable(f"cannot open a broker session: {why}") from e
         self._tasks = [asyncio.create_task(self._outbox_loop(outbox), name="outbox")]
         logger.info("broker session open (pools=%s, prefetch=%d)", self.settings.pools, self.settings.workers_count)

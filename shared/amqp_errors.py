@@ -85,7 +85,7 @@ def cancelled_calls_as_errors() -> Iterator[None]:
 
 
 # Refusals that no retry heals: what the broker said, and what to change.
-_REFUSED: tuple[tuple[type[BaseException], str], ...] = (
+_REFUSED: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str], ...] = (
     (
         aiormq.exceptions.ChannelPreconditionFailed,
         "the broker refuses a queue's arguments or type: a queue of that name exists with other arguments "
@@ -101,11 +101,7 @@ _REFUSED: tuple[tuple[type[BaseException], str], ...] = (
         "the broker does not allow the connection: the virtual host and the user's permissions on it",
     ),
     (
-        aiormq.exceptions.ProbableAuthenticationError,
-        "the broker refuses the credentials: the user and password in the AMQP URL",
-    ),
-    (
-        aiormq.exceptions.AuthenticationError,
+        (aiormq.exceptions.ProbableAuthenticationError, aiormq.exceptions.AuthenticationError),
         "the broker refuses the credentials: the user and password in the AMQP URL",
     ),
 )

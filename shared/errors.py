@@ -34,6 +34,15 @@ class BrokerUnavailable(OrchestratorError):
     """The broker is unreachable or did not confirm a publish."""
 
 
+class BrokerRefused(BrokerUnavailable):
+    """The broker refused a session for a reason no retry heals: ``hint`` says what to change
+    (``shared.amqp_errors.refusal``)."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
 class EgressDenied(OrchestratorError):
     """A network kind (``http_poll``, ``websocket``) was about to connect to an address the
     service's ``ORCH_EGRESS_ALLOW`` / ``ORCH_EGRESS_DENY`` refuse (``shared.egress``). Not a
