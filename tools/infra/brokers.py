@@ -42,15 +42,14 @@ class Release:
     series: str
     # The Debian suite whose package gives this series; None: the host's own package.
     suite: str | None
-    why: str
 
 
 RELEASES: dict[str, Release] = {
     r.series: r
     for r in (
-        Release("4.3", "sid", "the newest release (Debian unstable's package)"),
-        Release("4.0", "trixie", "Debian 13's package"),
-        Release("3.10", None, "Debian 12's package, the host's own; out of upstream support"),
+        Release("4.3", "sid"),  # the newest release, in Debian unstable
+        Release("4.0", "trixie"),  # Debian 13's
+        Release("3.10", None),  # Debian 12's, the host's own; out of upstream support
     )
 }
 
