@@ -9,7 +9,7 @@ export ORCH_RABBITMQ := $(RABBITMQ)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-broker lint compose-check bench bench-quick bench-versions bench-scale ci clean
+.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check bench bench-quick bench-versions bench-scale ci clean
 
 venv: $(VENV)/.installed
 
@@ -34,14 +34,18 @@ run: migrate
 test: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The pure tests (tests/unit: no broker, no database), in seconds; CI runs them first.
+test-unit: venv
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
+
 # The tests of the broker's semantics, which CI runs on every supported RabbitMQ besides the
 # default (docs/broker-versions.md): the core flow, the consumer timeout, fencing, failover
 # and SIGTERM handoff, broker restart, broker data lost, chaos, a cancelled consumer, and the
 # holder channel (aiormq's internals against the broker).
-BROKER_TESTS = tests/test_lifecycle.py tests/test_ack_timeout.py tests/test_fencing.py \
-	tests/test_failover.py tests/test_broker_restart.py \
-	tests/test_reliability.py::test_the_broker_rebuilt_from_the_database tests/test_chaos.py \
-	tests/test_consumer_cancel.py tests/test_holder_channel.py tests/test_brokers.py
+BROKER_TESTS = $(addprefix tests/system/,test_lifecycle.py test_ack_timeout.py test_fencing.py \
+	test_failover.py test_broker_restart.py \
+	test_reliability.py::test_the_broker_rebuilt_from_the_database test_chaos.py \
+	test_consumer_cancel.py test_holder_channel.py test_brokers.py)
 
 test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)

@@ -3,7 +3,7 @@
 Deliberately only a client: it imports nothing of the manager, the observer service or
 ``shared`` (no FastAPI, SQLAlchemy, aio-pika or pydantic). It works on the API's plain JSON
 bodies, so it runs anywhere the API can be reached and installs with ``pip install .`` alone
-(the server's dependencies are the ``server`` extra); ``tests/test_cli.py`` checks both.
+(the server's dependencies are the ``server`` extra); ``tests/system/test_cli.py`` checks both.
 
 ``main`` holds the typer commands, ``client`` the HTTP client (base URL, token, failures to
 exit codes), ``render`` the rich tables. Exit codes: 0 success, 1 the API answered 4xx/5xx

@@ -110,7 +110,7 @@ def _print_json(body: JSON) -> None:
 
 
 # The API's values, copied rather than imported: the client must not import the manager.
-# tests/test_cli.py checks that they still equal the manager's own.
+# tests/system/test_cli.py checks that they still equal the manager's own.
 
 
 class Isolation(enum.StrEnum):

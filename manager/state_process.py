@@ -139,7 +139,7 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
     # The broker's connection is made while the schema is checked, not after it (0.1 to 0.3 s
     # of a restarted manager's catch-up). Deliveries only wait, decoded, in the consumer's
     # inbox until ``side.run`` applies them: nothing is applied, and nothing acked, on a
-    # database the check refuses (``tests/test_state_start.py``).
+    # database the check refuses (``tests/system/test_state_start.py``).
     broker.start(side.on_message)
     asked = asyncio.Event()  # SIGTERM came: the side's end is a stop, not a failure
     try:

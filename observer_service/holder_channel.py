@@ -12,7 +12,7 @@ delivery 85-86 µs with aiormq's consumer, 72 µs with this one).
 go to ``on_delivery`` synchronously, in the order they arrive, on the channel's reader. It
 relies on aiormq's ``Channel._on_deliver_frame``, ``_get_frame`` and ``_read_content``:
 ``pyproject.toml`` pins aiormq to the minor version they were read from, and
-``tests/test_holder_channel.py`` checks deliveries, a body of several frames and a failing
+``tests/system/test_holder_channel.py`` checks deliveries, a body of several frames and a failing
 callback against a real broker.
 """
 

@@ -49,7 +49,7 @@ def describe_close(error: BaseException | None, heartbeat_s: int) -> str:
     When no frame arrives for aiormq's grace (``(heartbeat + 1) x 3`` seconds) it cancels its
     reader, and the connection's close callbacks get a bare ``CancelledError``: a network
     partition said only "closed by broker or network: CancelledError(CancelledError())"
-    (``tests/test_fencing.py``, the partitioned service)."""
+    (``tests/system/test_fencing.py``, the partitioned service)."""
     if isinstance(error, asyncio.CancelledError):
         grace = (heartbeat_s + 1) * aiormq.Connection.HEARTBEAT_GRACE_MULTIPLIER
         return (

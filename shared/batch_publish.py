@@ -16,7 +16,7 @@ channel that closes fails every pending one (the futures live in the channel's f
 store). This relies on aiormq's ``Channel`` attributes ``lock``, ``delivery_tag``,
 ``confirmations``, ``message_id_delivery_tag``, ``max_content_size`` and ``write_queue``:
 ``pyproject.toml`` pins aiormq to the minor version they were read from, and
-``tests/test_batch_publish.py`` checks acks, returns and a closed channel against a real
+``tests/system/test_batch_publish.py`` checks acks, returns and a closed channel against a real
 broker.
 """
 

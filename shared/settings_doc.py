@@ -3,7 +3,7 @@
     python -m shared.settings_doc           # print it
     python -m shared.settings_doc --write   # write docs/configuration.md
 
-``tests/test_settings_doc.py`` fails when the file and the settings differ.
+``tests/unit/test_settings_doc.py`` fails when the file and the settings differ.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ Every process reads `ORCH_*` environment variables. A value that does not valida
 process at start with one line naming the variable (exit status 2).
 
 <!-- Made by `python -m shared.settings_doc --write` from the descriptions in shared/settings.py:
-edit those, not this file (tests/test_settings_doc.py compares them). -->
+edit those, not this file (tests/unit/test_settings_doc.py compares them). -->
 """
 
 _SECTIONS: tuple[tuple[str, type[BaseSettings]], ...] = (

@@ -1,4 +1,4 @@
-"""Observer kinds that misbehave on purpose, for ``tests/test_isolation.py``; they run in a
+"""Observer kinds that misbehave on purpose, for ``tests/unit/test_isolation.py``; they run in a
 child process (``tests.isolation_kinds:NAME``). Each first emits ``{"pid": os.getpid()}`` so
 that the test knows which process to watch.
 

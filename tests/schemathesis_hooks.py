@@ -1,4 +1,4 @@
-"""Schemathesis hooks for ``tests/test_api_properties.py`` (loaded via SCHEMATHESIS_HOOKS).
+"""Schemathesis hooks for ``tests/system/test_api_properties.py`` (loaded via SCHEMATHESIS_HOOKS).
 
 ``no_unexpected_server_error`` replaces the stock ``not_a_server_error``: a 503 that says a
 generated pool has no live service (issue #3 asks for exactly that answer) or is full is

@@ -93,7 +93,7 @@ def head_revision(versions: Path = REPO_ROOT / "migrations" / "versions") -> str
     Read from the files' ``revision`` and ``down_revision`` assignments rather than through
     alembic's ``ScriptDirectory``, whose import (with mako and pygments) was ~0.2 s of each
     manager process's start, in the state process before it applies its first report: a
-    restarted manager's backlog waits for it. ``tests/test_migrations.py`` checks this
+    restarted manager's backlog waits for it. ``tests/system/test_migrations.py`` checks this
     against alembic's own answer."""
     revisions: set[str] = set()
     parents: set[str] = set()

@@ -6,7 +6,7 @@ lost a race; the same work succeeds later. Anything else (a constraint, a bug in
 deterministic: retrying it cannot help.
 
 How the faults arrive here (asyncpg 0.32 under SQLAlchemy 2.1 and PostgreSQL 15, checked by
-``tests/test_db_errors.py``; 57P03 seen while ``tests/test_db_outage.py`` stops the server):
+``tests/system/test_db_errors.py``; 57P03 seen while ``tests/system/test_db_outage.py`` stops the server):
 a server error is a ``DBAPIError`` whose ``orig`` is SQLAlchemy's adapted error carrying the
 ``sqlstate``, whose ``__cause__`` is the asyncpg exception. A refused TCP connection (server
 down) is a bare ``ConnectionRefusedError``, and a full pool is ``sqlalchemy.exc.TimeoutError``;

@@ -5,7 +5,7 @@ changes it for every moved row, and an indexed column would make PostgreSQL writ
 row anew with an entry in every index of the table instead of updating it in place. The
 triggers of that migration mirror it, in the statement that changes it, in
 ``observer_hosts (observer_id, service_id)``, indexed by host: that table is what a query by
-host reads. ``tests/test_observer_hosts.py`` checks the mirror after every kind of write.
+host reads. ``tests/system/test_observer_hosts.py`` checks the mirror after every kind of write.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def lock_by_ids(columns: tuple[Any, ...], ids: Iterable[uuid.UUID]) -> Select[An
     array of n ids cost k sorts of n: an inventory of 3,334 rows racing the rebuild's release
     of the same rows took 11.5 s of PostgreSQL's CPU (``perf``), 10,000 ids 19 s in psql. As a
     semi-join the ids are rows of their own, copied into a recheck, and the index is probed
-    by one id: a recheck costs one probe (``tests/test_lock_rechecks.py``). PostgreSQL plans
+    by one id: a recheck costs one probe (``tests/system/test_lock_rechecks.py``). PostgreSQL plans
     it as a probe per id (30,000 of 1,000,000 rows: 136 ms, against 152 for the array, which
     it read by scanning the table); a join with ``unnest`` instead was planned as a hash of
     the whole table (451 ms)."""

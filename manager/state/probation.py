@@ -25,7 +25,7 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
   paused VM, a starved host), it did not die, and nothing it ran is suspect (a frozen
   service says "no observer is to blame" when it wakes). Counted, three flaps of the fleet's
   network within the window put every healthy observer on probation, and those beyond the
-  process slots waited, paused (``tools/partition.py``; ``tests/test_reliability.py``). A host
+  process slots waited, paused (``tools/partition.py``; ``tests/system/test_reliability.py``). A host
   that died (restarted under its name: a new id, the old one deleted) or never returned
   still counts. The ``host_lost`` events stay in the history either way.
 
@@ -173,7 +173,7 @@ def _victims(service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | N
     report can be applied after the old host, back from a partition under the same id, spoke
     from its next session. Such a move (and a row not yet moved) belongs to the session
     before, whose end the host survived; counted again here, one flap was two deaths
-    (``tests/test_probation_rules.py``). A session not said (None, on either side: a service
+    (``tests/system/test_probation_rules.py``). A session not said (None, on either side: a service
     of an older version) matches any."""
     return union(
         select(ObserverEvent.observer_id).where(

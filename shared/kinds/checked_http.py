@@ -63,7 +63,7 @@ class CheckedBackend(httpcore.AsyncNetworkBackend):
 def checked_transport(policy: EgressPolicy, verify: ssl.SSLContext) -> httpx.AsyncHTTPTransport:
     """An ``AsyncHTTPTransport`` connecting through ``CheckedBackend``. httpx has no option
     for httpcore's network backend, so its pool is replaced by one built with it and with
-    httpx's own defaults (limits, HTTP/1.1, no proxy). ``tests/test_kinds.py`` proves
+    httpx's own defaults (limits, HTTP/1.1, no proxy). ``tests/system/test_kinds.py`` proves
     through httpx that the check applies."""
     # httpx's default limits (its transport's default argument): a poller makes one request
     # at a time, but an idle connection must close after 5 s, not stay open per poller.

@@ -8,7 +8,7 @@ epmd then refuses. Nothing in the new checkout (pid file, data folder) knows tha
 "pick another name" for a name nobody picked.
 
 The process lookups read ``/proc`` (no ``ss`` or ``lsof`` needed); the parsing and the
-messages are pure functions, tested in ``tests/test_infra.py``.
+messages are pure functions, tested in ``tests/system/test_infra.py``.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from shared import topology
-from tests.test_manager_repairs import sql
-from tests.test_reliability import event_names
-from tests.test_write_races import wait_blocked_on_a_lock
+from tests.system.test_manager_repairs import sql
+from tests.system.test_reliability import event_names
+from tests.system.test_write_races import wait_blocked_on_a_lock
 from tools import infra
 from tools.harness import System, free_port, metric, wait_for
 

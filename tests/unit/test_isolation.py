@@ -30,7 +30,7 @@ def ref(name: str) -> str:
 
 def _children(pid: int) -> set[int]:
     """Direct children of ``pid`` that run Python (zombies included): observer children.
-    Other children are not these tests': the session's vhost pool (``tests/conftest.py``)
+    Other children are not these tests': the session's vhost pool (``tests/system/conftest.py``)
     makes and deletes vhosts with ``rabbitmqctl`` on a thread of this process meanwhile."""
     found = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):

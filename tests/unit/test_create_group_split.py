@@ -4,7 +4,7 @@ create that refuses as the manager's does. Each request gets the answer it would
 alone; a name conflict is found by halves, not by running every member alone.
 
 The behaviour against the real manager, broker and database is in
-``tests/test_create_groups.py``."""
+``tests/system/test_create_groups.py``."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from shared import topology
 from shared.messages import Message, ObserversStarted, ObserverStarted, StopObserver, StopObservers
-from tests.test_fencing import assert_never_on_two_hosts
-from tests.test_manager_repairs import sql
+from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_manager_repairs import sql
 from tools import infra
 from tools.harness import System, metric, probe_args, read_ticks, wait_for
 from tools.partition import Partition

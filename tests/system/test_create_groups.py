@@ -12,7 +12,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.test_write_races import wait_blocked_on_a_lock
+from tests.system.test_write_races import wait_blocked_on_a_lock
 from tools.harness import System, metric, wait_for
 
 

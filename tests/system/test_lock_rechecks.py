@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.db.models import Observer, ObserverStatus
 from manager.db.sql import id_in
 from manager.state.rows import ObserverRows, Row
-from tests.test_write_races import wait_blocked_on_a_lock
+from tests.system.test_write_races import wait_blocked_on_a_lock
 
 # Rows in the table and, of them, the ones the consumer locks.
 TABLE_ROWS = 100_000

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_hosts
 from tools import infra
 from tools.harness import Proc, System, probe_args, wait_for
 

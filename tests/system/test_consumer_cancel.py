@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_hosts
 from tools import infra
 from tools.harness import System, probe_args, wait_for
 

@@ -17,7 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from shared import topology
-from tests.test_migrations import alembic
+from tests.system.test_migrations import alembic
 from tools import infra
 from tools.harness import System, wait_for
 

@@ -1,0 +1,61 @@
+"""``observer_service.runner``: starts wait for a lapsed lease and start once it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from observer_service.lease import Lease
+from observer_service.outbox import Outbox
+from observer_service.runner import Runner
+from shared.kinds import discover_kinds
+from shared.messages import (
+    StartObserver,
+)
+from shared.settings import ServiceSettings
+from tests.unit.fakes import FakeSession, until
+
+
+async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> None:
+    """Deliveries that arrive while the lease is lapsed are not started until it is renewed:
+    started, each observer only parked itself on the lease (an exception, a shielded waiter
+    and a restart each), which made a failover on a saturated machine cost twice as much per
+    start on the service's loop as the same failover on a quiet one. Once the lease is back
+    they all start; the starts of a session that dies meanwhile are skipped."""
+    lease = Lease(heartbeat_s=0.2)
+    lease.renew(time.monotonic() - 1)  # lapsed
+    session = FakeSession(lease)
+    outbox = Outbox()
+    runner = Runner(ServiceSettings(), uuid.uuid4(), outbox, {"idle": discover_kinds()["idle"]})
+
+    def deliver(count: int, to: FakeSession) -> None:
+        for tag in range(count):
+            body = StartObserver(observer_id=uuid.uuid4(), name=f"o{tag}", kind="idle").model_dump_json()
+            runner.on_start(body.encode(), None, tag, False, to)  # type: ignore[arg-type]
+
+    deliver(50, session)
+    await asyncio.sleep(0.3)
+    assert len(runner.running) == 0 and len(outbox) == 0, "started (and reported) while the lease was lapsed"
+
+    lease.renew(time.monotonic())
+    await until(lambda: len(runner.running) == 50)
+    await asyncio.sleep(0.05)
+    assert lease._change is None, "a started observer is parked on the lease"
+    assert len(outbox) == 50
+
+    lapsed = Lease(heartbeat_s=0.2)  # the next session's lease: lapsed again
+    lapsed.renew(time.monotonic() - 1)
+    gone = FakeSession(lapsed)
+    deliver(20, gone)
+    await asyncio.sleep(0.05)
+    assert runner._draining  # waiting for the lease
+    gone.closed.set()  # the session dies (Session.fail revokes the lease too)
+    lapsed.revoke()
+    await until(lambda: not runner._draining)
+    assert len(runner.running) == 50, "a start of a dead session was started"
+    session.closed.set()  # the end of the first session ends its observers quietly
+    for running in list(runner.running.values()):
+        assert running.task is not None
+        running.task.cancel()
+    await asyncio.sleep(0.05)
