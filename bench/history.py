@@ -1,15 +1,15 @@
 """``python -m bench.history``: what the ``make bench`` result files say, target by target.
 
-The README says where each target of ``make bench`` stands on this machine. The machine's
-speed has changed under the same code (the raw broker redelivered 10,000 in a median 0.48 s
+``docs/benchmarks.md`` says where each target of ``make bench`` stands on this machine. The
+machine's speed has changed under the same code (the raw broker redelivered 10,000 in a median 0.48 s
 until 2026-11-24 and 1.40 s since 2026-11-26), so one run proves little; this reads every
 result file in ``bench/results/`` (a clean clone has the committed ones) and says it from
-all of them, so the README's claim can be checked, and made again after new runs.
+all of them, so its claim can be checked, and made again after new runs.
 
     python -m bench.history                        # each target: runs, passes, median, range
     python -m bench.history --split 2026-11-26     # the same, before and from that day (UTC)
     python -m bench.history --split 2026-11-27T12:00  # or that time
-    python -m bench.history --table FILE           # one run as the README's markdown table
+    python -m bench.history --table FILE           # one run as docs/benchmarks.md's markdown table
 
 Counted: runs at full size (not ``--quick``), not profiled and with no ``what_if`` (the eighth
 session's ``--what-if hot-moves`` runs, before migration 0011 made that the schema); a run
@@ -142,7 +142,7 @@ _FIGURE_FIELDS = tuple(Figure.__dataclass_fields__)
 
 
 def markdown_table(run: Run) -> str:
-    """One run's figures as the README shows them."""
+    """One run's figures as docs/benchmarks.md shows them."""
     lines = ["| scenario | figure | value | target | ratio | verdict |", "|---|---|---|---|---|---|"]
     for figure in run.figures.values():
         # Shown as the bench printed it; the ratio and verdict as the run wrote them.

@@ -7,7 +7,7 @@ Starts the project's RabbitMQ and PostgreSQL (tools.infra), a private vhost and 
 a manager and three observer services as real processes, runs each scenario, prints figure,
 target, ratio and verdict side by side, and writes everything to bench/results/. It never
 fails because a target was missed: it reports. Scenarios and targets: see ``SCENARIOS`` in
-bench/scenarios.py and the README's results table.
+bench/scenarios.py and docs/benchmarks.md's results table.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ rebuilt) every other minute, most of the broker's idle share (``python -m bench.
 a stack sampler found the queue process in ``gen_server2:wake_hib``). A passive declare of
 the queue is a call to its process: one every half second kept it awake, and the broker's
 idle minute went from 0.05-3.0 CPU s to a steady ~0.7 (``bench.idle_floor --keep-awake 0.5``,
-README). Awake, the process keeps its heap: broker memory per held observer did not grow in
+``docs/cost-curve.md``). Awake, the process keeps its heap: broker memory per held observer did not grow in
 ``make bench-scale`` (2.90-2.93 KiB against 2.96).
 
 Only a pool whose live observers (Created, Processing, OnDeleting: each one a message in its

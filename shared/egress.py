@@ -19,7 +19,7 @@ between the check and the connection (DNS rebinding).
   which Linux connects to the local host, as loopback.
 
 Loopback and private networks are not denied by default: watching internal services is what
-many deployments run observers for. The README recommends a deny list for the others.
+many deployments run observers for. ``docs/threat-model.md`` recommends a deny list for the others.
 """
 
 from __future__ import annotations
