@@ -4,13 +4,13 @@ Where things are handled:
 * ``service``: the run loop: sessions, heartbeats, inventories, control commands (stops,
   isolation, introductions) and the graceful stop; ``__main__`` is the entry point.
 * The broker session: ``session`` (the publish connection, the outbox loop, settles) and
-  ``hold`` (the holding connection on its own thread, ``loop_thread``: start consumers, the
-  control queue, the lease round trips, consumer cancels, refused start queues);
-  ``holder_channel`` hands start deliveries to a plain function; ``lease`` is the fencing
+  ``holding`` (the holding connection on its own thread, ``loop_thread``: start consumers,
+  the control queue, the lease round trips, consumer cancels, refused start queues);
+  ``start_channel`` hands start deliveries to a plain function; ``lease`` is the fencing
   lease; ``refusals`` says what the broker refuses for good.
 * The observers: ``runner`` (starting, stopping, fencing, handing over), ``observer`` (one
-  running observer and its context), ``held`` (the running ones, by id, with each session's
-  digest), ``isolation`` and ``child`` (process isolation), ``settle`` (acks once a report is
+  running observer and its context), ``registry`` (the running ones, by id, with each
+  session's digest), ``isolation`` and ``child`` (process isolation), ``settle`` (acks once a report is
   confirmed), ``start_log``.
 * Reports and events: ``outbox`` (the ordered state reports), ``emits`` (observers' events).
 * The process: ``capacity`` (``auto`` sizing), ``metrics``, ``watchdog`` (loop lag),

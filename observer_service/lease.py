@@ -7,7 +7,7 @@ about t + H. We call the lease valid while ``now - t < H/2``: a process that was
 (SIGSTOP, GC pause, swapped out) wakes up with a lapsed lease and must not act until it has
 dropped its session and started over.
 
-The lease is renewed on the holding connection's thread (``hold.py``) and read and waited
+The lease is renewed on the holding connection's thread (``holding.py``) and read and waited
 for on the main loop: the instants are floats (one write, one read, each atomic), and the
 waiters' future is resolved on the loop it belongs to (``call_soon_threadsafe``).
 """

@@ -1,7 +1,7 @@
 """An event loop on a thread of its own, and an ordered hand-over of calls between two loops.
 
 The service runs its observers on the main thread's loop and holds its broker deliveries
-on a second loop, on a second thread (``observer_service/hold.py`` says why). Nothing else
+on a second loop, on a second thread (``observer_service/holding.py`` says why). Nothing else
 crosses between them but what goes through these two classes:
 
 * ``LoopThread.call(coro)``: run a coroutine on the thread's loop and await its result from

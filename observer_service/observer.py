@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from observer_service import metrics
-from observer_service.hold import Holder
+from observer_service.holding import DeliveryChannel
 from observer_service.isolation import ProcessLimits, run_in_process
 from observer_service.outbox import Outbox
 from observer_service.session import Session
@@ -108,9 +108,9 @@ class Running:
     __slots__ = (
         "__weakref__",
         "body",
+        "channel",
         "ctx",
         "ended_by",
-        "holder",
         "isolating",
         "isolation",
         "observer_id",
@@ -121,11 +121,11 @@ class Running:
     )
 
     def __init__(
-        self, observer_id: uuid.UUID, body: bytes, holder: Holder, tag: int, session: Session, ctx: Context
+        self, observer_id: uuid.UUID, body: bytes, channel: DeliveryChannel, tag: int, session: Session, ctx: Context
     ) -> None:
         self.observer_id = observer_id
         self.body = body
-        self.holder = holder  # the channel its start was delivered on, and the delivery tag there
+        self.channel = channel  # the channel its start was delivered on, and the delivery tag there
         self.tag = tag
         self.session = session
         self.ctx = ctx

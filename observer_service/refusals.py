@@ -32,7 +32,7 @@ class Refusals:
         metrics.REFUSED.set_function(lambda: len(self.pools) + (self.session is not None))
 
     def pool(self, pool: str, hint: str | None) -> None:
-        """The hold side's word on ``pool`` (``hold.RefusedHandler``)."""
+        """The holding connection's word on ``pool`` (``holding.RefusedHandler``)."""
         if hint is None:
             if self.pools.pop(pool, None) is not None:
                 logger.info("the broker takes the start queue of pool %s again: consuming it", pool)

@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from observer_service import metrics
 from observer_service.gc_policy import GcPolicy
-from observer_service.held import Held
-from observer_service.hold import Holder
+from observer_service.holding import DeliveryChannel
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox, StartedReport
+from observer_service.registry import Registry
 from observer_service.session import Session
 from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
 from observer_service.start_log import StartLog
@@ -65,13 +65,13 @@ class Runner:
         self.service_id = service_id
         self.outbox = outbox
         self.kinds = kinds
-        self.running = Held()
+        self.running = Registry()
         # Stops for observers we did not host: id -> (expiry (monotonic), when the stop was
         # sent, the life it stopped or None).
         self._stopped_ids: dict[uuid.UUID, tuple[float, datetime, int | None]] = {}
         self._background: set[asyncio.Task[None]] = set()
-        # Start deliveries waiting to be started: (body, holder, delivery tag, redelivered, session).
-        self._inbox: collections.deque[tuple[bytes, Holder, int, bool, Session]] = collections.deque()
+        # Start deliveries waiting to be started: (body, channel, delivery tag, redelivered, session).
+        self._inbox: collections.deque[tuple[bytes, DeliveryChannel, int, bool, Session]] = collections.deque()
         self._draining = False
         # False once shutting down: queued starts are left unsettled (requeued on close).
         self.accepting = True
@@ -80,12 +80,12 @@ class Runner:
 
     # --- start -------------------------------------------------------------------------
 
-    def on_start(self, body: bytes, holder: Holder, tag: int, redelivered: bool, session: Session) -> None:
+    def on_start(self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, session: Session) -> None:
         """Queue a delivered start. A reconnect or a failover hands a service thousands of
         starts at once; starting them in chunks that yield to the event loop keeps the AMQP
         heartbeats and the lease round trip flowing (one burst of 30,000 starved the loop
         past the lease, and the service fenced itself over and over)."""
-        self._inbox.append((body, holder, tag, redelivered, session))
+        self._inbox.append((body, channel, tag, redelivered, session))
         if not self._draining:
             self._draining = True
             self._spawn(self._drain())
@@ -108,10 +108,10 @@ class Runner:
                     while self._inbox and self.accepting and self.outbox.has_room():
                         if not _may_act(self._inbox[0][4]):
                             break
-                        body, holder, tag, redelivered, session = self._inbox.popleft()
+                        body, channel, tag, redelivered, session = self._inbox.popleft()
                         if session.closed.is_set():
                             continue  # the broker has requeued it with the session
-                        await self._start(body, holder, tag, redelivered, session)
+                        await self._start(body, channel, tag, redelivered, session)
                         self.gc.started()
                         count += 1
                         if count % _YIELD_EVERY == 0:
@@ -120,23 +120,25 @@ class Runner:
         finally:
             self._draining = False
 
-    async def _start(self, body: bytes, holder: Holder, tag: int, redelivered: bool, session: Session) -> None:
+    async def _start(
+        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, session: Session
+    ) -> None:
         try:
             start = decode_start(body)
         except DecodeError as e:
             logger.error("dead-lettering a malformed start message (delivery %s): %s", tag, e)
-            await settle(session.reject(holder, tag))
+            await settle(session.reject(channel, tag))
             return
         oid = start.observer_id
         if self._was_stopped(start):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
             report = ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start")
-            self._spawn(ack_once_confirmed(session, holder, tag, self.outbox.put_confirmed(report)))
+            self._spawn(ack_once_confirmed(session, channel, tag, self.outbox.put_confirmed(report)))
             return
         current = self.running.get(oid)
         if current is not None and current.session is session:
             logger.warning("duplicate start message for observer %s, already running here: acking it", oid)
-            await settle(session.ack(holder, tag))
+            await settle(session.ack(channel, tag))
             return
         loaded = self.kinds.get(start.kind)
         if loaded is None:
@@ -150,7 +152,7 @@ class Runner:
                 ", ".join(sorted(self.kinds)),
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(requeue_later(session, holder, tag, _REQUEUE_AFTER_S))
+            self._spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
             return
         if (start.isolation or loaded.kind.isolation) == "process" and self.children() >= self.settings.process_slots:
             logger.warning(
@@ -159,7 +161,7 @@ class Runner:
                 self.settings.process_slots,
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(requeue_later(session, holder, tag, _REQUEUE_AFTER_S))
+            self._spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
             return
         try:
             args = loaded.kind.parse_args(start.args)
@@ -168,11 +170,11 @@ class Runner:
             logger.error("observer %s cannot start: %s; dead-lettering its start", oid, error)
             metrics.FAILURES.inc()
             self.outbox.put(ObserverFailed(observer_id=oid, service_id=self.service_id, reason=error))
-            await settle(session.reject(holder, tag))
+            await settle(session.reject(channel, tag))
             return
         kind = loaded.kind.name  # one string for all observers of the kind, not one each
         ctx = Context(oid, start.name, kind, self.service_id, session)
-        running = Running(oid, body, holder, tag, session, ctx)
+        running = Running(oid, body, channel, tag, session, ctx)
         running.isolation = start.isolation or loaded.kind.isolation
         self._run(running, loaded, args)
         self.running.add(running)
@@ -253,7 +255,7 @@ class Runner:
             logger.warning("%d observer(s) stopped but not reported: their starts go back to the queue", len(ending))
             return
         for i, running in enumerate(ending):
-            await settle(running.session.ack(running.holder, running.tag))
+            await settle(running.session.ack(running.channel, running.tag))
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # let heartbeats and the lease through during a big stop
         self.gc.ended(len(ending), len(self.running))
@@ -409,7 +411,7 @@ class Runner:
             ObserverFailed(observer_id=running.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS])
         )
         # Dead-lettered to the pool's error queue: kept for inspection, never run again.
-        self._spawn(settle(running.session.reject(running.holder, running.tag)))
+        self._spawn(settle(running.session.reject(running.channel, running.tag)))
 
     def _remember_stop(self, observer_id: uuid.UUID, sent_at: datetime, life: int | None) -> None:
         # Re-insert so the dict stays ordered by expiry (the TTL is the same for all).

@@ -21,7 +21,7 @@ import uuid
 
 from observer_service import metrics
 from observer_service.capacity import sized
-from observer_service.hold import Holder
+from observer_service.holding import DeliveryChannel
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.refusals import Refusals
@@ -206,13 +206,15 @@ class ObserverService:
 
     # --- message handlers ----------------------------------------------------------------
 
-    def _on_start(self, body: bytes, holder: Holder, tag: int, redelivered: bool, *, session: Session) -> None:
+    def _on_start(
+        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, *, session: Session
+    ) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        self.runner.on_start(body, holder, tag, redelivered, session)
+        self.runner.on_start(body, channel, tag, redelivered, session)
 
     def _on_control(self, command: ControlMessage) -> None:
-        """A control command, decoded and acked on the holding thread (``hold.py``)."""
+        """A control command, decoded and acked on the holding thread (``holding.py``)."""
         if isinstance(command, StopObserver | StopObservers):
             self.runner.on_stop(command)
         elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):

@@ -1,11 +1,11 @@
-"""One broker session: with ``hold.py``, the only code of the service that touches aio-pika
+"""One broker session: with ``holding.py``, the only code of the service that touches aio-pika
 (and aiormq under it).
 
 A session is two AMQP connections, so that liveness never waits behind bulk traffic, and two
 threads, so that it never waits behind the observers either:
-* ``hold`` (``hold.py``, a thread and event loop of its own): what makes this host the
+* ``holding`` (``holding.py``, a thread and event loop of its own): what makes this host the
   owner of its observers: the start deliveries, the control queue and the lease round
-  trips, and nothing bulky. ``hold.py`` says why it has a thread.
+  trips, and nothing bulky. ``holding.py`` says why it has a thread.
 * ``publish`` (this module, the main loop with the observers): publisher confirms; state
   reports, inventories and observer events (batched by ``emits.EventPublisher``, which
   writes on this connection's channel too). RabbitMQ throttles a connection that publishes
@@ -39,7 +39,14 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from observer_service import metrics
 from observer_service.emits import EventPublisher, Slots
-from observer_service.hold import ControlHandler, Holder, HoldingConnection, RefusedHandler, Settle, StartHandler
+from observer_service.holding import (
+    ControlHandler,
+    DeliveryChannel,
+    HoldingConnection,
+    RefusedHandler,
+    Settle,
+    StartHandler,
+)
 from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
@@ -91,12 +98,12 @@ class Session:
         self._publish: AbstractConnection | None = None
         self._pub: AbstractChannel | None = None
         self._events: EventPublisher | None = None
-        # The holding connection and its thread (``hold.py``); settles reach it by mailbox.
+        # The holding connection and its thread (``holding.py``); settles reach it by mailbox.
         self._thread: LoopThread | None = None
         self._holding: HoldingConnection | None = None
         self._to_hold: Mailbox | None = None
         self._to_main: Mailbox | None = None  # the holding thread's way back to this loop
-        self._held_back = False  # ``requeue_held`` closed the holders on purpose
+        self._held_back = False  # ``requeue_held`` closed the start channels on purpose
         # Emits in flight at once: past it an observer's emit waits (issue 17).
         self._emit_slots = Slots(settings.emits_in_flight)
         self._tasks: list[asyncio.Task[None]] = []
@@ -109,7 +116,7 @@ class Session:
         """All called on this (the main) loop: ``on_start`` per start delivery, in order,
         ``on_control`` per control command, already acked (a malformed one is dead-lettered
         and never reaches it), and ``on_refused`` with what the broker refuses about a
-        pool's start queue (``hold.RefusedHandler``)."""
+        pool's start queue (``holding.RefusedHandler``)."""
         heartbeat = self.settings.amqp_heartbeat_s
         name = f"observer-service {self.settings.service_name}"
         try:
@@ -206,24 +213,24 @@ class Session:
     # wait for the frame to be written (nothing would come back: AMQP does not confirm a
     # settle). Order against ``requeue_held`` holds: it sends what was posted before it.
 
-    async def ack(self, holder: Holder, tag: int) -> None:
+    async def ack(self, channel: DeliveryChannel, tag: int) -> None:
         """Settle a start delivery of this session: the observer is given away (stopped)."""
-        self._settle("ack", holder, tag)
+        self._settle("ack", channel, tag)
 
-    async def requeue(self, holder: Holder, tag: int) -> None:
+    async def requeue(self, channel: DeliveryChannel, tag: int) -> None:
         """Hand a start back to the queue, for any service of the pool to take."""
-        self._settle("requeue", holder, tag)
+        self._settle("requeue", channel, tag)
 
-    async def reject(self, holder: Holder, tag: int) -> None:
+    async def reject(self, channel: DeliveryChannel, tag: int) -> None:
         """Dead-letter a start (to the pool's error queue): never run again."""
-        self._settle("reject", holder, tag)
+        self._settle("reject", channel, tag)
 
-    def _settle(self, operation: Settle, holder: Holder, tag: int) -> None:
+    def _settle(self, operation: Settle, channel: DeliveryChannel, tag: int) -> None:
         # Once its channel is closed (a dead session, or ``requeue_held``) a delivery is the
         # broker's again: settling it is an error (``settle`` ignores it).
-        if self._held_back or holder.is_closed or self._to_hold is None or self._holding is None:
+        if self._held_back or channel.is_closed or self._to_hold is None or self._holding is None:
             raise BrokerUnavailable("the channel of this delivery is closed: it went back to the queue")
-        self._to_hold.post(self._holding.settle, operation, holder, tag)
+        self._to_hold.post(self._holding.settle, operation, channel, tag)
 
     async def requeue_held(self) -> None:
         """Give every held delivery back to the broker at once, by closing the channels that

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any
 
-from observer_service.hold import Holder
+from observer_service.holding import DeliveryChannel
 from observer_service.session import Session
 
 
@@ -30,14 +30,16 @@ async def until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session
     return confirmed.done() and confirmed.result() and not any(s.closed.is_set() for s in sessions)
 
 
-async def ack_once_confirmed(session: Session, holder: Holder, tag: int, confirmed: asyncio.Future[bool]) -> None:
+async def ack_once_confirmed(
+    session: Session, channel: DeliveryChannel, tag: int, confirmed: asyncio.Future[bool]
+) -> None:
     if await until_confirmed(confirmed, {session}):
-        await settle(session.ack(holder, tag))
+        await settle(session.ack(channel, tag))
 
 
-async def requeue_later(session: Session, holder: Holder, tag: int, delay_s: float) -> None:
+async def requeue_later(session: Session, channel: DeliveryChannel, tag: int, delay_s: float) -> None:
     await asyncio.sleep(delay_s)
-    await settle(session.requeue(holder, tag))
+    await settle(session.requeue(channel, tag))
 
 
 async def settle(operation: Awaitable[Any]) -> None:

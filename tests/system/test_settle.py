@@ -16,7 +16,7 @@ import pytest
 from aio_pika.abc import AbstractChannel
 
 from observer_service import session as session_module
-from observer_service.hold import Holder
+from observer_service.holding import DeliveryChannel
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.session import Session
@@ -31,14 +31,14 @@ QUEUE = topology.start_queue_name(POOL)
 
 
 class Received:
-    """The starts a session handed over: (body, holder, tag, redelivered), in arrival order."""
+    """The starts a session handed over: (body, channel, tag, redelivered), in arrival order."""
 
     def __init__(self) -> None:
-        self.starts: list[tuple[bytes, Holder, int, bool]] = []
+        self.starts: list[tuple[bytes, DeliveryChannel, int, bool]] = []
         self.arrived = asyncio.Event()
 
-    def __call__(self, body: bytes, holder: Holder, tag: int, redelivered: bool) -> None:
-        self.starts.append((body, holder, tag, redelivered))
+    def __call__(self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool) -> None:
+        self.starts.append((body, channel, tag, redelivered))
         self.arrived.set()
 
     async def until(self, count: int) -> None:
@@ -47,7 +47,7 @@ class Received:
                 self.arrived.clear()
                 await self.arrived.wait()
 
-    def delivery(self, body: bytes, *, redelivered: bool = False) -> tuple[Holder, int]:
+    def delivery(self, body: bytes, *, redelivered: bool = False) -> tuple[DeliveryChannel, int]:
         return next((h, t) for b, h, t, r in self.starts if b == body and r == redelivered)
 
 
@@ -107,7 +107,7 @@ async def test_ack_requeue_and_reject_settle_the_delivery_they_name(session: Ses
     await _publish(channel, b"acked", b"requeued", b"rejected", b"held")
     await received.until(4)
     assert all(not redelivered for _, _, _, redelivered in received.starts)
-    assert len({id(holder) for _, holder, _, _ in received.starts}) > 1  # the broker spreads them
+    assert len({id(channel) for _, channel, _, _ in received.starts}) > 1  # the broker spreads them
 
     await session.ack(*received.delivery(b"acked"))
     await session.requeue(*received.delivery(b"requeued"))

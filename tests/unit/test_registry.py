@@ -1,12 +1,12 @@
-"""``observer_service.held``: each session's digest kept as observers come and go."""
+"""``observer_service.registry``: each session's digest kept as observers come and go."""
 
 from __future__ import annotations
 
 import random
 import uuid
 
-from observer_service.held import Held
 from observer_service.observer import Running
+from observer_service.registry import Registry
 from shared.messages import (
     digest_of,
 )
@@ -17,7 +17,7 @@ def test_held_keeps_each_sessions_digest_as_observers_come_and_go() -> None:
     # instead of walking all of them every period: it must always equal digest_of over what
     # each session really holds, whatever the order of adds, replacements and removes.
     rng = random.Random(17)
-    held = Held()
+    held = Registry()
     sessions = [object(), object(), object()]
     ids = [uuid.uuid4() for _ in range(300)]
     for _ in range(5_000):

@@ -10,7 +10,7 @@ updated as an observer is added or removed, and a digest costs nothing.
 
 Invariant: ``digest(session)`` equals ``digest_of`` of the ids held in that session (a
 ``Running`` keeps the session it was started in for its whole life). Only ``add`` and
-``remove`` change what is held; ``tests/unit/test_held.py`` checks the invariant against
+``remove`` change what is held; ``tests/unit/test_registry.py`` checks the invariant against
 ``digest_of`` under random adds and removes.
 """
 
@@ -23,7 +23,7 @@ from observer_service.observer import Running
 from shared.messages import digest_text
 
 
-class Held:
+class Registry:
     def __init__(self) -> None:
         self._running: dict[uuid.UUID, Running] = {}
         # session -> [count, XOR of the ids' ints]; a session's entry goes with its last observer.

@@ -1,7 +1,7 @@
 """The holding connection, on a thread and event loop of its own.
 
 What makes this host the owner of its observers lives here, and nothing bulky:
-* the holders: channels that consume the pools' start queues (manual ack, one consumer each,
+* the start channels: channels that consume the pools' start queues (manual ack, one consumer each,
   ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool);
 * ``work``: this instance's exclusive control queue, whose presence tells the manager the
   connection lives (``manager/liveness.py``);
@@ -20,7 +20,7 @@ observers' loop has queued, so heartbeats and round trips go out on time, the le
 valid and the observers merely run late, which is what they are. A frozen process (SIGSTOP,
 swapped out) still freezes both threads, and the lease still lapses.
 
-Every method here runs on the hold loop, except where it says "any thread". What crosses
+Every method here runs on the holding loop, except where it says "any thread". What crosses
 to the main loop goes through its ``Mailbox``, in order: start deliveries, control
 commands, and the session's failure. What comes back is settles (``settle``: posted in
 order, sent by one task, never awaited by the caller) and ``LoopThread.call`` for opening,
@@ -44,9 +44,9 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
 
 from observer_service import metrics
-from observer_service.holder_channel import hold_channel
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
+from observer_service.start_channel import as_start_channel
 from shared import topology
 from shared.amqp_errors import describe_close, refusal
 from shared.errors import DecodeError
@@ -55,10 +55,10 @@ from shared.messages import ControlMessage, decode_control
 logger = logging.getLogger(__name__)
 
 # The channel a start delivery came on: settling it needs that channel and the delivery tag.
-Holder = aiormq.abc.AbstractChannel
-# A start delivery, as the runner keeps it: the body, its holder, the delivery tag and whether
+DeliveryChannel = aiormq.abc.AbstractChannel
+# A start delivery, as the runner keeps it: the body, its channel, the delivery tag and whether
 # the broker redelivered it. Called on the main loop.
-StartHandler = Callable[[bytes, Holder, int, bool], None]
+StartHandler = Callable[[bytes, DeliveryChannel, int, bool], None]
 # A decoded control command (already acked), called on the main loop.
 ControlHandler = Callable[[ControlMessage], None]
 # Called (on any thread) when the connection is gone: the reason and the error, if any.
@@ -79,15 +79,15 @@ class HoldingConnection:
         self._fail = fail
         self._connection: AbstractConnection | None = None
         self._lease_channel: AbstractChannel | None = None
-        self._holders: list[AbstractChannel] = []
-        self._start_consumers: list[tuple[Holder, str]] = []
+        self._start_channels: list[AbstractChannel] = []
+        self._start_consumers: list[tuple[DeliveryChannel, str]] = []
         self._on_start: StartHandler | None = None
         self._on_control: ControlHandler | None = None
         self._on_refused: RefusedHandler | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         # Settles posted by the main loop, sent in order by ``_settle_loop``.
-        self._settles: collections.deque[tuple[Settle, Holder, int]] = collections.deque()
+        self._settles: collections.deque[tuple[Settle, DeliveryChannel, int]] = collections.deque()
         self._settle_wakeup: asyncio.Event | None = None
         self._settling = asyncio.Lock()
 
@@ -179,8 +179,8 @@ class HoldingConnection:
 
     async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
         channel = await self._channel()
-        raw = hold_channel(await channel.get_underlay_channel(), self._on_start_delivery)
-        self._holders.append(channel)
+        raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
+        self._start_channels.append(channel)
         await channel.set_qos(prefetch_count=prefetch)
         self._watch_cancels(raw, queue)
         tag = await raw.consume(queue, {})
@@ -212,20 +212,20 @@ class HoldingConnection:
         self._start_consumers.clear()
 
     async def requeue_held(self) -> None:
-        """Close the holders (``Session.requeue_held`` says why), after sending every settle
+        """Close the start channels (``Session.requeue_held`` says why), after sending every settle
         posted before: an ack of a stopped observer must not be turned into a requeue."""
         await self._send_settles()
-        holders, self._holders = self._holders, []
-        for channel in holders:
+        channels, self._start_channels = self._start_channels, []
+        for channel in channels:
             channel.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on
-        for channel in holders:
+        for channel in channels:
             with contextlib.suppress(Exception):
                 await channel.close()
 
     # --- deliveries and commands: to the main loop ---------------------------------------
 
     def _on_start_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
-        """The holders' delivery handler, called on their reader (``HolderChannel``). Start
+        """The start channels' delivery handler, called on their reader (``StartChannel``). Start
         deliveries are taken on the raw channel, not as aio-pika messages: a service keeps
         every start it runs for the observer's whole life, and aio-pika's message with
         aiormq's frames is ~1.3 KiB of it (issue 17, density). What is kept is the body and
@@ -253,9 +253,9 @@ class HoldingConnection:
 
     # --- settles: from the main loop -------------------------------------------------------
 
-    def settle(self, operation: Settle, holder: Holder, tag: int) -> None:
-        """Queue a settle (called on the hold loop, through its mailbox)."""
-        self._settles.append((operation, holder, tag))
+    def settle(self, operation: Settle, channel: DeliveryChannel, tag: int) -> None:
+        """Queue a settle (called on the holding loop, through its mailbox)."""
+        self._settles.append((operation, channel, tag))
         if self._settle_wakeup is not None:
             self._settle_wakeup.set()
 
@@ -269,15 +269,15 @@ class HoldingConnection:
     async def _send_settles(self) -> None:
         async with self._settling:
             while self._settles:
-                operation, holder, tag = self._settles.popleft()
+                operation, channel, tag = self._settles.popleft()
                 # A closed channel's deliveries are the broker's again: nothing to settle.
                 with contextlib.suppress(Exception):
                     if operation == "ack":
-                        await holder.basic_ack(tag, wait=False)
+                        await channel.basic_ack(tag, wait=False)
                     elif operation == "requeue":
-                        await holder.basic_nack(tag, requeue=True, wait=False)
+                        await channel.basic_nack(tag, requeue=True, wait=False)
                     else:
-                        await holder.basic_reject(tag, requeue=False, wait=False)
+                        await channel.basic_reject(tag, requeue=False, wait=False)
 
     # --- lease -------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""``observer_service.holder_channel`` against a real broker: it replaces how aiormq hands a
+"""``observer_service.start_channel`` against a real broker: it replaces how aiormq hands a
 channel's deliveries to its consumer, so these tests are what an aiormq upgrade that changes
 that path would fail."""
 
@@ -13,7 +13,7 @@ import pytest
 from aio_pika.abc import AbstractConnection
 from aiormq.abc import DeliveredMessage
 
-from observer_service.holder_channel import HolderChannel, hold_channel
+from observer_service.start_channel import StartChannel, as_start_channel
 from tools import infra
 
 
@@ -26,10 +26,10 @@ async def connection(rabbit: infra.RabbitNode, vhost: str) -> AsyncIterator[Abst
 
 async def _holder(
     connection: AbstractConnection, queue: str, handler: object, prefetch: int = 100
-) -> tuple[aio_pika.abc.AbstractChannel, HolderChannel]:
+) -> tuple[aio_pika.abc.AbstractChannel, StartChannel]:
     channel = await connection.channel(publisher_confirms=False)
     await channel.declare_queue(queue, durable=True)
-    raw = hold_channel(await channel.get_underlay_channel(), handler)  # type: ignore[arg-type]
+    raw = as_start_channel(await channel.get_underlay_channel(), handler)  # type: ignore[arg-type]
     await channel.set_qos(prefetch_count=prefetch)
     return channel, raw
 
@@ -129,4 +129,4 @@ async def test_a_closed_holder_gives_its_unsettled_deliveries_back(connection: A
 
 def test_only_a_plain_aiormq_channel_is_converted() -> None:
     with pytest.raises(TypeError, match=r"expected an aiormq\.Channel"):
-        hold_channel(object(), lambda message: None)  # type: ignore[arg-type]
+        as_start_channel(object(), lambda message: None)  # type: ignore[arg-type]

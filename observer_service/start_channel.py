@@ -8,11 +8,11 @@ thread, sharing the GIL with the loop that starts their observers: the task mach
 ~13 µs of the ~85 µs aiormq spends per delivery (consuming 30,000 on one uvloop, CPU per
 delivery 85-86 µs with aiormq's consumer, 72 µs with this one).
 
-``hold_channel`` turns an open aiormq channel into a ``HolderChannel``, whose deliveries
+``as_start_channel`` turns an open aiormq channel into a ``StartChannel``, whose deliveries
 go to ``on_delivery`` synchronously, in the order they arrive, on the channel's reader. It
 relies on aiormq's ``Channel._on_deliver_frame``, ``_get_frame`` and ``_read_content``:
 ``pyproject.toml`` pins aiormq to the minor version they were read from, and
-``tests/system/test_holder_channel.py`` checks deliveries, a body of several frames and a failing
+``tests/system/test_start_channel.py`` checks deliveries, a body of several frames and a failing
 callback against a real broker.
 """
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 DeliveryHandler = Callable[[DeliveredMessage], None]
 
 
-class HolderChannel(aiormq.Channel):
+class StartChannel(aiormq.Channel):
     """An aiormq channel whose deliveries go to ``on_delivery``, a plain function, called on
     the channel's reader: it must not block, and what it raises is logged, not fatal."""
 
@@ -65,13 +65,13 @@ class HolderChannel(aiormq.Channel):
             logger.exception("the delivery handler of channel %s failed", self.number)
 
 
-def hold_channel(channel: aiormq.abc.AbstractChannel, on_delivery: DeliveryHandler) -> HolderChannel:
-    """Make ``channel`` (an open ``aiormq.Channel``, before it consumes) a ``HolderChannel``.
+def as_start_channel(channel: aiormq.abc.AbstractChannel, on_delivery: DeliveryHandler) -> StartChannel:
+    """Make ``channel`` (an open ``aiormq.Channel``, before it consumes) a ``StartChannel``.
     The class is swapped in place: aiormq's connection creates its channels itself, and the
     subclass adds no state of its own but the handler."""
     if type(channel) is not aiormq.Channel:
         raise TypeError(f"expected an aiormq.Channel, got {type(channel).__name__}")
-    channel.__class__ = HolderChannel
-    assert isinstance(channel, HolderChannel)
+    channel.__class__ = StartChannel
+    assert isinstance(channel, StartChannel)
     channel.on_delivery = on_delivery
     return channel
