@@ -65,7 +65,7 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractIncomingMess
 
 from bench import broker_work, profile
 from observer_service.session import prefetch_chunks
-from shared.batch_publish import Outgoing, publish_batch
+from shared.batch_publish import BatchMessage, publish_batch
 from tools import infra
 
 __all__ = ["RawResult", "arun_raw", "default_amqp_url", "main", "run_raw"]
@@ -276,7 +276,7 @@ async def _publish_batched(channel: AbstractChannel, routing_key: str, messages:
     """Publish in batches of ``BATCH`` with ``BATCHES_IN_FLIGHT`` unconfirmed, as the
     manager publishes the starts of concurrent bulk creates; a nack or a return raises."""
     raw = cast(aiormq.Channel, await channel.get_underlay_channel())
-    outgoing = [Outgoing(routing_key, m.body, m.properties) for m in messages]
+    outgoing = [BatchMessage(routing_key, m.body, m.properties) for m in messages]
     batches = iter(range(0, len(outgoing), BATCH))
 
     async def worker() -> None:

@@ -28,7 +28,7 @@ from aiormq import spec
 
 from bench import profile
 from bench.raw import default_amqp_url
-from shared.batch_publish import Outgoing, publish_batch
+from shared.batch_publish import BatchMessage, publish_batch
 
 _READY_TIMEOUT_S = 600.0
 
@@ -61,7 +61,7 @@ async def measure(url: str, how: str, n: int) -> tuple[float, float]:
             body = b"x" * 250
             for first in range(0, n, 1000):
                 batch = [
-                    Outgoing(queue.name, body, spec.Basic.Properties(delivery_mode=2, message_id=f"{first + i}"))
+                    BatchMessage(queue.name, body, spec.Basic.Properties(delivery_mode=2, message_id=f"{first + i}"))
                     for i in range(min(1000, n - first))
                 ]
                 await publish_batch(raw, batch, timeout=60)

@@ -5,10 +5,10 @@ Where things are handled:
   ``commands`` (creates, stops, restarts; ``create_groups`` commits single creates together,
   ``admission`` bounds them) and ``queries`` (reads) are the operations behind them;
   ``kinds`` validates a create's args against what the live services announce.
-* The state side, a child process of the API's (``state_child`` from the API's side,
-  ``state_process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
+* The state side, a child process of the API's (``state.supervisor`` from the API's side,
+  ``state.process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
   them off the queue, ``state/rules`` decides each one, ``state/rows`` reads and writes the
-  rows, ``state/probation``, ``state/adoption``, ``state/digest``, ``state/outgoing``);
+  rows, ``state/probation``, ``state/adoption``, ``state/digest``, ``state/follow_ups``);
   ``background`` runs the periodic repairs (``liveness``, ``lost_starts``, ``rebuild``,
   ``retention``, ``queue_waker``).
 * The broker: ``broker`` (the manager's connection: publishes, the state consumer) and

@@ -1,7 +1,7 @@
 """``python -m manager``: serve the API with uvicorn (host/port from ORCH_MANAGER_*).
 
 The state process is spawned first, before this process imports the API's modules or even
-its settings, so the two start side by side (``manager/state_child.py`` says why); the API's
+its settings, so the two start side by side (``manager/state/supervisor.py`` says why); the API's
 lifespan then watches it.
 """
 
@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from manager.state_child import StateChild
+    from manager.state.supervisor import StateSupervisor
 
 logger = logging.getLogger("manager")  # not "__main__" when run with -m
 
@@ -45,7 +45,7 @@ def main() -> None:
     from shared.event_loop import uses_uvloop
 
     uvicorn.run(
-        create_app(settings, state_child=child),
+        create_app(settings, state_supervisor=child),
         host=settings.manager_host,
         port=settings.manager_port,
         log_config=None,
@@ -54,10 +54,10 @@ def main() -> None:
     )
 
 
-def _spawn_state_process() -> StateChild:
-    from manager.state_child import StateChild
+def _spawn_state_process() -> StateSupervisor:
+    from manager.state.supervisor import StateSupervisor
 
-    child = StateChild()
+    child = StateSupervisor()
     child.spawn()
     return child
 

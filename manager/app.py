@@ -2,7 +2,7 @@
 
 The lifespan checks the schema, connects to the broker (in the background, retrying),
 starts the state side (the state consumer and the background loops: in a child process by
-default, see ``manager/state_process.py``) and closes everything on the way out.
+default, see ``manager/state/process.py``) and closes everything on the way out.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.db.errors import DATABASE_ERRORS, describe, is_transient
 from manager.errors import RETRY_AFTER_S, ManagerError
 from manager.metrics import STATE_REGISTRY
-from manager.state_child import StateChild
-from manager.state_process import StateSide
+from manager.state.process import StateSide
+from manager.state.supervisor import StateSupervisor
 from shared import __version__
 from shared.settings import ManagerSettings, get_manager_settings
 
@@ -45,7 +45,7 @@ def _stop_if_the_side_ended(task: asyncio.Task[None]) -> None:
     """``ORCH_STATE_PROCESS=false``: the state side ended while the API serves. An API whose
     reports nobody applies would accept creates that never run, with nothing said: the
     process stops instead, for its supervisor to start it again (the child process of the
-    default mode is restarted by the API, ``manager/state_child.py``)."""
+    default mode is restarted by the API, ``manager/state/supervisor.py``)."""
     why = "cancelled from within" if task.cancelled() else repr(task.exception())
     logger.critical("the state side stopped (%s): stopping the manager for its supervisor to restart it", why)
     os.kill(os.getpid(), signal.SIGTERM)
@@ -81,8 +81,8 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
 _GC_THRESHOLDS = (50_000, 20, 10)
 
 
-def create_app(settings: ManagerSettings | None = None, state_child: StateChild | None = None) -> FastAPI:
-    """The API; with ``settings.state_process``, its lifespan starts and watches ``state_child``
+def create_app(settings: ManagerSettings | None = None, state_supervisor: StateSupervisor | None = None) -> FastAPI:
+    """The API; with ``settings.state_process``, its lifespan starts and watches ``state.supervisor``
     (spawned already by ``python -m manager``) or a new one."""
     settings = settings or get_manager_settings()
 
@@ -119,11 +119,11 @@ def create_app(settings: ManagerSettings | None = None, state_child: StateChild 
         app.state.read_sessions = make_sessionmaker(read_engine)
         app.state.broker = broker
         app.state.commands = commands
-        child: StateChild | None = None
+        child: StateSupervisor | None = None
         task: asyncio.Task[None] | None = None
         if settings.state_process:
             broker.start(None)
-            child = state_child or StateChild()
+            child = state_supervisor or StateSupervisor()
             child.start()
             app.state.state_metrics = child.metrics_text
         else:

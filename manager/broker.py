@@ -30,7 +30,7 @@ from shared.amqp_errors import (
     vhost_refused,
     vhost_refused_text,
 )
-from shared.batch_publish import Outgoing, publish_batch
+from shared.batch_publish import BatchMessage, publish_batch
 from shared.errors import BrokerUnavailable
 from shared.logs import last_chatter
 from shared.messages import Message, StartObserver
@@ -287,7 +287,7 @@ class BrokerLink:
                 publish = publish_batch(
                     cast(aiormq.Channel, raw),
                     [
-                        Outgoing(
+                        BatchMessage(
                             topology.start_queue_name(start.pool),
                             start.encode(),
                             topology.persistent_properties(str(start.message_id)),

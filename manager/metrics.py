@@ -27,7 +27,7 @@ PROBATION = Gauge(
     registry=REGISTRY,
 )
 STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
-# Counted by the state side, which may run in a process of its own (manager.state_process):
+# Counted by the state side, which may run in a process of its own (manager.state.process):
 # the API's /metrics adds this registry's text to its own.
 STATE_REGISTRY = CollectorRegistry()
 STATE_APPLIED = Counter(

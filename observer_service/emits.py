@@ -36,7 +36,7 @@ from pamqp import commands as spec
 
 from observer_service.lease import Lease
 from shared import topology
-from shared.batch_publish import Outgoing, publish_batch
+from shared.batch_publish import BatchMessage, publish_batch
 from shared.errors import LeaseLost
 
 MAX_BATCH = 1000  # messages per write; the rest wait for the next batch
@@ -92,8 +92,8 @@ class EventPublisher:
         self.channel = channel
         self.lease = lease
         self.on_failure = on_failure
-        self._queued: list[tuple[Outgoing, asyncio.Future[None]]] = []
-        self._in_flight: list[tuple[Outgoing, asyncio.Future[None]]] = []
+        self._queued: list[tuple[BatchMessage, asyncio.Future[None]]] = []
+        self._in_flight: list[tuple[BatchMessage, asyncio.Future[None]]] = []
         self._wake = asyncio.Event()
         self._closed: str | None = None
         self._task = asyncio.create_task(self._publish_queued(), name="emits")
@@ -104,7 +104,7 @@ class EventPublisher:
             raise LeaseLost(f"cannot emit: {self._closed}")
         properties = topology.persistent_properties(uuid.uuid4().hex)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queued.append((Outgoing(routing_key, body, properties), done))
+        self._queued.append((BatchMessage(routing_key, body, properties), done))
         self._wake.set()
         await done
 
@@ -151,7 +151,7 @@ class EventPublisher:
                         done.set_exception(DeliveryError(None, result))  # type: ignore[arg-type]
 
     @staticmethod
-    def _fail(batch: list[tuple[Outgoing, asyncio.Future[None]]], error: Exception) -> None:
+    def _fail(batch: list[tuple[BatchMessage, asyncio.Future[None]]], error: Exception) -> None:
         for _, done in batch:
             if not done.done():
                 done.set_exception(error)

@@ -35,7 +35,7 @@ from pamqp.header import ContentHeader
 
 
 @dataclass(frozen=True, slots=True)
-class Outgoing:
+class BatchMessage:
     routing_key: str
     body: bytes
     # ``message_id`` must be set: a returned message is matched to its publish by it.
@@ -44,7 +44,7 @@ class Outgoing:
 
 async def publish_batch(
     channel: aiormq.Channel,
-    messages: Sequence[Outgoing],
+    messages: Sequence[BatchMessage],
     *,
     timeout: float | None,
     exchange: str = "",
@@ -106,7 +106,7 @@ async def publish_batch(
 
 def _settle(
     channel: aiormq.Channel,
-    messages: Sequence[Outgoing],
+    messages: Sequence[BatchMessage],
     first_tag: int,
     confirmations: list[asyncio.Future[ConfirmationFrameType | DeliveredMessage]],
 ) -> None:

@@ -9,7 +9,7 @@ the database answers. What waiting cannot fix (a wrong password, a database or r
 does not exist, a schema behind the migrations) is one CRITICAL line naming the setting to
 fix, and the process exits with status 2, as for a metrics port that is taken. Both sides
 call it: the API process before it serves (``manager/__main__.py``), the state process
-before it applies anything (``manager/state_process.py``).
+before it applies anything (``manager/state/process.py``).
 """
 
 from __future__ import annotations

@@ -1,1 +1,10 @@
-"""Applying service reports to the database (``rules``) and consuming them (``consumer``)."""
+"""The manager's state side: the process that applies service reports and runs the repairs.
+
+``process`` is the state process itself (``python -m manager.state.process``) and
+``supervisor`` the API process's handle on it (spawn, watch, restart, stop). Inside it,
+``consumer`` takes the state queue's batches and ``rules`` applies each report; ``rows``
+writes a batch's observer rows back, ``follow_ups`` publishes what a batch decided,
+``probation``, ``adoption`` and ``digest`` are the rules' helpers.
+
+Importing this package must stay light: the supervisor is imported before FastAPI.
+"""

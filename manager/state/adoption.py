@@ -24,14 +24,16 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import FINAL_STATUSES, AbandonedObserver, EventType, Observer, ObserverStatus
 from manager.db.sql import id_in
-from manager.state.outgoing import Outgoing
+from manager.state.follow_ups import FollowUps
 from manager.state.rows import ObserverRows
 from shared.messages import ObserversDescribed, StartObserver
 
 logger = logging.getLogger(__name__)
 
 
-async def adopt(session: AsyncSession, rows: ObserverRows, m: ObserversDescribed, now: datetime, out: Outgoing) -> None:
+async def adopt(
+    session: AsyncSession, rows: ObserverRows, m: ObserversDescribed, now: datetime, out: FollowUps
+) -> None:
     """Re-create the rows of the observers ``m`` describes, or stop them (see above). The
     sender must be a known service (it becomes their host)."""
     ids = [start.observer_id for start in m.starts]

@@ -50,7 +50,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.db.errors import OutageLog, is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
-from manager.state.outgoing import Outgoing
+from manager.state.follow_ups import FollowUps
 from manager.state.rules import StateRules
 from shared.collector import paused_collection
 from shared.errors import BrokerUnavailable, DecodeError
@@ -89,7 +89,7 @@ class StateConsumer:
         self._inbox: asyncio.Queue[Delivery] = asyncio.Queue()
         self._busy = False
         # Committed batches whose follow-ups are not published (and deliveries not acked) yet.
-        self._committed: asyncio.Queue[tuple[Outgoing, list[Delivery]]] = asyncio.Queue(_PUBLISH_AHEAD)
+        self._committed: asyncio.Queue[tuple[FollowUps, list[Delivery]]] = asyncio.Queue(_PUBLISH_AHEAD)
         self._publishing = False
         self._database = OutageLog("applying state reports", logger)
 
@@ -129,8 +129,8 @@ class StateConsumer:
             self._busy = True
             began = time.perf_counter()
             try:
-                outgoing, applied = await self._apply(deliveries)
-                await self._committed.put((outgoing, applied))
+                follow_ups, applied = await self._apply(deliveries)
+                await self._committed.put((follow_ups, applied))
             finally:
                 self._busy = False
             STATE_BATCHES.inc()
@@ -156,11 +156,11 @@ class StateConsumer:
     async def _publish_loop(self) -> None:
         """Publish each committed batch's follow-ups, then ack its deliveries, in commit order."""
         while True:
-            outgoing, applied = await self._committed.get()
+            follow_ups, applied = await self._committed.get()
             self._publishing = True
             try:
                 publishing = time.perf_counter()
-                await self._publish(outgoing)
+                await self._publish(follow_ups)
                 acking = time.perf_counter()
                 STATE_BUSY.labels("publish").inc(acking - publishing)
                 await self._ack(applied)
@@ -168,38 +168,38 @@ class StateConsumer:
             finally:
                 self._publishing = False
 
-    async def _apply(self, deliveries: list[Delivery]) -> tuple[Outgoing, list[Delivery]]:
+    async def _apply(self, deliveries: list[Delivery]) -> tuple[FollowUps, list[Delivery]]:
         """Apply in one transaction; on a deterministic failure fall back to one report
         per transaction. Returns the follow-ups to publish and the deliveries to ack
         (applied ones)."""
         began = time.perf_counter()
         try:
-            outgoing = await self._transaction([report for _, report in deliveries])
+            follow_ups = await self._transaction([report for _, report in deliveries])
         except Exception:
-            outgoing = Outgoing()
+            follow_ups = FollowUps()
             applied: list[Delivery] = []
             if len(deliveries) > 1:
                 for delivery in deliveries:
-                    one_outgoing, one_applied = await self._apply([delivery])
-                    outgoing.add(one_outgoing)
+                    one_follow_ups, one_applied = await self._apply([delivery])
+                    follow_ups.add(one_follow_ups)
                     applied += one_applied
-                return outgoing, applied
+                return follow_ups, applied
             # A report we cannot apply is a bug or a contract mismatch: keep it for a human
             # in the error queue rather than block every other report.
             message, report = deliveries[0]
             logger.exception("dead-lettering %s that could not be applied", type(report).__name__)
             with contextlib.suppress(Exception):
                 await message.reject(requeue=False)
-            return outgoing, applied
+            return follow_ups, applied
         STATE_BUSY.labels("transaction").inc(time.perf_counter() - began)
         self.applied += len(deliveries)
         STATE_APPLIED.inc(len(deliveries))
-        return outgoing, deliveries
+        return follow_ups, deliveries
 
-    async def _transaction(self, reports: Sequence[StateMessage]) -> Outgoing:
+    async def _transaction(self, reports: Sequence[StateMessage]) -> FollowUps:
         """One transaction for all ``reports``, retried while the database is unreachable."""
         while True:
-            outgoing = Outgoing()
+            follow_ups = FollowUps()
             try:
                 # A catch-up's batch builds a row, a change and two events per observer: with
                 # the collector on, ~950 collections took 0.86-1.18 s of its 4.3-4.8 s
@@ -211,18 +211,18 @@ class StateConsumer:
                         await self.rules.preload(session, fresh)
                         now = datetime.now(UTC)
                         for report in fresh:
-                            outgoing.add(await self.rules.apply(session, report, now))
+                            follow_ups.add(await self.rules.apply(session, report, now))
                         await self.rules.flush(session)
                 self._database.worked()
-                return outgoing
+                return follow_ups
             except Exception as e:
                 if not is_transient(e):
                     raise
                 self._database.failed(e)  # said once, and once a minute, not per attempt
                 await asyncio.sleep(_DB_RETRY_S)
 
-    async def _publish(self, outgoing: Outgoing) -> None:
-        for follow_up in outgoing.batched():
+    async def _publish(self, follow_ups: FollowUps) -> None:
+        for follow_up in follow_ups.batched():
             try:
                 await self.broker.publish_control(follow_up)
             except BrokerUnavailable as e:

@@ -36,7 +36,7 @@ from manager.db.sql import id_in
 from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
 from manager.state.adoption import adopt
 from manager.state.digest import held_digest
-from manager.state.outgoing import Outgoing
+from manager.state.follow_ups import FollowUps
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, Row, ServiceRows
 from shared.messages import (
@@ -91,8 +91,8 @@ class StateRules:
         # The rows of the transaction being applied (set by ``preload``).
         self._rows: tuple[ObserverRows, ServiceRows] | None = None
 
-    async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> Outgoing:
-        out = Outgoing()
+    async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> FollowUps:
+        out = FollowUps()
         match message:
             case ServiceBorn():
                 await self._born(session, message, now, out)
@@ -117,7 +117,7 @@ class StateRules:
         return out
 
     async def _apply_observer_report(
-        self, session: AsyncSession, report: ObserverReport, now: datetime, out: Outgoing
+        self, session: AsyncSession, report: ObserverReport, now: datetime, out: FollowUps
     ) -> None:
         match report:
             case ObserverStarted():
@@ -133,7 +133,7 @@ class StateRules:
 
     # --- services ------------------------------------------------------------------------
 
-    async def _born(self, session: AsyncSession, m: ServiceBorn, now: datetime, out: Outgoing) -> None:
+    async def _born(self, session: AsyncSession, m: ServiceBorn, now: datetime, out: FollowUps) -> None:
         services = self._services_of(session)
         for old in await services.namesakes(m.name, m.service_id):
             await services.delete(old.id, now)
@@ -146,12 +146,12 @@ class StateRules:
             await self._release_observers(session, old.id, now)
         await services.born(m, now)
 
-    async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: Outgoing) -> None:
+    async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: FollowUps) -> None:
         services = self._services_of(session)
         if not await services.touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms, m.refused):
             await self._introduce_if_unknown(session, m.service_id, out)
 
-    async def _introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: Outgoing) -> None:
+    async def _introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: FollowUps) -> None:
         """A service speaks that has no row: its ServiceBorn was lost (dead-lettered while
         the database refused connections) or the database was restored from an older
         backup. Ask it to introduce itself again; until then its reports about observers
@@ -195,7 +195,7 @@ class StateRules:
         observer_id: uuid.UUID,
         m: ObserverStarted | ObserversStarted,
         now: datetime,
-        out: Outgoing,
+        out: FollowUps,
     ) -> None:
         """``observer_id`` started on ``m.service_id`` (in ``m.session_id``)."""
         obs = await self._observer(session, observer_id)
@@ -286,7 +286,7 @@ class StateRules:
         obs.probation_clean_since = now
         self._rows_of(session).event(obs.id, EventType.ISOLATED, now, service_id=m.service_id)
 
-    async def _described(self, session: AsyncSession, m: ObserversDescribed, now: datetime, out: Outgoing) -> None:
+    async def _described(self, session: AsyncSession, m: ObserversDescribed, now: datetime, out: FollowUps) -> None:
         if not await self._service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
             await self._introduce_if_unknown(session, m.service_id, out)
             return
@@ -294,7 +294,7 @@ class StateRules:
             self.suspicions.unknown.pop(start.observer_id, None)
         await adopt(session, self._rows_of(session), m, now, out)
 
-    async def _digest(self, session: AsyncSession, m: ServiceDigest, now: datetime, out: Outgoing) -> None:
+    async def _digest(self, session: AsyncSession, m: ServiceDigest, now: datetime, out: FollowUps) -> None:
         """Compare a service's digest with the rows; ask for its whole inventory if they differ."""
         if not await self._services_of(session).touch(m.service_id, now, m.count, m.session_id):
             await self._introduce_if_unknown(session, m.service_id, out)
@@ -312,7 +312,7 @@ class StateRules:
             )
             out.messages.append(InventoryRequest(service_id=m.service_id))
 
-    async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: Outgoing) -> None:
+    async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: FollowUps) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the
         steady state an inventory of 30,000 ids costs two index scans, no Python per id."""
         if not await self._services_of(session).touch(m.service_id, now, len(m.observer_ids), m.session_id):
@@ -352,7 +352,7 @@ class StateRules:
                 await self._reconcile(session, obs, m, obs.id in listed, now, out)
 
     async def _reconcile(
-        self, session: AsyncSession, obs: Row, m: ServiceInventory, listed: bool, now: datetime, out: Outgoing
+        self, session: AsyncSession, obs: Row, m: ServiceInventory, listed: bool, now: datetime, out: FollowUps
     ) -> None:
         sid = m.service_id
         conflicting = self.suspicions.conflicts.pop(obs.id, None) if obs.service_id == sid else None

@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq import spec
 from aiormq.abc import DeliveredMessage
 
-from shared.batch_publish import Outgoing, publish_batch
+from shared.batch_publish import BatchMessage, publish_batch
 from tools import infra
 
 
@@ -32,8 +32,8 @@ async def _confirming(connection: AbstractConnection) -> tuple[AbstractChannel, 
     return channel, cast(aiormq.Channel, await channel.get_underlay_channel())
 
 
-def _message(queue: str, body: bytes) -> Outgoing:
-    return Outgoing(queue, body, spec.Basic.Properties(delivery_mode=2, message_id=uuid.uuid4().hex))
+def _message(queue: str, body: bytes) -> BatchMessage:
+    return BatchMessage(queue, body, spec.Basic.Properties(delivery_mode=2, message_id=uuid.uuid4().hex))
 
 
 async def _drain(channel: AbstractChannel, queue: str, count: int) -> list[aio_pika.abc.AbstractIncomingMessage]:
@@ -127,7 +127,7 @@ async def test_a_batch_without_message_ids_is_refused_before_anything_is_sent(co
     channel, raw = await _confirming(connection)
     await channel.declare_queue("bp-ids", durable=True)
     tag = raw.delivery_tag
-    bad = [_message("bp-ids", b"ok"), Outgoing("bp-ids", b"no id", spec.Basic.Properties(delivery_mode=2))]
+    bad = [_message("bp-ids", b"ok"), BatchMessage("bp-ids", b"no id", spec.Basic.Properties(delivery_mode=2))]
     with pytest.raises(ValueError, match="message_id"):
         await publish_batch(raw, bad, timeout=30)
     assert raw.delivery_tag == tag and not raw.confirmations

@@ -148,7 +148,7 @@ def test_an_inventory_larger_than_the_sql_parameter_limit_is_applied(system: Sys
 
 
 def _state_process_of(manager_pid: int) -> int | None:
-    """The pid of the manager's state process (its child running manager.state_process)."""
+    """The pid of the manager's state process (its child running manager.state.process)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -157,7 +157,7 @@ def _state_process_of(manager_pid: int) -> int | None:
             cmdline = (proc / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if ppid == manager_pid and b"manager.state_process" in cmdline:
+        if ppid == manager_pid and b"manager.state.process" in cmdline:
             return int(proc.name)
     return None
 
@@ -210,7 +210,7 @@ def test_the_state_process_is_restarted_if_it_dies_and_dies_with_the_manager(sys
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: _gone(first), 10, "the state process to die", every=0.01)
     # In the second before the restart, another process tries to take the metrics port. The
-    # manager holds it (``StateChild``), so it cannot; when the child bound a port the
+    # manager holds it (``StateSupervisor``), so it cannot; when the child bound a port the
     # manager had only picked, a port taken here failed every start of the child after it.
     squatter = _squat(metrics_port, 0.5)
 

@@ -1,4 +1,4 @@
-"""How the manager's state side starts (``manager/__main__.py``, ``manager/state_process.py``).
+"""How the manager's state side starts (``manager/__main__.py``, ``manager/state/process.py``).
 
 The state process is spawned before the manager reads its settings, and connects to the
 broker while it checks the database's schema: both so that a restarted manager begins
@@ -21,7 +21,7 @@ from tests.system.test_migrations import alembic
 from tools import infra
 from tools.harness import System, wait_for
 
-CHILD_MARK = "ORCH_STATE_PARENT_PID"  # manager.state_child.PARENT_PID_ENV
+CHILD_MARK = "ORCH_STATE_PARENT_PID"  # manager.state.supervisor.PARENT_PID_ENV
 
 
 def state_processes_of(manager_pid: int) -> list[int]:
@@ -73,7 +73,7 @@ async def test_a_state_process_on_an_outdated_schema_applies_and_acks_nothing(
     # alembic_version: held here until the process has been delivered every report.
     async with sessions() as session, session.begin():
         await session.execute(text("LOCK TABLE alembic_version IN ACCESS EXCLUSIVE MODE"))
-        state = system.start_process("state", "manager.state_process")
+        state = system.start_process("state", "manager.state.process")
         await asyncio.to_thread(wait_for, lambda: queued(system) == (0, 1), 60, "every report delivered, unacked")
     assert await asyncio.to_thread(state.popen.wait, 60) != 0
     assert "database schema is at revision" in state.text()

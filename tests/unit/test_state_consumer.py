@@ -10,7 +10,7 @@ import uuid
 from aiormq.exceptions import ChannelInvalidStateError
 
 from manager.state.consumer import StateConsumer
-from manager.state.outgoing import Outgoing
+from manager.state.follow_ups import FollowUps
 from shared.messages import (
     ServiceHeartbeat,
 )
@@ -49,15 +49,15 @@ async def test_state_consumer_applies_the_next_batch_while_the_last_ones_follow_
 
     consumer = StateConsumer(None, None, None)  # type: ignore[arg-type]
 
-    async def transaction(reports: list[object]) -> Outgoing:
+    async def transaction(reports: list[object]) -> FollowUps:
         name = reports[0].service_id.hex[:4]  # type: ignore[attr-defined]
         log.append(f"apply {name}")
-        out = Outgoing()
+        out = FollowUps()
         out.introduce(reports[0].service_id)  # type: ignore[attr-defined]
         return out
 
-    async def publish(outgoing: Outgoing) -> None:
-        name = outgoing.messages[0].service_id.hex[:4]  # type: ignore[attr-defined]
+    async def publish(follow_ups: FollowUps) -> None:
+        name = follow_ups.messages[0].service_id.hex[:4]  # type: ignore[attr-defined]
         log.append(f"publish {name}")
         if name == "aaaa":
             first_published.set()

@@ -1,10 +1,10 @@
-"""``manager.state.outgoing``: stops merged per target and isolations per host, asked once."""
+"""``manager.state.follow_ups``: stops merged per target and isolations per host, asked once."""
 
 from __future__ import annotations
 
 import uuid
 
-from manager.state.outgoing import Outgoing
+from manager.state.follow_ups import FollowUps
 from shared.messages import (
     STOPS_PER_MESSAGE,
     IntroduceRequest,
@@ -15,11 +15,11 @@ from shared.messages import (
 )
 
 
-def test_outgoing_merges_stops_per_target_and_isolations_per_host_and_asks_once() -> None:
+def test_follow_ups_merge_stops_per_target_and_isolations_per_host_and_asks_once() -> None:
     host, other, session_id = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     moved = [uuid.uuid4() for _ in range(STOPS_PER_MESSAGE + 5)]
     lone, isolated = uuid.uuid4(), [uuid.uuid4(), uuid.uuid4()]
-    first, second = Outgoing(), Outgoing()
+    first, second = FollowUps(), FollowUps()
     for observer_id in moved[:10]:
         first.stop(observer_id, host, "moved to another host", session_id)
     first.isolate(isolated[0], other)

@@ -6,7 +6,7 @@ consumer starts applying a backlog that much sooner after a manager restart. In 
 ``make bench`` catch-up (30,000 reports waiting for a restarted manager) the child used to be
 spawned from the API's lifespan, after those imports: it began consuming about 4.5 s after
 the start, of the scenario's 7.4 s. This module is the spawner, so it stays light: it must
-not import the state side (``manager.state_process``) or anything heavy.
+not import the state side (``manager.state.process``) or anything heavy.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _RESTART_AFTER_S = 1.0
 _STOP_GRACE_S = 10.0
 
 
-class StateChild:
+class StateSupervisor:
     """One state process of this manager.
 
     :meth:`spawn` may run before the event loop exists (``python -m manager`` calls it first
@@ -55,7 +55,7 @@ class StateChild:
         fd = self._metrics_socket.fileno()
         env = os.environ | {METRICS_FD_ENV: str(fd), PARENT_PID_ENV: str(os.getpid())}
         # Same stdout/stderr as the manager: one log for both halves.
-        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state_process"], env=env, pass_fds=(fd,))
+        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state.process"], env=env, pass_fds=(fd,))
         logger.info("state process started (pid %d)", self._proc.pid)
 
     @property

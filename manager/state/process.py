@@ -11,7 +11,7 @@ The child:
   consumer behind;
 * is started again by the parent, after a pause, if it exits on its own;
 * serves its counters (``STATE_REGISTRY``) on a loopback socket its parent bound and keeps
-  (``StateChild``); the API's ``/metrics`` adds them to its own.
+  (``StateSupervisor``); the API's ``/metrics`` adds them to its own.
 
 It publishes only follow-ups and re-publishes (sweeper); the API process publishes creates.
 The sweeper of the child cannot see which starts the API is publishing right now, so it
@@ -47,13 +47,13 @@ from manager.queue_waker import StartQueueWaker
 from manager.state.consumer import StateConsumer
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
-from manager.state_child import METRICS_FD_ENV, PARENT_PID_ENV
+from manager.state.supervisor import METRICS_FD_ENV, PARENT_PID_ENV
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
 from shared.process import die_with_parent
 from shared.settings import ManagerSettings, get_manager_settings, settings_or_exit
 
-logger = logging.getLogger("manager.state_process")  # not "__main__" when run with -m
+logger = logging.getLogger("manager.state.process")  # not "__main__" when run with -m
 
 
 class StateSide:
@@ -85,7 +85,7 @@ class StateSide:
 
 
 def main() -> None:
-    """``python -m manager.state_process``: the state side alone (started by the manager)."""
+    """``python -m manager.state.process``: the state side alone (started by the manager)."""
     parent = os.environ.get(PARENT_PID_ENV)
     if parent is not None:
         die_with_parent(int(parent))
@@ -108,7 +108,7 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def _serve_metrics(listener: socket.socket) -> None:
-    """Serve ``STATE_REGISTRY`` on the parent's listening socket (``StateChild``), from a
+    """Serve ``STATE_REGISTRY`` on the parent's listening socket (``StateSupervisor``), from a
     daemon thread, as ``prometheus_client.start_http_server`` does on a port it binds."""
     server = ThreadingWSGIServer(listener.getsockname(), _QuietHandler, bind_and_activate=False)
     server.socket.close()

@@ -1,6 +1,6 @@
-"""Control messages the state side decides while applying reports, published only after the
-transaction that decided them committed (merged per target: one broadcast per host, not
-one per observer).
+"""The follow-ups of a batch of reports: control messages the state side decides while applying
+them, published only after the transaction that decided them committed (merged per target:
+one broadcast per host, not one per observer).
 
 Stops and isolations are kept as ids per target and turned into messages once, in
 ``batched``: a failover of 333,000 observers decides a stop of the old host's copy for each
@@ -28,7 +28,7 @@ StopTarget = tuple[uuid.UUID | None, uuid.UUID | None, str]
 
 
 @dataclass
-class Outgoing:
+class FollowUps:
     """Control messages to publish once the transaction committed."""
 
     messages: list[Message] = field(default_factory=list)  # any but stops and isolations
@@ -50,7 +50,7 @@ class Outgoing:
     def introduce(self, service_id: uuid.UUID, *, name_taken: bool = False) -> None:
         self.messages.append(IntroduceRequest(service_id=service_id, name_taken=name_taken))
 
-    def add(self, other: Outgoing) -> None:
+    def add(self, other: FollowUps) -> None:
         """Take ``other``'s messages too (in order, after this one's)."""
         self.messages += other.messages
         for target, stopped in other.stops.items():
