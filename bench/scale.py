@@ -74,7 +74,7 @@ def product_defaults() -> dict[str, str]:
     """The product's own default for every setting the test harness (``FAST_ENV``) and
     ``make bench`` (``BENCH_ENV``) change: the curve measures the system as a user runs it.
     Until 2026-11-26 it ran with ``BENCH_ENV`` over the harness's clocks, a heartbeat every
-    2 s (default 5) and a manager's sweep every 0.5 s (default 1), which an idle minute
+    2 s (default 5) and a pass of the manager's repairs every 0.5 s (default 1), which an idle minute
     pays for. Logging stays at warnings: a line per observer start would be most of the work."""
     env = {}
     for name in sorted(FAST_ENV.keys() | BENCH_ENV.keys()):

@@ -9,8 +9,8 @@ Where things are handled:
   ``state.process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
   them off the queue, ``state/rules`` decides each one, ``state/rows`` reads and writes the
   rows, ``state/probation``, ``state/adoption``, ``state/digest``, ``state/follow_ups``);
-  ``background`` runs the periodic repairs (``liveness``, ``lost_starts``, ``rebuild``,
-  ``retention``, ``queue_waker``).
+  ``repairs/`` holds the periodic repairs, one file each, run by ``repairs/loop``;
+  ``queue_waker`` keeps big start queues awake.
 * The broker: ``broker`` (the manager's connection: publishes, the state consumer) and
   ``broker_probes`` (questions asked on connections of their own); ``starts`` builds start
   messages.

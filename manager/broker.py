@@ -117,10 +117,10 @@ class BrokerLink:
         self._pacing: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         # Set at each reconnection, for the state side's background loop to check the
-        # broker for lost data at once rather than at its next pass (``manager/background.py``).
+        # broker for lost data at once rather than at its next pass (``manager/repairs/loop.py``).
         self.reconnected = asyncio.Event()
         # Counts connections and reconnections: after each one the broker may be a new,
-        # empty one (manager/rebuild.py checks the marker then).
+        # empty one (manager/repairs/rebuild.py checks the marker then).
         self.connects = 0
         self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
         self._lost_at: float | None = None  # loop time the connection was lost, None while up
@@ -229,7 +229,7 @@ class BrokerLink:
     async def _ensure_marker(self) -> None:
         """Starts go only to a broker the state side has checked (once per connection): on
         a broker that lost its data they would be mixed up with the rebuild, which releases
-        every hosted observer (``manager/rebuild.py``)."""
+        every hosted observer (``manager/repairs/rebuild.py``)."""
         if self._marker_seen == self.connects:
             return
         connects = self.connects

@@ -2,9 +2,9 @@
 
 Create = insert the rows (Created) with a ``pending_starts`` row each, publish their start
 messages with confirms, then delete the pending rows. A crash between the two steps leaves
-pending rows that the sweeper publishes again. A broker that refuses any start gives 503 and leaves no row (a
-start that was confirmed meanwhile runs as an unknown observer and is stopped after
-``ORCH_UNKNOWN_GRACE_S``). A bulk request is all-or-nothing.
+pending rows that the pending-start repair publishes again. A broker that refuses any start
+gives 503 and leaves no row (a start that was confirmed meanwhile runs as an unknown
+observer and is stopped after ``ORCH_UNKNOWN_GRACE_S``). A bulk request is all-or-nothing.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class ObserverCommands:
         self.default_retry = default_retry
         self.catalog = CatalogCache(self._load_catalog)
         self.groups = CreateGroups(self.create_validated)
-        # Starts this process is publishing right now: the sweeper leaves them alone, however
+        # Starts this process is publishing right now: the pending-start repair leaves them alone, however
         # slow the broker's confirms are.
         self.in_flight: set[uuid.UUID] = set()
 
@@ -145,7 +145,7 @@ class ObserverCommands:
             if not is_transient(e):
                 raise
             # Rows committed and starts confirmed: the observers exist, and a 503 would make
-            # the client create them again (409). The sweeper publishes the pending starts
+            # the client create them again (409). The pending-start repair publishes the pending starts
             # again; the rules absorb the duplicates.
             logger.warning("%d start(s) published but still marked pending: %s", len(ids), describe(e))
         # The rows as inserted: nothing else can have changed them before their start was
@@ -266,7 +266,7 @@ class ObserverCommands:
         finally:
             self.in_flight.discard(observer_id)
         async with self.sessions.begin() as session:
-            if published:  # else its pending start stays for the sweeper, like after a crash
+            if published:  # else its pending start stays for the pending-start repair, like after a crash
                 await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
             return await session.get_one(Observer, observer_id)
 

@@ -1,7 +1,7 @@
 """Start messages: the one place one is built, from a create request's spec or an observer
-row (restarts, the sweepers, the rebuild).
+row (restarts, the repairs that publish starts again, the rebuild).
 
-Its own module, light on imports: the state process re-publishes starts (the sweepers, the
+Its own module, light on imports: the state process re-publishes starts (the pending-start and lost-start repairs, the
 rebuild) and must not import the API's commands and kind validation (jsonschema, the
 built-in kinds with httpx and websockets) to do it: about 0.4 s of its start, which a
 catching-up manager spends before it applies the first report.
@@ -49,6 +49,6 @@ def build_start(observer_id: uuid.UUID, fields: StartFields, retry: RetryPolicy,
 
 
 def start_message(obs: Observer) -> StartObserver:
-    """The start message of an observer row (restart, the sweepers, the rebuild)."""
+    """The start message of an observer row (restart, the repairs, the rebuild)."""
     retry = RetryPolicy.model_validate(obs.retry) if obs.retry is not None else RetryPolicy()
     return build_start(obs.id, obs, retry, obs.life)

@@ -4,7 +4,7 @@ What makes this host the owner of its observers lives here, and nothing bulky:
 * the start channels: channels that consume the pools' start queues (manual ack, one consumer each,
   ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool);
 * ``work``: this instance's exclusive control queue, whose presence tells the manager the
-  connection lives (``manager/liveness.py``);
+  connection lives (``manager/repairs/liveness.py``);
 * ``lease``: the lease round trips. They travel on the connection that holds the
   deliveries: a round trip answered on it proves the broker has not given them away.
 

@@ -213,7 +213,7 @@ class ManagerSettings(CommonSettings):
         ge=0,
         description="an observer running with no row is adopted (or stopped, if its name is taken) after this",
     )
-    enqueue_sweep_after_s: float = Field(
+    pending_start_after_s: float = Field(
         default=30.0, gt=0, description="a row whose start was never confirmed is published again after this"
     )
     lost_start_after_s: float = Field(
@@ -227,7 +227,7 @@ class ManagerSettings(CommonSettings):
         ge=0,
         description="history (`observer_events`) older than this is deleted in batches (`0` keeps it for ever)",
     )
-    sweep_interval_s: float = Field(default=1.0, gt=0, description="period of the background repairs")
+    repair_interval_s: float = Field(default=1.0, gt=0, description="period of the background repairs")
     state_prefetch: int = Field(default=2000, ge=1, le=65535, description="state messages in flight to the manager")
     start_queue_keep_awake_from: int = Field(
         default=100_000,

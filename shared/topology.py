@@ -9,7 +9,7 @@
     dead letters  orch.dead             direct; <queue> -> <queue>.error for every queue above
     marker        orch.manager.marker   durable, empty, declared only by the manager's state side
                                         once the broker holds every start: missing on connect
-                                        means the broker lost its data (manager/rebuild.py)
+                                        means the broker lost its data (manager/repairs/rebuild.py)
 
 Both the manager and the services declare what they use with the same arguments, so
 either can start first. Queue arguments must never change for an existing queue

@@ -1,5 +1,5 @@
 """/healthz (the process is up) and /readyz (database and broker reachable, and the broker
-checked for lost data: creates are refused until then, ``manager/rebuild.py``; services the
+checked for lost data: creates are refused until then, ``manager/repairs/rebuild.py``; services the
 broker refuses are named, without making the manager unready)."""
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ class ObserverHost(Base):
 
 class PendingStart(Base):
     """A start message not yet confirmed by the broker. Inserted with the observer, deleted
-    once the broker confirmed its start; what a crash leaves here the sweeper publishes
+    once the broker confirmed its start; what a crash leaves here the pending-start repair publishes
     again. Kept apart from ``observers`` so marking a start enqueued never waits for the
     row locks of the state consumer."""
 

@@ -1,4 +1,4 @@
-"""The manager's state side: the state consumer and the background repairs.
+"""The manager's state side: the state consumer and the repairs (``manager/repairs``).
 
 By default (``ORCH_STATE_PROCESS=true``) ``python -m manager`` runs the API in one process and
 this side in a child process of it, so the two use two cores and applying a flood of
@@ -13,10 +13,8 @@ The child:
 * serves its counters (``STATE_REGISTRY``) on a loopback socket its parent bound and keeps
   (``StateSupervisor``); the API's ``/metrics`` adds them to its own.
 
-It publishes only follow-ups and re-publishes (sweeper); the API process publishes creates.
-The sweeper of the child cannot see which starts the API is publishing right now, so it
-leaves every pending start alone until it is ``ORCH_ENQUEUE_SWEEP_AFTER_S`` old (30 s; a batch
-of 1,000 starts gives up after 20 s); a start published twice anyway is absorbed by the rules.
+It publishes only follow-ups and the starts its repairs publish again; the API process
+publishes creates (``manager/repairs/pending_starts.py`` says how the two stay apart).
 """
 
 from __future__ import annotations
@@ -38,12 +36,12 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.background import BackgroundLoops
 from manager.broker import BrokerLink
 from manager.db.engine import SchemaOutdated, make_engine, make_sessionmaker
 from manager.db.startup import DatabaseRefused, wait_for_schema
 from manager.metrics import STATE_REGISTRY
 from manager.queue_waker import StartQueueWaker
+from manager.repairs.loop import RepairLoop, state_side_repairs
 from manager.state.consumer import StateConsumer
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
@@ -57,7 +55,7 @@ logger = logging.getLogger("manager.state.process")  # not "__main__" when run w
 
 
 class StateSide:
-    """The state consumer and the background loops, on the caller's sessions and broker link
+    """The state consumer and the repairs, on the caller's sessions and broker link
     (whose ``start`` must be given ``on_message``)."""
 
     def __init__(
@@ -70,7 +68,8 @@ class StateSide:
         rules = StateRules(ProbationPolicy(settings.probation_after_host_deaths, settings.probation_window_s))
         self.consumer = StateConsumer(sessions, broker, rules)
         # Starts being published by this process (single-process mode shares the API's set).
-        self.loops = BackgroundLoops(settings, sessions, broker, rules, in_flight or set(), self.consumer.idle)
+        repairs = state_side_repairs(settings, sessions, broker, rules, in_flight or set(), self.consumer.idle)
+        self.repairs = RepairLoop(repairs, broker, settings.repair_interval_s)
         self.waker = StartQueueWaker(settings, sessions, broker)
 
     async def on_message(self, message: AbstractIncomingMessage) -> None:
@@ -78,7 +77,7 @@ class StateSide:
 
     async def run(self) -> None:
         """Until cancelled."""
-        await asyncio.gather(self.consumer.run(), self.loops.run(), self.waker.run())
+        await asyncio.gather(self.consumer.run(), self.repairs.run(), self.waker.run())
 
 
 # --- the child process ---------------------------------------------------------------------

@@ -86,7 +86,7 @@ class StateRules:
         self.probation = probation
         self.suspicions = Suspicions()
         # When a takeover from each host was last applied (monotonic seconds): while a dead
-        # host's share is still moving, its death waits (``manager/liveness.py``).
+        # host's share is still moving, its death waits (``manager/repairs/liveness.py``).
         self.moved_from_at: dict[uuid.UUID, float] = {}
         # The rows of the transaction being applied (set by ``preload``).
         self._rows: tuple[ObserverRows, ServiceRows] | None = None

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db.models import Observer, Service
-from manager.liveness import Liveness
+from manager.repairs.liveness import Liveness
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.messages import ObserversStarted, ServiceBorn, ServiceHeartbeat, StateMessage

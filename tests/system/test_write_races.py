@@ -159,7 +159,7 @@ async def test_a_restart_that_cannot_publish_keeps_a_report_that_landed_meanwhil
     answered = await commands.restart(oid)
 
     # Then the report stands (not overwritten with Failed); the pending start stays for the
-    # sweeper, as after a crash between commit and publish
+    # pending-start repair, as after a crash between commit and publish
     observer, pending = await row(sessions, oid)
     assert answered.status == observer.status == ObserverStatus.PROCESSING and observer.service_id == sid
     assert pending

@@ -50,5 +50,5 @@ def test_the_cost_curve_runs_the_product_at_its_default_settings() -> None:
         assert models, f"{name} is not a setting"
         default = models[0].model_fields[setting].default
         assert float(SCALE_ENV[name]) == float(default), name
-    assert SCALE_ENV["ORCH_HEARTBEAT_S"] == "5.0" and SCALE_ENV["ORCH_SWEEP_INTERVAL_S"] == "1.0"
+    assert SCALE_ENV["ORCH_HEARTBEAT_S"] == "5.0" and SCALE_ENV["ORCH_REPAIR_INTERVAL_S"] == "1.0"
     assert SCALE_ENV["ORCH_LOG_LEVEL"] == "WARNING"

@@ -43,8 +43,11 @@ from manager.broker import BrokerLink
 from manager.db.models import Service, ServiceStatus
 from manager.db.retry import retry_lost_races
 from manager.metrics import SERVICES_LATE, SERVICES_LOST
+from manager.repairs.base import Repair
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, ServiceRows
+from manager.state.rules import StateRules
+from shared.messages import IsolateObservers
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
@@ -167,3 +170,45 @@ class Liveness:
         self.moved_from_at.pop(service_id, None)
         await self.isolate(isolate)
         return True
+
+
+class JudgeHeartbeats(Repair):
+    """``Liveness.judge`` every quarter of the silence, only while the manager is caught up:
+    a heartbeat waiting in the state queue (after a manager restart, or behind a burst of
+    reports) is no silence, and a ``ServiceStopped`` waiting there is no death."""
+
+    name = "judge_heartbeats"
+
+    def __init__(
+        self,
+        settings: ManagerSettings,
+        sessions: async_sessionmaker[AsyncSession],
+        broker: BrokerLink,
+        rules: StateRules,
+        consumer_idle: Callable[[], bool],
+    ) -> None:
+        self.broker = broker
+        self.consumer_idle = consumer_idle
+        self.backlog_drained = False
+        self.liveness = Liveness(settings, sessions, broker, rules.probation, self._isolate, rules.moved_from_at)
+        self.period_s = self.liveness.period_s
+
+    async def run(self) -> None:
+        backlog = await self.broker.state_backlog()
+        if backlog is None or backlog > 0 or not self.consumer_idle():
+            if not self.backlog_drained:
+                logger.info("state backlog: %s message(s) to apply before judging heartbeats", backlog)
+            return
+        if not self.backlog_drained:
+            self.backlog_drained = True
+            logger.info("state backlog drained: judging heartbeats from now on")
+        await self.liveness.judge()
+
+    async def _isolate(self, isolate: dict[uuid.UUID, uuid.UUID]) -> None:
+        """Ask each host to move the observers its death put on probation into child processes."""
+        per_host: dict[uuid.UUID, list[uuid.UUID]] = {}
+        for observer_id, host in isolate.items():
+            per_host.setdefault(host, []).append(observer_id)
+        for host, ids in per_host.items():
+            logger.warning("%d observer(s) on probation: asking service %s to isolate them", len(ids), host)
+            await self.broker.publish_control(IsolateObservers(observer_ids=ids, service_id=host))

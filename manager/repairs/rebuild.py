@@ -36,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.db.models import EventType, Observer, ObserverStatus, PendingStart
 from manager.db.sql import id_in
+from manager.repairs.base import Repair
 from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
             break
         await broker.publish_starts([start_message(obs) for obs in rows], rebuilding=True)
         ids = [obs.id for obs in rows]
-        async with sessions.begin() as session:  # confirmed: nothing left for the sweeper
+        async with sessions.begin() as session:  # confirmed: nothing left for the pending-start repair
             await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))
         published += len(rows)
         after = rows[-1].id
@@ -126,3 +127,24 @@ async def _release_hosted(sessions: async_sessionmaker[AsyncSession]) -> int:
         if time.monotonic() > deadline:
             raise TimeoutError(f"hosted observers stayed locked by other writers for {_RELEASE_WAIT_S:g}s")
         await asyncio.sleep(_RELEASE_POLL_S)
+
+
+class BrokerRebuild(Repair):
+    """After each (re)connection: a broker without the marker lost its data; publish every
+    start again from the database (``rebuild``), then declare the marker."""
+
+    name = "rebuild_broker"
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink) -> None:
+        self.sessions = sessions
+        self.broker = broker
+        self._marker_checked = 0  # broker.connects when the marker was last checked
+
+    async def run(self) -> None:
+        connects = self.broker.connects
+        if connects == self._marker_checked:
+            return
+        if not await self.broker.probes.marker_present():
+            await rebuild(self.sessions, self.broker)
+            await self.broker.probes.declare_marker()
+        self._marker_checked = connects

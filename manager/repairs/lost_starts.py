@@ -6,7 +6,7 @@ gone (acked by a stop aimed at the wrong copy before sessions named their copies
 deleted by an operator, a bug), nothing would ever happen: the row stays Created, or is
 re-stopped for ever. The queues cannot be searched for one message, but a pool whose start
 queue holds no ready message has none waiting; so a row seen hostless in such a pool at
-every sweep for ``ORCH_LOST_START_AFTER_S`` gets its start published again. If the start
+every pass for ``ORCH_LOST_START_AFTER_S`` gets its start published again. If the start
 was in fact held by a service that had not reported it yet, or one that hands it back
 every few seconds (its kind missing, its process slots full: the queue is then empty most
 of the time), the duplicate is absorbed by the rules (a second start reported while the
@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.db.models import Observer, ObserverStatus, PendingStart
 from manager.db.sql import id_in
+from manager.repairs.base import Repair
 from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
@@ -39,20 +40,26 @@ _MAX_DOUBLINGS = 6
 S = ObserverStatus
 
 
-class LostStarts:
+class LostStarts(Repair):
+    name = "republish_lost"
+
     def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, after_s: float) -> None:
         self.sessions = sessions
         self.broker = broker
         self.after_s = after_s
+        self.period_s = after_s / 4
         self._seen: dict[uuid.UUID, float] = {}  # observer -> when first seen waiting in an empty pool
         self._attempts: dict[uuid.UUID, int] = {}  # observer -> starts published again so far
 
-    async def sweep(self) -> int:
+    async def run(self) -> None:
+        await self.republish()
+
+    async def republish(self) -> int:
         """Publish again the starts of rows that waited too long; returns how many."""
         unchanged = datetime.now(UTC) - timedelta(seconds=self.after_s)
         waiting = (
             Observer.service_id.is_(None)
-            & ~exists().where(PendingStart.observer_id == Observer.id)  # the create sweeper's
+            & ~exists().where(PendingStart.observer_id == Observer.id)  # the pending-start repair's
             & or_(
                 (Observer.status == S.CREATED) & (Observer.modified_at < unchanged),
                 Observer.status == S.ON_DELETING,  # re-stops touch modified_at: judged by _seen

@@ -1,0 +1,20 @@
+"""What a repair is to the loop that runs it (``manager/repairs/loop.py``)."""
+
+from __future__ import annotations
+
+import abc
+
+
+class Repair(abc.ABC):
+    """One periodic repair of the state side: finds a disagreement and mends it.
+
+    ``run`` is called every pass of the loop while ``period_s`` is 0, else at most once per
+    ``period_s`` after it last succeeded; a run that raised runs again at the next pass.
+    It raises ``BrokerUnavailable`` or a database error as they come: the loop decides what
+    they mean for the other repairs."""
+
+    name: str  # in the logs
+    period_s: float = 0.0
+
+    @abc.abstractmethod
+    async def run(self) -> None: ...
