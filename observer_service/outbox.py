@@ -39,7 +39,6 @@ from shared.messages import (
     ObserverRetrying,
     ObserversDescribed,
     ObserversStarted,
-    ObserverStarted,
     ObserverStopped,
     ReportBatch,
     ServiceDigest,
@@ -52,7 +51,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class StartedReport:
     """An observer started, waiting in the outbox: ``pack`` sends runs of them as one
-    ``ObserversStarted``. A plain record rather than a pydantic ``ObserverStarted``: a
+    ``ObserversStarted``. A plain record rather than a pydantic report: a
     failover queues one per moved observer (see ``ObserversStarted``)."""
 
     observer_id: uuid.UUID
@@ -169,7 +168,7 @@ class Outbox:
 
 
 # Reports that describe a session's deliveries: stale once it died.
-_TRUE_WHILE_SESSION_LIVES = (StartedReport, ObserverStarted, ServiceInventory, ServiceDigest, ObserversDescribed)
+_TRUE_WHILE_SESSION_LIVES = (StartedReport, ServiceInventory, ServiceDigest, ObserversDescribed)
 
 
 def _resolve(confirmed: asyncio.Future[bool] | None, value: bool) -> None:
@@ -185,7 +184,7 @@ def pack(messages: list[Report], per_batch: int = REPORTS_PER_BATCH) -> list[Mes
     key becomes one ``ObserversStarted``, a run of other observer reports one
     ``ReportBatch`` (at most ``per_batch`` each); other messages pass as they are."""
     packed: list[Message] = []
-    run: list[ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated | ObserverStarted] = []
+    run: list[ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated] = []
     started: list[StartedReport] = []
 
     def flush() -> None:

@@ -13,9 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import time
 import uuid
-from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,14 +27,13 @@ from observer_service.registry import Registry
 from observer_service.session import Session
 from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
 from observer_service.start_log import StartLog
+from observer_service.stop_memory import StopMemory
 from shared.errors import DecodeError, LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import (
     ObserverFailed,
     ObserverIsolated,
     ObserverStopped,
-    StartObserver,
-    StopObserver,
     StopObservers,
     decode_start,
 )
@@ -66,9 +63,7 @@ class Runner:
         self.outbox = outbox
         self.kinds = kinds
         self.running = Registry()
-        # Stops for observers we did not host: id -> (expiry (monotonic), when the stop was
-        # sent, the life it stopped or None).
-        self._stopped_ids: dict[uuid.UUID, tuple[float, datetime, int | None]] = {}
+        self.stop_memory = StopMemory(settings.stopped_ids_ttl_s)
         self._background: set[asyncio.Task[None]] = set()
         # Start deliveries waiting to be started: (body, channel, delivery tag, redelivered, session).
         self._inbox: collections.deque[tuple[bytes, DeliveryChannel, int, bool, Session]] = collections.deque()
@@ -130,7 +125,7 @@ class Runner:
             await settle(session.reject(channel, tag))
             return
         oid = start.observer_id
-        if self._was_stopped(start):
+        if self.stop_memory.eats(start.observer_id, start.life):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
             report = ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start")
             self._spawn(ack_once_confirmed(session, channel, tag, self.outbox.put_confirmed(report)))
@@ -202,20 +197,15 @@ class Runner:
 
     # --- stop --------------------------------------------------------------------------
 
-    def on_stop(self, stop: StopObserver | StopObservers) -> None:
+    def on_stop(self, stop: StopObservers) -> None:
         """Start stopping what ``stop`` names (``stop_many``), in the background."""
-        if isinstance(stop, StopObserver):
-            ids, lives = [stop.observer_id], None if stop.life is None else [stop.life]
-        else:
-            ids, lives = stop.observer_ids, stop.lives
-        self._spawn(self.stop_many(ids, stop.service_id, stop.reason, stop.sent_at, stop.session_id, lives))
+        self._spawn(self.stop_many(stop.observer_ids, stop.service_id, stop.reason, stop.session_id, stop.lives))
 
     async def stop_many(
         self,
         observer_ids: list[uuid.UUID],
         target: uuid.UUID | None,
         reason: str,
-        sent_at: datetime,
         target_session: uuid.UUID | None = None,
         lives: list[int] | None = None,
     ) -> None:
@@ -234,11 +224,11 @@ class Runner:
                     continue  # named twice: acked twice, its start's second ack would close the channel
                 running.ended_by = "stop"
                 ending.append(running)
-            elif target is None:
+            elif target is None and lives is not None:
                 # Remember a broadcast stop: the start may be on its way here (redistribution).
                 # A targeted stop is about one delivery this host no longer holds; remembering
                 # it could later throw away a legitimate start of the observer.
-                self._remember_stop(observer_id, sent_at, None if lives is None else lives[i])
+                self.stop_memory.remember(observer_id, lives[i])
         await self._end(ending)
         if not ending:
             return
@@ -412,30 +402,6 @@ class Runner:
         )
         # Dead-lettered to the pool's error queue: kept for inspection, never run again.
         self._spawn(settle(running.session.reject(running.channel, running.tag)))
-
-    def _remember_stop(self, observer_id: uuid.UUID, sent_at: datetime, life: int | None) -> None:
-        # Re-insert so the dict stays ordered by expiry (the TTL is the same for all).
-        self._stopped_ids.pop(observer_id, None)
-        self._stopped_ids[observer_id] = (time.monotonic() + self.settings.stopped_ids_ttl_s, sent_at, life)
-
-    def _was_stopped(self, start: StartObserver) -> bool:
-        """Whether a remembered stop concerns this start's life. A restarted Failed observer
-        (``POST /restart``) is a new life and runs. Compared by life, which the manager keeps
-        on the row: the stop and the start may come from managers whose clocks differ; a stop
-        without a life (an older manager) is compared by ``sent_at``."""
-        now = time.monotonic()
-        while self._stopped_ids:
-            oldest, (expiry, _, _) = next(iter(self._stopped_ids.items()))
-            if expiry >= now:
-                break
-            del self._stopped_ids[oldest]
-        remembered = self._stopped_ids.pop(start.observer_id, None)
-        if remembered is None:
-            return False
-        _, stop_sent_at, stopped_life = remembered
-        if stopped_life is not None:
-            return stopped_life >= start.life
-        return stop_sent_at >= start.sent_at
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

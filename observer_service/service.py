@@ -45,7 +45,6 @@ from shared.messages import (
     ServiceHeartbeat,
     ServiceInventory,
     ServiceStopped,
-    StopObserver,
     StopObservers,
 )
 from shared.settings import ServiceSettings, hostname
@@ -215,7 +214,7 @@ class ObserverService:
 
     def _on_control(self, command: ControlMessage) -> None:
         """A control command, decoded and acked on the holding thread (``holding.py``)."""
-        if isinstance(command, StopObserver | StopObservers):
+        if isinstance(command, StopObservers):
             self.runner.on_stop(command)
         elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
             self._send_inventory()

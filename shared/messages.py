@@ -3,13 +3,12 @@
 Three streams (see ``shared.topology``):
 * start queue of a pool: ``StartObserver`` (manager → any service of the pool);
 * control fanout (manager → every service; one naming a service is for that one only):
-  ``ControlMessage``: stops (``StopObserver``, ``StopObservers``), ``InventoryRequest``,
+  ``ControlMessage``: stops (``StopObservers``), ``InventoryRequest``,
   ``IsolateObservers``, ``IntroduceRequest`` and ``DescribeRequest``;
 * state queue (service → manager): ``StateMessage``: the service's life (``ServiceBorn``,
   ``ServiceHeartbeat``, ``ServiceStopped``), what it runs (``ServiceInventory``,
   ``ServiceDigest``, ``ObserversDescribed``) and observer reports, usually packed in a
-  ``ReportBatch`` (``ObserversStarted`` for a run of starts; ``ObserverStarted`` still
-  understood from older services).
+  ``ReportBatch`` (``ObserversStarted`` for a run of starts).
 
 Every model is frozen and forbids unknown fields, so a malformed or foreign body fails
 ``decode_*`` with ``DecodeError`` and is dead-lettered by the consumer.
@@ -93,22 +92,6 @@ class StartObserver(Message):
 
 
 # --- control fanout --------------------------------------------------------------------
-
-
-class StopObserver(Message):
-    """Stop an observer. With ``service_id`` set only that service acts, and it acks its
-    delivery instead of keeping it (used to remove a duplicate copy). With ``session_id``
-    set too, only the copy that service holds in that broker session: a stop decided about
-    one copy must not hit a newer one the same host got since (the observer went A → B →
-    back to A while the manager was behind)."""
-
-    type: Literal["StopObserver"] = "StopObserver"
-    observer_id: uuid.UUID
-    service_id: uuid.UUID | None = None
-    session_id: uuid.UUID | None = None
-    reason: str = "requested"
-    # The life it stops (see ``StartObserver.life``); None: compare by ``sent_at``.
-    life: int | None = None
 
 
 class IsolateObservers(Message):
@@ -233,24 +216,11 @@ def digest_text(xor: int) -> str:
     return f"{xor:032x}"
 
 
-class ObserverStarted(Message):
-    type: Literal["ObserverStarted"] = "ObserverStarted"
-    observer_id: uuid.UUID
-    service_id: uuid.UUID
-    attempt: int = 1
-    redelivered: bool = False
-    # The broker session holding its start: stops about this copy name it.
-    session_id: uuid.UUID | None = None
-    isolation: Isolation = "async"
-
-
 class ObserversStarted(Message):
-    """One ``ObserverStarted`` per id, all by one service in one broker session with the same
-    ``redelivered`` and ``isolation``, in the order they started. What services send: a
-    failover hands each survivor hundreds of thousands of starts, and a pydantic report each
-    (its own message id, clock read, ~330 bytes of JSON) cost ~9 µs to build and encode on
-    the service and ~3 µs to decode on the manager; an id in a list costs ~0.2 µs and 40
-    bytes. ``ObserverStarted`` is still understood (a service of an older version)."""
+    """Observers started by one service in one broker session, with the same ``redelivered``
+    and ``isolation``, in the order they started: a failover hands each survivor hundreds of
+    thousands of starts, and an id in a list costs far less than a report each
+    (docs/design.md, "What grows with the fleet")."""
 
     type: Literal["ObserversStarted"] = "ObserversStarted"
     service_id: uuid.UUID
@@ -304,11 +274,11 @@ class ObserverFailed(Message):
 
 
 ObserverReport = Annotated[
-    ObserverStarted | ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated,
+    ObserverStopped | ObserverRetrying | ObserverFailed | ObserverIsolated,
     Field(discriminator="type"),
 ]
 # The same reports, for isinstance(): what ``ReportBatch`` packs and the manager applies once.
-OBSERVER_REPORT_TYPES = (ObserverStarted, ObserverStopped, ObserverRetrying, ObserverFailed, ObserverIsolated)
+OBSERVER_REPORT_TYPES = (ObserverStopped, ObserverRetrying, ObserverFailed, ObserverIsolated)
 
 
 class ReportBatch(Message):
@@ -321,14 +291,20 @@ class ReportBatch(Message):
 
 
 class StopObservers(Message):
-    """Many stops in one broadcast (bulk stop, re-sends); same meaning as ``StopObserver``."""
+    """Stop observers. With ``service_id`` set only that service acts, and it acks its
+    delivery instead of keeping it (used to remove a duplicate copy). With ``session_id``
+    set too, only the copy that service holds in that broker session: a stop decided about
+    one copy must not hit a newer one the same host got since (the observer went A → B →
+    back to A while the manager was behind). A broadcast (no ``service_id``) carries the
+    life it stops of each observer (see ``StartObserver.life``)."""
 
     type: Literal["StopObservers"] = "StopObservers"
     observer_ids: list[uuid.UUID]
     service_id: uuid.UUID | None = None
     session_id: uuid.UUID | None = None
     reason: str = "requested"
-    # The life of each observer stopped, in the order of ``observer_ids`` (or None).
+    # The life of each observer stopped, in the order of ``observer_ids``; None on a stop
+    # aimed at one service's copy, which names the session instead.
     lives: list[int] | None = None
 
     @model_validator(mode="after")
@@ -367,7 +343,6 @@ StateMessage = Annotated[
     | ServiceStopped
     | ServiceInventory
     | ServiceDigest
-    | ObserverStarted
     | ObserversStarted
     | ObserverStopped
     | ObserverRetrying
@@ -378,7 +353,7 @@ StateMessage = Annotated[
     Field(discriminator="type"),
 ]
 ControlMessage = Annotated[
-    StopObserver | StopObservers | InventoryRequest | IsolateObservers | IntroduceRequest | DescribeRequest,
+    StopObservers | InventoryRequest | IsolateObservers | IntroduceRequest | DescribeRequest,
     Field(discriminator="type"),
 ]
 

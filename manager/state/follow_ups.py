@@ -4,7 +4,7 @@ one broadcast per host, not one per observer).
 
 Stops and isolations are kept as ids per target and turned into messages once, in
 ``batched``: a failover of 333,000 observers decides a stop of the old host's copy for each
-(``rules._started``), and building a pydantic ``StopObserver`` (with its uuid4 and clock
+(``rules._started``), and building a pydantic stop (with its uuid4 and clock
 read) for each only to merge them again took 23 % of the state process (py-spy, 300,000
 idle, ``python -m bench.scale --profile``).
 """
@@ -19,7 +19,6 @@ from shared.messages import (
     InventoryRequest,
     IsolateObservers,
     Message,
-    StopObserver,
     stop_messages,
 )
 
@@ -63,13 +62,7 @@ class FollowUps:
         per host merged, requests deduplicated; the order between targets does not matter."""
         merged: list[Message] = []
         for (service_id, session_id, reason), unique_ids in self.stops.items():
-            ids = list(unique_ids)
-            if len(ids) == 1:
-                merged.append(
-                    StopObserver(observer_id=ids[0], service_id=service_id, session_id=session_id, reason=reason)
-                )
-            else:
-                merged += stop_messages(ids, reason, service_id, session_id)
+            merged += stop_messages(list(unique_ids), reason, service_id, session_id)
         merged += [IsolateObservers(observer_ids=ids, service_id=sid) for sid, ids in self.isolations.items()]
         asked: set[tuple[str, uuid.UUID | None]] = set()
         for message in self.messages:

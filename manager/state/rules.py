@@ -48,7 +48,6 @@ from shared.messages import (
     ObserverRetrying,
     ObserversDescribed,
     ObserversStarted,
-    ObserverStarted,
     ObserverStopped,
     ReportBatch,
     ServiceBorn,
@@ -104,7 +103,7 @@ class StateRules:
                 await self._inventory(session, message, now, out)
             case ServiceDigest():
                 await self._digest(session, message, now, out)
-            case ObserverStarted() | ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
+            case ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
                 await self._apply_observer_report(session, message, now, out)
             case ObserversStarted():
                 for observer_id in message.observer_ids:
@@ -120,8 +119,6 @@ class StateRules:
         self, session: AsyncSession, report: ObserverReport, now: datetime, out: FollowUps
     ) -> None:
         match report:
-            case ObserverStarted():
-                await self._started(session, report.observer_id, report, now, out)
             case ObserverStopped():
                 await self._stopped(session, report, now)
             case ObserverRetrying():
@@ -178,7 +175,7 @@ class StateRules:
         await self._release_observers(session, service_id, now)
 
     async def _release_observers(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
-        """The host is gone: its observers wait, hostless, for a new ObserverStarted."""
+        """The host is gone: its observers wait, hostless, for a new start report."""
         rows_of = self._rows_of(session)
         for obs in await rows_of.hosted_by(service_id):
             obs.host(None)
@@ -193,7 +190,7 @@ class StateRules:
         self,
         session: AsyncSession,
         observer_id: uuid.UUID,
-        m: ObserverStarted | ObserversStarted,
+        m: ObserversStarted,
         now: datetime,
         out: FollowUps,
     ) -> None:
@@ -249,7 +246,7 @@ class StateRules:
         # Any service may end a requested stop, not only the host we know of: the sender
         # acked a copy of the start (maybe one the broker redelivered to it before we
         # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
-        # (its ObserverStarted or its host's inventory gets a targeted stop).
+        # (its start report or its host's inventory gets a targeted stop).
         obs = await self._observer(session, m.observer_id)
         if obs is not None and obs.status == S.ON_DELETING:
             obs.status, obs.modified_at = S.DELETED, now

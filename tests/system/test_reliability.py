@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from shared import topology
-from shared.messages import Message, ObserversStarted, ObserverStarted, StopObserver, StopObservers
+from shared.messages import Message, ObserversStarted, StopObservers
 from tests.system.test_fencing import assert_never_on_two_hosts
 from tests.system.test_manager_repairs import sql
 from tools import infra
@@ -140,8 +140,8 @@ def test_a_late_stop_aimed_at_an_older_copy_is_ignored(system: System, rabbit: i
     try:
         publish_report(
             system,
-            ObserverStarted(
-                observer_id=uuid.UUID(oid), service_id=uuid.UUID(b["id"]), session_id=uuid.uuid4(), redelivered=True
+            ObserversStarted(
+                observer_ids=[uuid.UUID(oid)], service_id=uuid.UUID(b["id"]), session_id=uuid.uuid4(), redelivered=True
             ),
         )
         close_connections(rabbit, "svc-a")
@@ -163,7 +163,7 @@ def test_a_batch_delivered_again_is_not_applied_twice(system: System) -> None:
     system.wait_status(oid, "Processing")
     a = system.service_by_name("svc-a")
     assert a is not None
-    # What services send (an older service's ObserverStarted is skipped the same way)
+    # What services send
     replayed = ObserversStarted(
         observer_ids=[uuid.UUID(oid)], service_id=uuid.UUID(a["id"]), session_id=uuid.uuid4(), redelivered=True
     )
@@ -380,7 +380,7 @@ def test_a_row_whose_start_is_in_no_queue_gets_it_again(system: System) -> None:
     service = system.start_service("svc-a", workers=5)
     oid = system.create("acked-away", args={"interval_s": 0.5, "emit": False})["id"]
     obs = system.wait_status(oid, "Processing")
-    stop = StopObserver(observer_id=uuid.UUID(oid), service_id=uuid.UUID(obs["service_id"]), reason="test: gone")
+    stop = StopObservers(observer_ids=[uuid.UUID(oid)], service_id=uuid.UUID(obs["service_id"]), reason="test: gone")
     system.publish_raw("", stop.encode(), exchange=topology.CONTROL_EXCHANGE)
     wait_for(lambda: "stopped (test: gone)" in service.text(), 20, "the only copy stopped and acked")
     system.wait_status(oid, "Created", timeout=20)  # its host's inventory no longer lists it

@@ -47,7 +47,7 @@ def test_inventory_repairs_a_lost_observer_started(system: System) -> None:
     dead = system.service_by_name("svc-a")
     assert dead is not None
 
-    # While the manager is down the observer moves, and its ObserverStarted is lost
+    # While the manager is down the observer moves, and its start report is lost
     manager.kill9()
     system.start_service("svc-b", workers=3, wait=False)
     wait_for(lambda: "broker session open" in system.procs[-1].text(), 30, "svc-b up")

@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 
 from shared import topology
-from shared.messages import StopObserver
+from shared.messages import StopObservers
 from tools.harness import System, read_ticks, unique, wait_for
 
 FAST_RETRY = {"initial_delay_s": 0.1, "factor": 1.0, "jitter": 0.0}
@@ -208,7 +208,7 @@ def test_a_stop_from_a_manager_whose_clock_runs_ahead_does_not_eat_a_restart(plu
     oid = created["id"]
     plugged.wait_status(oid, "Failed")
     ahead = datetime.now(UTC) + timedelta(hours=1)
-    stale = StopObserver(observer_id=uuid.UUID(oid), reason="test: an old life's stop", life=0, sent_at=ahead)
+    stale = StopObservers(observer_ids=[uuid.UUID(oid)], reason="test: an old life's stop", lives=[0], sent_at=ahead)
     plugged.publish_raw("", stale.encode(), exchange=topology.CONTROL_EXCHANGE)
     time.sleep(1)  # delivered to the service, which remembers it
     assert plugged.post(f"/api/observers/{oid}/restart", {}).status_code == 202

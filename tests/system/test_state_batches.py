@@ -15,7 +15,7 @@ from manager.db.hosts import hosted_on
 from manager.db.models import Observer, ObserverEvent
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
-from shared.messages import ObserversStarted, ObserverStarted, ServiceInventory, ServiceStopped, StateMessage
+from shared.messages import ObserversStarted, ServiceInventory, ServiceStopped, StateMessage
 
 
 async def _service(session: AsyncSession, name: str, status: str) -> uuid.UUID:
@@ -75,8 +75,8 @@ async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_host
         stored_on_leaving = await _hosted(session, "c", leaving)
 
     batch: list[StateMessage] = [
-        ObserverStarted(observer_id=moved_onto_leaving, service_id=leaving, redelivered=True),
-        ObserverStarted(observer_id=moved_off_lost, service_id=taker, redelivered=True),
+        ObserversStarted(observer_ids=[moved_onto_leaving], service_id=leaving, redelivered=True),
+        ObserversStarted(observer_ids=[moved_off_lost], service_id=taker, redelivered=True),
         ServiceStopped(service_id=leaving),
         ServiceStopped(service_id=lost),
     ]
@@ -117,8 +117,8 @@ async def test_an_inventory_judges_the_rows_its_batch_changed_and_each_row_is_wr
     batch: list[StateMessage] = [
         ServiceStopped(service_id=old),
         ServiceInventory(service_id=new, observer_ids=[], session_id=on_new),  # at its session's start
-        ObserverStarted(observer_id=kept, service_id=new, redelivered=True, session_id=on_new),
-        ObserverStarted(observer_id=gone, service_id=new, redelivered=True, session_id=on_new),
+        ObserversStarted(observer_ids=[kept], service_id=new, redelivered=True, session_id=on_new),
+        ObserversStarted(observer_ids=[gone], service_id=new, redelivered=True, session_id=on_new),
         # Later it runs only ``kept``: ``gone`` is hosted by it in this batch alone, in memory.
         ServiceInventory(service_id=new, observer_ids=[kept], session_id=on_new),
     ]
@@ -149,8 +149,8 @@ async def test_a_batch_writes_each_row_and_event_as_its_rules_left_them_and_in_o
 
     batch: list[StateMessage] = [
         ServiceStopped(service_id=old),
-        ObserverStarted(observer_id=often, service_id=new, redelivered=True, session_id=on_new),
-        ObserverStarted(observer_id=once, service_id=new, redelivered=True, session_id=on_new),
+        ObserversStarted(observer_ids=[often], service_id=new, redelivered=True, session_id=on_new),
+        ObserversStarted(observer_ids=[once], service_id=new, redelivered=True, session_id=on_new),
     ]
     await _apply(sessions, batch)
 

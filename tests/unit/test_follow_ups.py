@@ -10,7 +10,6 @@ from shared.messages import (
     IntroduceRequest,
     InventoryRequest,
     IsolateObservers,
-    StopObserver,
     StopObservers,
 )
 
@@ -35,12 +34,13 @@ def test_follow_ups_merge_stops_per_target_and_isolations_per_host_and_asks_once
     first.add(second)
 
     messages = first.batched()
-    batches = [m for m in messages if isinstance(m, StopObservers)]
+    stops = [m for m in messages if isinstance(m, StopObservers)]
+    batches = [m for m in stops if m.service_id == host]
     assert [len(b.observer_ids) for b in batches] == [STOPS_PER_MESSAGE, 5]
     assert [oid for b in batches for oid in b.observer_ids] == moved  # in the order decided
     assert all((b.service_id, b.session_id, b.reason) == (host, session_id, "moved to another host") for b in batches)
-    singles = [m for m in messages if isinstance(m, StopObserver)]
-    assert [(m.observer_id, m.service_id, m.session_id) for m in singles] == [(lone, other, None)]
+    singles = [m for m in stops if m.service_id != host]
+    assert [(m.observer_ids, m.service_id, m.session_id) for m in singles] == [([lone], other, None)]
     isolations = [m for m in messages if isinstance(m, IsolateObservers)]
     assert [(m.service_id, m.observer_ids) for m in isolations] == [(other, isolated)]
     assert [type(m) for m in messages if isinstance(m, InventoryRequest | IntroduceRequest)] == [

@@ -9,11 +9,11 @@ import pytest
 
 from shared.errors import DecodeError
 from shared.messages import (
-    ObserverStarted,
+    ObserversStarted,
     RetryPolicy,
     ServiceHeartbeat,
     StartObserver,
-    StopObserver,
+    StopObservers,
     decode_control,
     decode_start,
     decode_state,
@@ -21,9 +21,9 @@ from shared.messages import (
 
 
 def test_messages_round_trip_by_type() -> None:
-    started = ObserverStarted(observer_id=uuid.uuid4(), service_id=uuid.uuid4(), redelivered=True)
+    started = ObserversStarted(observer_ids=[uuid.uuid4()], service_id=uuid.uuid4(), redelivered=True)
     assert decode_state(started.encode()) == started
-    stop = StopObserver(observer_id=uuid.uuid4())
+    stop = StopObservers(observer_ids=[uuid.uuid4()])
     assert decode_control(stop.encode()) == stop
     start = StartObserver(observer_id=uuid.uuid4(), name="n", kind="ticker", args={"interval_s": 2})
     assert decode_start(start.encode()) == start
@@ -37,7 +37,7 @@ def test_messages_round_trip_by_type() -> None:
         b"[]",
         b'{"type": "Nope"}',
         b'{"type": "ServiceHeartbeat"}',
-        b'{"type": "ObserverStarted", "x": 1}',
+        b'{"type": "ObserversStarted", "x": 1}',
     ],
 )
 def test_garbage_state_bodies_raise_decode_error(body: bytes) -> None:

@@ -14,7 +14,6 @@ from observer_service.outbox import Outbox, StartedReport, pack
 from shared.errors import DecodeError
 from shared.messages import (
     ObserversStarted,
-    ObserverStarted,
     ObserverStopped,
     ReportBatch,
     ServiceHeartbeat,
@@ -42,12 +41,12 @@ def test_outbox_keeps_order_and_drops_only_confirmed_heads() -> None:
 
 def test_pack_batches_consecutive_observer_reports_in_order() -> None:
     sid = uuid.uuid4()
-    started = [ObserverStarted(observer_id=uuid.uuid4(), service_id=sid) for _ in range(5)]
+    stopped = [ObserverStopped(observer_id=uuid.uuid4(), service_id=sid) for _ in range(5)]
     heartbeat = ServiceHeartbeat(service_id=sid, running=5)
-    packed = pack([*started[:3], heartbeat, *started[3:4], *started[4:]], per_batch=2)
-    assert [type(m).__name__ for m in packed] == ["ReportBatch", "ObserverStarted", "ServiceHeartbeat", "ReportBatch"]
+    packed = pack([*stopped[:3], heartbeat, *stopped[3:4], *stopped[4:]], per_batch=2)
+    assert [type(m).__name__ for m in packed] == ["ReportBatch", "ObserverStopped", "ServiceHeartbeat", "ReportBatch"]
     flattened = [r for m in packed if isinstance(m, ReportBatch) for r in m.reports]
-    assert flattened == [started[0], started[1], started[3], started[4]]
+    assert flattened == [stopped[0], stopped[1], stopped[3], stopped[4]]
     assert decode_state(packed[0].encode()) == packed[0]
 
 
@@ -105,7 +104,7 @@ async def test_the_outbox_has_room_for_starts_until_its_high_water() -> None:
     outbox.drop_head(1)  # ...until the broker confirmed one
     await asyncio.wait_for(waiting, 1)
     dead = object()
-    outbox.put(ObserverStarted(observer_id=uuid.uuid4(), service_id=service), dead)
+    outbox.put(StartedReport(uuid.uuid4(), service, uuid.uuid4(), False, "async"), dead)
     waiting = asyncio.create_task(outbox.room())
     await asyncio.sleep(0.01)
     assert not waiting.done()
@@ -128,7 +127,7 @@ async def test_unpublished_starts_and_inventories_of_a_dead_session_are_dropped(
     outbox, dead, live = Outbox(), object(), object()
     service, observer = uuid.uuid4(), uuid.uuid4()
     outbox.put(StartedReport(observer, service, uuid.uuid4(), True, "async"), dead)
-    outbox.put(ObserverStarted(observer_id=observer, service_id=service), dead)  # the older form
+    outbox.put(StartedReport(observer, service, uuid.uuid4(), True, "async"), dead)  # a second start
     outbox.put(ServiceInventory(service_id=service, observer_ids=[observer]), dead)
     outbox.put(ObserverStopped(observer_id=observer, service_id=service), dead)  # an ack was sent: keep
     outbox.put(StartedReport(observer, service, uuid.uuid4(), False, "async"), live)
