@@ -19,6 +19,7 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 from aiormq import spec
+from yarl import URL
 
 from manager.broker_probes import BrokerProbes
 from shared import topology
@@ -31,6 +32,7 @@ from shared.amqp_errors import (
     vhost_refused_text,
 )
 from shared.batch_publish import BatchMessage, publish_batch
+from shared.broker_nodes import BrokerNodes, node_name
 from shared.errors import BrokerUnavailable
 from shared.logs import last_chatter
 from shared.messages import Message, StartObserver
@@ -124,26 +126,32 @@ class BrokerLink:
         self.connects = 0
         self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
         self._lost_at: float | None = None  # loop time the connection was lost, None while up
+        # The node this link uses; the probes follow it (``shared/broker_nodes.py``).
+        self.nodes = BrokerNodes(settings.broker_urls())
         # Liveness, the queue waker and the rebuild ask the broker on connections of their own.
-        self.probes = BrokerProbes(settings)
+        self.probes = BrokerProbes(settings, self.nodes)
 
     def start(self, on_state: StateHandler | None) -> None:
         """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
         self._connect_task = asyncio.create_task(self._connect_loop(on_state), name="broker-connect")
 
     async def _connect_loop(self, on_state: StateHandler | None) -> None:
-        url = amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
         delay = 0.5
         while True:
+            url = self.nodes.current
             try:
                 connection = await aio_pika.connect_robust(
-                    url, client_properties={"connection_name": "manager"}, reconnect_interval=_RECONNECT_FIRST_S
+                    amqp_url_with_heartbeat(url, self.settings.amqp_heartbeat_s),
+                    client_properties={"connection_name": "manager"},
+                    reconnect_interval=_RECONNECT_FIRST_S,
                 )
                 break
             except Exception as e:  # noqa: BLE001 - any failure: retry
+                self.nodes.failed()
                 logger.warning(
-                    "broker unreachable (%s); retrying in %.1fs",
-                    describe_connect_failure(e, self.settings.amqp_url),
+                    "broker unreachable at %s (%s); retrying in %.1fs",
+                    node_name(url),
+                    describe_connect_failure(e, url),
                     delay,
                 )
                 await asyncio.sleep(delay)
@@ -162,11 +170,19 @@ class BrokerLink:
         else:  # declared here too: the state backlog is read by a passive declare
             await topology.declare_state_queue(self._pub)
         self.ready.set()
-        logger.info("connected to the broker%s", f"; consuming {topology.STATE_QUEUE}" if on_state else "")
+        logger.info(
+            "connected to the broker at %s%s",
+            self.nodes.describe(),
+            f"; consuming {topology.STATE_QUEUE}" if on_state else "",
+        )
 
     def _on_reconnect(self, *_: object) -> None:
         if self._lost_at is not None:
-            logger.info("reconnected to the broker after %.1fs", asyncio.get_running_loop().time() - self._lost_at)
+            logger.info(
+                "reconnected to the broker after %.1fs, at %s",
+                asyncio.get_running_loop().time() - self._lost_at,
+                self.nodes.describe(),
+            )
             self._lost_at = None
         self.connects += 1
         self._declared_pools.clear()  # a new broker may lack them
@@ -197,6 +213,10 @@ class BrokerLink:
                 down_for = loop.time() - lost_at
                 interval = reconnect_interval(down_for)
                 connection.reconnect_interval = interval  # type: ignore[attr-defined]
+                # aio-pika reconnects to ``connection.url``: each attempt goes to the next node
+                # of a cluster (the lost one first went away with its node, most likely).
+                url = self.nodes.failed()
+                connection.url = URL(amqp_url_with_heartbeat(url, self.settings.amqp_heartbeat_s))  # type: ignore[attr-defined]
                 if loop.time() - remind_at >= _STILL_DOWN_EVERY_S:
                     remind_at = loop.time()
                     logger.warning(
@@ -216,7 +236,7 @@ class BrokerLink:
         said = last_chatter("aio_pika.robust_connection")
         if said is None:
             return "no answer yet"
-        return vhost_refused_text(self.settings.amqp_url) if vhost_refused(said) else said
+        return vhost_refused_text(self.nodes.current) if vhost_refused(said) else said
 
     async def checked(self) -> bool:
         """Whether the broker of this connection was checked for lost data (and rebuilt)."""

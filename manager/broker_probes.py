@@ -22,6 +22,7 @@ from pamqp.common import FieldTable
 
 from shared import topology
 from shared.amqp_errors import cancelled_calls_as_errors
+from shared.broker_nodes import BrokerNodes
 from shared.errors import BrokerUnavailable
 from shared.settings import ManagerSettings, amqp_url_with_heartbeat
 
@@ -35,14 +36,15 @@ def _named(name: str) -> FieldTable:
 
 
 class BrokerProbes:
-    def __init__(self, settings: ManagerSettings) -> None:
+    def __init__(self, settings: ManagerSettings, nodes: BrokerNodes) -> None:
         self.settings = settings
+        self.nodes = nodes  # the node the manager's link uses
         self._presence: aiormq.abc.AbstractConnection | None = None
         self._waker: aiormq.abc.AbstractConnection | None = None
         self._waker_channel: aiormq.abc.AbstractChannel | None = None
 
     def _url(self) -> str:
-        return amqp_url_with_heartbeat(self.settings.amqp_url, self.settings.amqp_heartbeat_s)
+        return amqp_url_with_heartbeat(self.nodes.current, self.settings.amqp_heartbeat_s)
 
     async def marker_present(self) -> bool:
         """Whether the rebuild marker queue exists (``_on_marker_channel`` says why not

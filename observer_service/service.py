@@ -30,6 +30,7 @@ from observer_service.session import Session
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
 from shared.backoff import backoff_delay
+from shared.broker_nodes import BrokerNodes
 from shared.errors import BrokerRefused, BrokerUnavailable
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
@@ -75,6 +76,7 @@ class ObserverService:
                 settings.process_slots,
             )
         self.settings = settings
+        self.nodes = BrokerNodes(settings.broker_urls())
         self.service_id = uuid.uuid4()
         set_service_id(str(self.service_id))
         self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
@@ -141,7 +143,7 @@ class ObserverService:
     async def _session_loop(self) -> None:
         failures = 0
         while not self.shutdown.is_set():
-            session = Session(self.settings, self.service_id, self.lease)
+            session = Session(self.settings, self.service_id, self.lease, self.nodes.current)
             try:
                 await session.open(
                     functools.partial(self._on_start, session=session),
@@ -152,6 +154,7 @@ class ObserverService:
             except BrokerUnavailable as e:
                 failures += 1
                 delay = reconnect_delay(failures)
+                self.nodes.failed()  # the next attempt tries the next node of a cluster
                 # A refusal is retried as often (a vhost refused a moment is one being made
                 # again after the broker lost its data) but said once a minute, as an ERROR.
                 if isinstance(e, BrokerRefused):

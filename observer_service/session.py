@@ -52,6 +52,7 @@ from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
 from shared import topology
 from shared.amqp_errors import describe_close, describe_connect_failure, refusal
+from shared.broker_nodes import node_name
 from shared.errors import BrokerRefused, BrokerUnavailable, LeaseLost
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 
@@ -87,9 +88,10 @@ def prefetch_chunks(workers_count: int, per_consumer: int = MAX_PREFETCH) -> lis
 
 
 class Session:
-    def __init__(self, settings: ServiceSettings, service_id: uuid.UUID, lease: Lease) -> None:
+    def __init__(self, settings: ServiceSettings, service_id: uuid.UUID, lease: Lease, url: str) -> None:
         self.settings = settings
         self.service_id = service_id
+        self.url = url  # one node of the broker: both connections go to it
         # Named in start reports and inventories; a stop aimed at one copy carries it.
         self.id = uuid.uuid4()
         self.lease = lease
@@ -121,7 +123,7 @@ class Session:
         name = f"observer-service {self.settings.service_name}"
         try:
             self._publish = await aio_pika.connect(
-                amqp_url_with_heartbeat(self.settings.amqp_url, max(heartbeat, PUBLISH_HEARTBEAT_S)),
+                amqp_url_with_heartbeat(self.url, max(heartbeat, PUBLISH_HEARTBEAT_S)),
                 client_properties={"connection_name": f"{name} (publish)"},
             )
             self._publish.close_callbacks.add(self._on_publish_closed)
@@ -137,7 +139,7 @@ class Session:
             holds = [(pool, chunks) for pool in self.settings.pools]
             await self._thread.call(
                 self._holding.open(
-                    amqp_url_with_heartbeat(self.settings.amqp_url, heartbeat),
+                    amqp_url_with_heartbeat(self.url, heartbeat),
                     name,
                     on_start,
                     on_control,
@@ -147,14 +149,19 @@ class Session:
                 )
             )
         except Exception as e:
-            hint = refusal(e, self.settings.amqp_url)
-            why = hint or describe_connect_failure(e, self.settings.amqp_url)
+            hint = refusal(e, self.url)
+            why = hint or describe_connect_failure(e, self.url)
             await self.close(f"open failed: {why}")
             if hint is not None:
                 raise BrokerRefused(f"cannot open a broker session: {hint}", hint) from e
             raise BrokerUnavailable(f"cannot open a broker session: {why}") from e
         self._tasks = [asyncio.create_task(self._outbox_loop(outbox), name="outbox")]
-        logger.info("broker session open (pools=%s, prefetch=%d)", self.settings.pools, self.settings.workers_count)
+        logger.info(
+            "broker session open on %s (pools=%s, prefetch=%d)",
+            node_name(self.url),
+            self.settings.pools,
+            self.settings.workers_count,
+        )
 
     def _on_publish_closed(self, _sender: Any, exc: BaseException | None) -> None:
         heartbeat = max(self.settings.amqp_heartbeat_s, PUBLISH_HEARTBEAT_S)

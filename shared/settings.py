@@ -38,6 +38,12 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore", populate_by_name=True)
 
     amqp_url: str = Field(default="amqp://orch:orch@127.0.0.1:5682/", description="RabbitMQ URL")
+    amqp_urls: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="a cluster's node URLs, comma-separated, tried in this order (after a failure, the next one); "
+        "replaces `ORCH_AMQP_URL`",
+        json_schema_extra={"shown_default": "unset"},
+    )
     amqp_heartbeat_s: int = Field(
         default=6,
         ge=2,
@@ -52,6 +58,15 @@ class CommonSettings(BaseSettings):
     event_loop: EventLoopChoice = Field(
         default="auto", description="`uvloop` (installed on Linux; `auto` picks it) or `asyncio`"
     )
+
+    @field_validator("amqp_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        return [url.strip() for url in value.split(",") if url.strip()] if isinstance(value, str) else value
+
+    def broker_urls(self) -> list[str]:
+        """The node URLs to connect to: ``amqp_urls``, or ``amqp_url`` alone."""
+        return list(self.amqp_urls) or [self.amqp_url]
 
 
 class ServiceSettings(CommonSettings):

@@ -77,7 +77,7 @@ async def session(
     # name the right one (a tag on the wrong channel is a channel error, and the session dies).
     monkeypatch.setattr(session_module, "HOLD_PER_CHANNEL", 2)
     settings = ServiceSettings(amqp_url=rabbit.url_for(vhost), pools=[POOL], workers_count=10, service_name="settle")
-    session = Session(settings, uuid.uuid4(), Lease(settings.amqp_heartbeat_s))
+    session = Session(settings, uuid.uuid4(), Lease(settings.amqp_heartbeat_s), settings.amqp_url)
     yield session
     await session.close()
 

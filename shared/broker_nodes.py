@@ -1,0 +1,40 @@
+"""The broker's node URLs (a RabbitMQ cluster), and which one to try next.
+
+aio-pika and aiormq connect to one URL and reconnect to that same URL; a client of a
+cluster must move to another node when its node goes away. Each process keeps the list in
+the order it was given (``ORCH_AMQP_URLS``; a deployment starts service i at node i to
+spread connections) and moves to the next node only after a failure, so a fleet does not
+pile onto the first node after a blip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+
+class BrokerNodes:
+    def __init__(self, urls: Sequence[str]) -> None:
+        if not urls:
+            raise ValueError("no broker URL")
+        self.urls = list(urls)
+        self._at = 0
+
+    @property
+    def current(self) -> str:
+        """The URL to use now: the one that last worked, or the next after a failure."""
+        return self.urls[self._at]
+
+    def failed(self) -> str:
+        """The current node failed: the next one (round the list), returned."""
+        self._at = (self._at + 1) % len(self.urls)
+        return self.current
+
+    def describe(self) -> str:
+        """The current node for a log line: host and port, never the credentials."""
+        return node_name(self.current)
+
+
+def node_name(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname or '?'}:{parts.port or 5672}"
