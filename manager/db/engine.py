@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pydantic_core
-from sqlalchemy import text
+from sqlalchemy import event, make_url, text
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
@@ -62,13 +63,32 @@ def make_engine(
     if read_only:
         server_settings["default_transaction_read_only"] = "on"
         options = {"isolation_level": "AUTOCOMMIT", "pool_size": 5, "max_overflow": 10}
-    return create_async_engine(
+        # Several hosts (a primary and its standbys) with target_session_attrs=read-write:
+        # asyncpg judges read-write by default_transaction_read_only, which these sessions
+        # set, so it would refuse every host. The primary is what the reads want.
+        if make_url(url).query.get("target_session_attrs") is not None:
+            connect_args["target_session_attrs"] = "primary"
+    engine = create_async_engine(
         url,
         pool_pre_ping=True,
         json_deserializer=decode_json,
         connect_args=connect_args,
         **options,
     )
+    if not read_only:
+        event.listen(engine.sync_engine, "handle_error", _standby_is_a_disconnect)
+    return engine
+
+
+def _standby_is_a_disconnect(context: ExceptionContext) -> None:
+    """A write refused as read-only (25006) comes from a server that is no longer the
+    primary (demoted in a switchover, its connections kept): drop the pool's connections so
+    the next one finds the new primary, and let the caller retry (a transient error)."""
+    if getattr(context.original_exception, "sqlstate", None) == _READ_ONLY_SQL_TRANSACTION:
+        context.is_disconnect = True
+
+
+_READ_ONLY_SQL_TRANSACTION = "25006"
 
 
 def decode_json(document: str) -> Any:

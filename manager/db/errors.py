@@ -20,6 +20,10 @@ neither is a ``DBAPIError``.
 * The server shutting down or starting up: 57P03 (``CannotConnectNowError``); once it is
   gone: ``ConnectionRefusedError``.
 * Too many connections: 53300 (``TooManyConnectionsError``).
+* A switchover, with several hosts in the URL: the old primary refused
+  (``ConnectionRefusedError``), or every host up but none the primary yet
+  (``TargetServerAttributeNotMatched``); a write on a demoted primary's kept connection:
+  25006, made a disconnect by ``make_engine``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import logging
 import time
 from collections.abc import Iterator
 
+from asyncpg.exceptions import TargetServerAttributeNotMatched
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
@@ -73,6 +78,21 @@ def sqlstates(error: BaseException) -> Iterator[str]:
         current = orig if isinstance(orig, BaseException) else current.__cause__
 
 
+def _no_host_qualifies(error: BaseException) -> bool:
+    """Every host of a multi-host URL answered, none as ``target_session_attrs`` asks (a
+    switchover in progress: the old primary a standby, the new one not promoted yet).
+    SQLAlchemy wraps asyncpg's error in an ``InternalError``."""
+    current: BaseException | None = error
+    for _ in range(4):
+        if current is None:
+            return False
+        if isinstance(current, TargetServerAttributeNotMatched):
+            return True
+        orig = getattr(current, "orig", None)
+        current = orig if isinstance(orig, BaseException) else current.__cause__
+    return False
+
+
 def is_lost_race(error: BaseException) -> bool:
     """A deadlock or a serialization failure: the transaction may simply run again."""
     return any(code in LOST_RACE_SQLSTATES for code in sqlstates(error))
@@ -82,6 +102,8 @@ def is_transient(error: BaseException) -> bool:
     """True when the database is unreachable, not serving, overloaded, or the transaction
     lost a race: retry later. False for a deterministic failure."""
     if isinstance(error, OSError | PoolTimeoutError):  # OSError covers ConnectionError, TimeoutError
+        return True
+    if _no_host_qualifies(error):
         return True
     if isinstance(error, DBAPIError):
         if error.connection_invalidated or isinstance(error, OperationalError):
