@@ -9,9 +9,9 @@
 ``workers`` is the prefetch: the number of start messages the broker lets this service hold.
 ``process`` caps how many of them may run in child processes (``isolation: process``); a
 start beyond it is handed back to the queue for a service with room. The budgets are
-deliberately generous: an idle ``ticker`` costs about 3.6 KiB (``make bench``, density) and a
-child process is a whole Python interpreter (tens of MiB, see ``isolation``); real
-observers hold buffers and connections.
+deliberately generous, well above what an idle ``ticker`` or a bare child process costs
+(docs/observers.md, "Isolation", has the figures): real observers hold buffers and
+connections.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Observers' events, published in batches on the session's publish channel.
 
-Each emit used to be one aio-pika publish: a ``Message`` and an ``Exchange`` object, the
-channel lock, three pamqp frames marshalled and written on their own, a confirmation
-future. With 300,000 tickers emitting once a minute (5,000 events/s,
-``python -m bench.scale --workloads emitting``) the services used 65 CPU s a minute, about
-215 µs per event. Here an emit joins a queue; one task publishes whatever is queued
-(``shared.batch_publish``: one lock, one buffer, one write), so while a batch waits for its
-confirms the next one gathers, and a busier service sends larger batches.
+An emit joins a queue; one task publishes whatever is queued (``shared.batch_publish``: one
+lock, one buffer, one write), so while a batch waits for its confirms the next one gathers,
+and a busier service sends larger batches. One aio-pika publish per emit cost too much CPU
+per event (figures: docs/design.md, "Pauses and the lease").
 
-What an emit promises is unchanged:
+What an emit promises:
 * it returns once the broker confirmed *its* message (every message keeps its own
   delivery tag and confirmation);
 * it raises ``LeaseLost`` if its message was not published because the lease had lapsed,
@@ -19,7 +16,7 @@ What an emit promises is unchanged:
   them. Slowness is not death (issue 17).
 
 A broker's ``basic.nack`` (an internal error) fails that emit with ``DeliveryError``, as
-aio-pika's publish did; the session ends on any failed emit, as before.
+aio-pika's publish does; the session ends on any failed emit.
 """
 
 from __future__ import annotations
@@ -47,12 +44,10 @@ class Slots:
     acquire and release costs O(1) however many wait.
 
     Not ``asyncio.Semaphore``: in Python 3.11 each woken waiter removes its future from the
-    waiters' deque by value, and ``locked()`` scans every waiter; both are O(waiters). In a
-    failover of 1,000,000 tickers emitting once a minute (``make bench-scale``) ~500,000 of
-    them waited for an emit slot on each survivor, the loop spent its time in
-    ``asyncio/locks.py`` (the watchdog's reports), nothing was written on the publishing
-    connection for two minutes and the broker closed it for missed heartbeats. Here a
-    cancelled waiter's future stays in the deque and is skipped when its turn comes."""
+    waiters' deque by value, and ``locked()`` scans every waiter; both are O(waiters), and in
+    a failover hundreds of thousands wait on one survivor (figures: docs/design.md, "Pauses
+    and the lease"). Here a cancelled waiter's future stays in the
+    deque and is skipped when its turn comes."""
 
     def __init__(self, size: int) -> None:
         self._free = size

@@ -1,6 +1,6 @@
 """Keeping the garbage collector's pauses short in a service that holds tens of thousands of
-observers (``make bench`` found full collections of 0.3-1.5 s: long enough, on a busy 2-core
-machine, to let the fencing lease lapse, fence every observer and churn).
+observers: a full collection walks all of them, long enough on a busy machine to let the
+fencing lease lapse (figures: docs/design.md, "Pauses and the lease").
 
 The objects of running observers live long and rarely become garbage, yet every full
 collection walks all of them. So after each burst of starts the survivors are *frozen*
@@ -16,20 +16,17 @@ counting; only frozen *cycles* would stay, so:
 
 Starts are not the only source of long-lived objects: observers paused by a lapsed lease
 make new frames and futures when it is renewed, reconnects and stops make their own. Left in
-the oldest generation they were walked by every automatic full collection: at 1,000,000
-(``make bench-scale``) the two survivors of a failover, ~500,000 observers each, paused
-1.5-3.5 s per full collection, "0 objects freed", until the broker missed their heartbeats
-and closed them (a false death). So ``maintain`` also freezes every ``FREEZE_PERIOD_S``
-whatever survived a young collection: an automatic full collection then walks about one
-period's survivors, never the whole population.
+the oldest generation, every automatic full collection walks them, and with hundreds of
+thousands held the pauses outlast the broker's heartbeat timeout. So ``maintain`` also
+freezes every ``FREEZE_PERIOD_S`` whatever survived a young collection: an automatic full
+collection then walks about one period's survivors, never the whole population.
 
 What that costs: a cycle alive at a freeze and garbage later stays until the next full
 collection. ``maintain`` watches for that: every ``LEAK_CHECK_S`` it reads the process's
 resident memory, and when it grew by half while the number of observers did not (the growth
-is not new observers, so it is likely frozen garbage) it unfreezes and collects in full. It
-used to count the frozen objects (``gc.get_freeze_count``), but that walks the frozen list:
-with 333,000 emitting observers per service it blocked the loop for 2.3 to 2.8 s
-(``make bench-scale``, 1,000,000 emitting), once every check.
+is not new observers, so it is likely frozen garbage) it unfreezes and collects in full.
+Memory, not ``gc.get_freeze_count``: that walks the frozen list and blocked the loop for
+seconds per check (figures: docs/design.md, "Pauses and the lease").
 """
 
 from __future__ import annotations
@@ -48,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 FREEZE_EVERY = 1000  # starts between freezes within one burst
 # The end of a burst freezes only if it started this many: deliveries that trickle in end a
-# "burst" every few starts, and a young collection each time was 5 % of a service's time
-# during a bulk create (make bench ARGS=--profile). A trickle is frozen with the next burst.
+# "burst" every few starts, and a young collection each time costs too much (figures:
+# docs/design.md, "Pauses and the lease"). A trickle is frozen with the next burst.
 BURST_FREEZE_MIN = 100
 FREEZE_PERIOD_S = 1.0
 LEAK_CHECK_S = 300.0
@@ -70,8 +67,8 @@ class GcPolicy:
     @contextlib.contextmanager
     def burst(self) -> Iterator[None]:
         """No automatic collection while a burst of starts runs: ``started`` collects the young
-        generations every ``FREEZE_EVERY`` starts anyway, and an automatic full collection in
-        the middle of a failover's burst paused a service for 1.3 s (make bench)."""
+        generations every ``FREEZE_EVERY`` starts anyway, and a full collection in the middle
+        of a burst is a long pause (docs/design.md, "Pauses and the lease")."""
         self._in_burst = True
         try:
             with paused_collection():

@@ -8,17 +8,12 @@ What makes this host the owner of its observers lives here, and nothing bulky:
 * ``lease``: the lease round trips. They travel on the connection that holds the
   deliveries: a round trip answered on it proves the broker has not given them away.
 
-Why a thread: overload is not death (issue 17). With 1,000,000 tickers emitting once a
-minute, each survivor of a ``kill -9`` held ~500,000 of them and had more than a second of
-observer work per second on its loop; one pass of the loop took seconds, the AMQP
-heartbeats and lease round trips waited behind it, the broker closed both services'
-connections for missed heartbeats (``missed heartbeats from client, timeout: 6s``) and
-they fenced 363,149 and 440,333 healthy observers. The connection had been given its own
-socket for that reason, but it still shared the observers' loop. On a thread of its own
-the interpreter hands it the GIL within its switch interval (5 ms) however much work the
-observers' loop has queued, so heartbeats and round trips go out on time, the lease stays
-valid and the observers merely run late, which is what they are. A frozen process (SIGSTOP,
-swapped out) still freezes both threads, and the lease still lapses.
+Why a thread: overload is not death (issue 17). On the observers' loop, a service with more
+observer work than CPU sent its AMQP heartbeats and lease round trips late, and the broker
+closed its connection as dead; on a thread of its own the interpreter hands it the GIL within its
+switch interval however much work that loop has queued, so the lease stays valid and the
+observers merely run late (figures: docs/design.md, "Pauses and the lease"). A frozen
+process (SIGSTOP, swapped out) still freezes both threads, and the lease still lapses.
 
 Every method here runs on the holding loop, except where it says "any thread". What crosses
 to the main loop goes through its ``Mailbox``, in order: start deliveries, control
@@ -152,7 +147,7 @@ class HoldingConnection:
         and the control queue, the main loop is told (``RefusedHandler``, so the operator is,
         and the manager through the heartbeats), and the declare is tried again every
         ``REFUSED_RETRY_S`` until whatever was wrong is fixed. Any other failure fails the
-        open, as before."""
+        open."""
         assert self._connection is not None and self._on_refused is not None
         declare = await self._connection.channel(publisher_confirms=False)  # a refusal closes it alone
         try:
@@ -227,9 +222,9 @@ class HoldingConnection:
     def _on_start_delivery(self, message: aiormq.abc.DeliveredMessage) -> None:
         """The start channels' delivery handler, called on their reader (``StartChannel``). Start
         deliveries are taken on the raw channel, not as aio-pika messages: a service keeps
-        every start it runs for the observer's whole life, and aio-pika's message with
-        aiormq's frames is ~1.3 KiB of it (issue 17, density). What is kept is the body and
-        the tag; settling goes by tag."""
+        every start it runs for the observer's whole life, and aio-pika's message would be a
+        large share of what a held observer costs (docs/design.md, "What grows with the
+        fleet", density). What is kept is the body and the tag; settling goes by tag."""
         delivery = message.delivery
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
         self._to_main.post(
@@ -299,9 +294,9 @@ class HoldingConnection:
         and the observers may go on. What ends a session is evidence that the connection is
         gone: the broker closing it, the socket, or aiormq's heartbeat check (no frame at all
         from the broker for 3 x (H + 1) s), each of which closes the connection and calls
-        ``_on_closed``. Giving up on a round trip unanswered for H instead ended every
-        session of a fleet whose broker was merely busy (issue 17: 300,000 observers emitting
-        once a minute), and the requeues made the broker busier still."""
+        ``_on_closed``. Giving up on a round trip unanswered for H would end every session of
+        a fleet whose broker is merely busy, and the requeues would make it busier still
+        (docs/design.md, "Pauses and the lease")."""
         renewal: asyncio.Task[None] | None = None
         lapsed = False
         try:

@@ -37,11 +37,9 @@ ctx)``; the child is ``python -m observer_service.child <parent pid> <observer i
 * No orphans: the child gets SIGKILL from the kernel when its parent dies (PR_SET_PDEATHSIG;
   works even while it hogs the CPU) and exits on stdin EOF. It ignores SIGINT/SIGTERM, which
   a terminal or systemd send to the whole group: the service ends its children itself.
-* Cost, measured once by hand on the ticker kind (``ps -o rss``, ``/proc/<pid>/smaps_rollup``;
-  Python 3.11; no benchmark in the repo measures it yet): ~39 MiB RSS per child, ~25 MiB of
-  it private (the rest is shared library text);
-  first emit ~0.2-0.3 s after spawn on an idle host. A ``memory_limit_mb`` below ~50 kills
-  a child about as soon as it has started.
+* Cost: a child is a whole Python interpreter, tens of MiB (measured: docs/design.md, "The
+  observer runtime"). A ``memory_limit_mb`` below ~50 kills a child about as soon as it has
+  started.
 """
 
 from __future__ import annotations

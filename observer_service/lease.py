@@ -42,11 +42,10 @@ class Lease:
 
     async def changed(self) -> None:
         """Until the next renewal or revocation. Every observer paused by a lapsed lease
-        waits on this one future: polling the lease instead (a timer each, ten times a
-        second) was, with 100,000 observers paused during a failover's burst of starts, a
-        million wakeups a second on the service's loop, which then read the broker's
-        replies so late that the lease kept lapsing (issue 17: a failover of 100,000 took
-        285 s). A cancelled waiter does not cancel the others' future (``shield``)."""
+        waits on this one future: a timer each to poll the lease floods the loop in a
+        failover, which then reads the broker's replies so late that the lease keeps lapsing
+        (figures: docs/design.md, "Pauses and the lease"). A cancelled waiter does not cancel
+        the others' future (``shield``)."""
         if self._change is None:
             self._loop = asyncio.get_running_loop()
             self._change = self._loop.create_future()

@@ -31,8 +31,8 @@ class Context:
     """The ``ObserverContext`` handed to an observer body.
 
     Slotted, and ``stopping`` and ``logger`` are made only when asked for: a service holds
-    hundreds of thousands of these, and an ``asyncio.Event`` alone is ~0.8 KiB (issue 17,
-    density)."""
+    hundreds of thousands of these, and an ``asyncio.Event`` is a sizeable part of one
+    (docs/design.md, "What grows with the fleet", density)."""
 
     __slots__ = ("_session", "_stop_requested", "_stopping", "kind", "name", "observer_id", "service_id")
 
@@ -100,10 +100,10 @@ class Context:
 class Running:
     """One observer this service runs: what it needs to run it and to settle its delivery.
 
-    Kept small on purpose (issue 17: <= 5 KiB per idle observer): the start message stays as
-    the bytes it came in (decoded again only when needed: a retry policy after a failure, a
-    move into a child process, a describe), and the delivery as its tag on the session's
-    channel, instead of the decoded model (~2.9 KiB) and aio-pika's message (~1 KiB)."""
+    Kept small on purpose (docs/design.md, "What grows with the fleet", density): the start
+    message stays as the bytes it came in (decoded again only when needed: a retry policy
+    after a failure, a move into a child process, a describe), and the delivery as its tag on
+    the session's channel, instead of the decoded model and aio-pika's message."""
 
     __slots__ = (
         "__weakref__",
@@ -165,7 +165,7 @@ async def supervise(
     However it ends, the task itself tells the runner last: ``on_ended(running, what ended
     it)`` (a ``CancelledError`` if cancelled, None if it was ended on purpose and returned).
     A done-callback would cost one more object per observer, and the body runs in this same
-    frame rather than in a helper coroutine for the same reason (issue 17, density)."""
+    frame rather than in a helper coroutine for the same reason (docs/design.md, density)."""
     ctx = running.ctx
     policy: RetryPolicy | None = None  # decoded from the start message at the first failure
     failures = 0

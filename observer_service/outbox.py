@@ -5,18 +5,16 @@ order). A report leaves the outbox only after the broker confirmed it, so a brok
 loses nothing: the next session publishes the same reports again. The manager's rules are
 idempotent, so a report published twice (confirm lost with the connection) is harmless.
 
-One exception: a start report (or an inventory) not yet published when its session
-died is dropped.
-Its delivery went back to the queue with the session and may already run elsewhere;
-published late, it would tell the manager that this service took the observer over from
-the real host, and the manager would stop the only running copy (``make bench`` lost 343
-observers that way while a fenced service's reports were still queued).
+One exception: a start report (or an inventory) not yet published when its session died is
+dropped. Its delivery went back to the queue with the session and may already run
+elsewhere; published late, it would tell the manager that this service took the observer
+over from the real host, and the manager would stop the only running copy (docs/design.md,
+invariant 3).
 
 Starts wait for room (``has_room``/``room``): past ``high_water`` unpublished reports the
 runner starts no more deliveries (they stay held, unstarted) until the publisher catches
-up. Without it a burst of 400,000 starts after a reconnect at 1,000,000 held outran the
-publisher, filled the outbox (200,000), and dropped start reports and heartbeats, each with
-a log line: 435,000 lines that starved the loop until the broker missed its heartbeats.
+up. Without it a burst of starts after a reconnect outruns the publisher, and the drops and
+their log lines starve the loop (figures: docs/design.md, "Pauses and the lease").
 ``max_size`` stays as the bound for what cannot wait (stops, failures, heartbeats during a
 long broker outage); what it drops is counted and logged at most every ``_DROP_LOG_S``.
 """

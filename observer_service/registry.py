@@ -2,11 +2,10 @@
 come and go.
 
 Every ``ORCH_INVENTORY_S`` a service sends the count and the XOR of the ids its session runs
-(``ServiceDigest``, ``shared.messages.digest_of``). Computed from scratch that walked every
-running observer: ~38 ms of the loop per digest at 333,000 held (listing them, then XORing
-128-bit ints), twice a minute per service, in a fleet that is otherwise idle (issue 17: an
-idle million must cost almost nothing). XOR is its own inverse, so each session's digest is
-updated as an observer is added or removed, and a digest costs nothing.
+(``ServiceDigest``, ``shared.messages.digest_of``). Computed from scratch it walks every
+running observer, a cost an otherwise idle fleet should not pay (figures: docs/design.md,
+"What grows with the fleet"). XOR is its own inverse, so each session's digest is updated
+as an observer is added or removed, and a digest costs nothing.
 
 Invariant: ``digest(session)`` equals ``digest_of`` of the ids held in that session (a
 ``Running`` keeps the session it was started in for its whole life). Only ``add`` and

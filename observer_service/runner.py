@@ -78,8 +78,7 @@ class Runner:
     def on_start(self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, session: Session) -> None:
         """Queue a delivered start. A reconnect or a failover hands a service thousands of
         starts at once; starting them in chunks that yield to the event loop keeps the AMQP
-        heartbeats and the lease round trip flowing (one burst of 30,000 starved the loop
-        past the lease, and the service fenced itself over and over)."""
+        heartbeats and the lease round trip flowing (docs/design.md, "Pauses and the lease")."""
         self._inbox.append((body, channel, tag, redelivered, session))
         if not self._draining:
             self._draining = True
@@ -377,9 +376,9 @@ class Runner:
         if running.session.closed.is_set() or running.session.lease.revoked():
             # The session died under it (or is dying: the holding thread revoked the lease
             # and the session's end is on its way to this loop with the real reason): fencing
-            # ends it, this is no failure of its own. Failing the session here instead won
-            # that race with "observer X hit a lapsed lease" as the reason, an ERROR that
-            # blamed one observer for a connection the broker had closed.
+            # ends it, this is no failure of its own. Failing the session here instead would
+            # win that race with "observer X hit a lapsed lease" as the reason, an ERROR that
+            # blames one observer for a connection the broker closed.
             return
         if isinstance(outcome, LeaseLost):
             logger.error("observer %s hit a lapsed lease: fencing the session", running.observer_id)
@@ -422,8 +421,9 @@ async def _until_lease(session: Session) -> None:
     ``ensure_lease`` raises, and it waits for the renewal with a shielded future of its own,
     to start over when the lease is back. A failover on a saturated machine lapses the lease
     (the holding thread's round trips wait for the GIL and for a busy broker), and every
-    delivery started meanwhile paid that twice, plus the exception's cycle for the
-    collector. So the whole backlog waits here, once, and starts when the lease is back."""
+    delivery started meanwhile would pay that twice, plus the exception's cycle for the
+    collector. So the whole backlog waits here, once, and starts when the lease is back
+    (figures: docs/design.md, "Pauses and the lease")."""
     lease = session.lease
     while not _may_act(session):
         if lease.renewed_at is None:

@@ -10,11 +10,10 @@ threads, so that it never waits behind the observers either:
   reports, inventories and observer events (batched by ``emits.EventPublisher``, which
   writes on this connection's channel too). RabbitMQ throttles a connection that publishes
   faster than it can route (credit flow) and blocks it under a memory or disk alarm: on a
-  connection of its own that throttling delays reports and emits, never the lease (issue
-  17: 5,000 events/s starved the lease round trips that shared their channel, and every
-  service dropped its session). It holds no delivery, so its silence proves nothing about
-  ownership: its AMQP heartbeat is ``PUBLISH_HEARTBEAT_S`` (RabbitMQ's default), long
-  enough that an observers' loop late by seconds is not taken for a dead peer.
+  connection of its own that throttling delays reports and emits, never the lease
+  (docs/design.md, "Pauses and the lease"). It holds no delivery, so its silence proves
+  nothing about ownership: its AMQP heartbeat is ``PUBLISH_HEARTBEAT_S`` (RabbitMQ's
+  default), long enough that an observers' loop late by seconds is not taken for a dead peer.
 
 Deliveries belong to the channel they came on. When either connection breaks the whole
 session is dead (``closed`` is set) and every observer started from it must be cancelled at
@@ -67,16 +66,16 @@ ACK_TIMEOUT_HINT = (
 
 _OUTBOX_BATCH = 5_000  # reports taken per round; packed into far fewer messages
 # Reports that trickle in (a burst of deliveries arrives a few at a time) wait this long for
-# company before they are published: a bulk create of 30,000 made 2,631 state messages of
-# ~11 reports each, and every message costs the broker, the manager and this service.
+# company before they are published: every message costs the broker, the manager and this
+# service (figures: docs/design.md, "Where the time goes").
 _LINGER_S = 0.02
 _LINGER_BELOW = 500
 MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
 # Starts held per channel. RabbitMQ finds the delivery an ack, nack or reject names by walking
 # its channel's unacked deliveries from the oldest (rabbit_channel:collect_acks), so settling
-# one costs time proportional to how many that channel holds: a stop of 30,000 of 300,000,
-# on channels of up to 65,535 each, took minutes (make bench-scale). Held on channels of
-# this many, each settle walks at most this far; a channel costs the broker one process.
+# one costs time proportional to how many that channel holds. Held on channels of this
+# many, each settle walks at most this far; a channel costs the broker one process (figures:
+# docs/design.md, "What grows with the fleet").
 HOLD_PER_CHANNEL = 4_096
 PUBLISH_HEARTBEAT_S = 60  # the publish connection's AMQP heartbeat (module docstring)
 
@@ -243,11 +242,9 @@ class Session:
         """Give every held delivery back to the broker at once, by closing the channels that
         hold them: the broker requeues a closed channel's unacked deliveries as one batch.
         Nacking them one by one costs RabbitMQ time that grows faster than their number (each
-        nack walks the channel's unacked deliveries: see ``HOLD_PER_CHANNEL``): 5,000 nacks
-        on one channel took 2.6 s of broker CPU, 10,000 took 14 s and 20,000 took 22 to 81 s
-        in three runs, against at most 0.06 s for a close (``python -m bench.requeue``), and
-        the queue serves nobody meanwhile. The rest of the session (the lease, the outbox, the
-        control queue) stays open."""
+        nack walks the channel's unacked deliveries: see ``HOLD_PER_CHANNEL``), and the queue
+        serves nobody meanwhile (figures: docs/benchmarks.md). The rest of the session (the
+        lease, the outbox, the control queue) stays open."""
         self._held_back = True
         if self._thread is not None and self._holding is not None:
             await self._thread.call(self._holding.requeue_held())

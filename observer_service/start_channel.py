@@ -4,9 +4,8 @@ aiormq calls a consumer by creating a task for ``consumer(message)`` (a plain fu
 wrapped into a coroutine first), registers it in two future stores and gives it a done
 callback. The holding connection's consumer does nothing but post the delivery to the main
 loop, and in a failover a service takes thousands of deliveries a second on that one
-thread, sharing the GIL with the loop that starts their observers: the task machinery was
-~13 µs of the ~85 µs aiormq spends per delivery (consuming 30,000 on one uvloop, CPU per
-delivery 85-86 µs with aiormq's consumer, 72 µs with this one).
+thread, sharing the GIL with the loop that starts their observers, so a task per delivery
+is CPU that both loops miss (figures: docs/design.md, "Where the time goes").
 
 ``as_start_channel`` turns an open aiormq channel into a ``StartChannel``, whose deliveries
 go to ``on_delivery`` synchronously, in the order they arrive, on the channel's reader. It

@@ -1,15 +1,12 @@
 """The log lines of the observers a service starts: the first few of every second one by one,
 the rest counted in one line.
 
-A failover or a reconnect hands a service thousands of starts a second. At the default
-``INFO`` level a line costs 40-60 µs on the service's main loop, against ~80 µs for the rest
-of a start, and a failover of 333,000 would write 333,000 of them. A limit per drain of the
-runner's inbox was not enough: the main loop keeps up with the deliveries, so they come in
-drains of a few dozen (a failover of 10,002 on ``make bench``: ~95 drains per survivor) and
-one start in five was still logged one by one, ~1,100 lines per survivor. A window of time
-bounds the lines whatever the drains look like: at most ``each`` start lines and one count
-per ``window_s``. ``DEBUG`` logs every start; the manager's history records where each
-observer started.
+A failover or a reconnect hands a service thousands of starts a second, and at the default
+``INFO`` level a line costs the main loop about half as much as the rest of a start. A window
+of time bounds the lines whatever the runner's drains look like (they come a few dozen at a
+time, so a limit per drain is not enough): at most ``each`` start lines and one count per
+``window_s`` (figures: docs/design.md, "Where the time goes"). ``DEBUG`` logs every start;
+the manager's history records where each observer started.
 """
 
 from __future__ import annotations

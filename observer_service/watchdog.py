@@ -9,11 +9,11 @@ it is stuck on.
 
 A loop can also stand still because the whole process did: stopped (SIGSTOP, a paused VM)
 or given no CPU by an overloaded host. Then no observer is to blame, and naming the one that
-happened to run when the process was frozen sent operators after a healthy observer (a
-service SIGSTOPped for 20 s logged "blocked for 20.3s by observer ..."). The watchdog tells
-the two apart by the process's CPU time: a loop blocked by an observer runs (CPU work) or
-waits in a call while the watchdog's own thread keeps its period; a process that was not
-running shows a gap in the watchdog's period with almost no CPU time spent in it.
+happened to run when the process was frozen would send operators after a healthy one
+(docs/design.md, "Pauses and the lease"). The watchdog tells the two apart by the process's
+CPU time: a loop blocked by an observer runs (CPU work) or waits in a call while the
+watchdog's own thread keeps its period; a process that was not running shows a gap in the
+watchdog's period with almost no CPU time spent in it.
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ class LoopWatchdog:
                 resumed = woke
                 continue
             if reported and last_tick != reported:
-                # Said once when it began; now how long it lasted (a loop stuck for minutes
-                # used to read "blocked for 1.1s" in the log, and nothing after).
+                # Said once when it began; now how long it lasted, so that a loop stuck for
+                # minutes does not read as a stall of just over ``stall_s``.
                 logger.warning("event loop ran again after a stall of %.1fs", last_tick - reported)
                 reported = 0.0
             stalled = time.monotonic() - max(last_tick, resumed)
