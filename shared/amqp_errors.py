@@ -4,9 +4,8 @@ an operator can act on.
 aiormq reports a virtual host that the broker refuses (it does not exist, or the user has
 no permissions on it) as ``InvalidFrameError: Invalid frame received: "Expected one of
 ['Connection.OpenOk'], got <Connection.Close object at 0x...>"``: the broker's reason is
-lost with the frame, and a service with a mistyped vhost in ``ORCH_AMQP_URL`` said only
-that, every second, for as long as it ran. Every other failure (refused, bad credentials,
-timed out) already names itself and is quoted as it is.
+lost with the frame, so a mistyped vhost in ``ORCH_AMQP_URL`` is named here. Every other
+failure (refused, bad credentials, timed out) already names itself and is quoted as it is.
 """
 
 from __future__ import annotations
@@ -71,10 +70,9 @@ def cancelled_calls_as_errors() -> Iterator[None]:
     the broker.
 
     When aiormq gives a stuck connection up it cancels its reader, and every call waiting on
-    the connection (an RPC, a confirm) raises ``CancelledError`` in its caller. Taken for a
-    cancellation of the caller it went through every ``except Exception``: a network partition
-    of 21 s ended the manager's state process (its heartbeat judge was asking the broker for
-    the state backlog), which then exited with status 0 and was started again."""
+    the connection (an RPC, a confirm) raises ``CancelledError`` in its caller; taken for a
+    cancellation of the caller it would pass every ``except Exception`` and end the process
+    (docs/design.md, "Broker facts the code depends on")."""
     try:
         yield
     except asyncio.CancelledError as e:

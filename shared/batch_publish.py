@@ -2,9 +2,9 @@
 
 aiormq's ``Channel.basic_publish`` is built for one message at a time: per message it takes
 the channel lock, enters two context managers and a timeout, builds and marshals three
-pamqp frames into their own buffer and queues one write. A bulk create publishes 1,000
-starts per request, and that machinery was half of the API process's CPU samples
-(``python -m bench.run --only create --profile``). Here the lock is taken once per batch,
+pamqp frames into their own buffer and queues one write. A bulk create publishes a
+thousand starts per request, and that machinery dominated the API process's CPU (figures:
+docs/benchmarks.md, "What the figures say"). Here the lock is taken once per batch,
 the frames of every message are marshalled into one buffer (the ``basic.publish`` frame
 once per routing key) and queued as one write.
 

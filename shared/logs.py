@@ -7,9 +7,8 @@ A broker restart is ordinary: our code says once, in its own words, that the con
 lost and that it is back (the service's "broker session lost: ..." and "cannot open a broker
 session ...; retrying", the manager's "lost the broker connection ..." and "reconnected ...").
 aiormq and aio-pika log the same events as well, as ERRORs with tracebacks, once per attempt
-to reconnect: a 25-s restart wrote about 80 such lines in the manager's log and 20 per
-service. Those records (``_CHATTER``) are shown only with ``ORCH_LOG_LEVEL=DEBUG``; anything
-else the libraries log is kept as it is.
+to reconnect (docs/operations.md, "the broker down"). Those records (``_CHATTER``) are shown
+only with ``ORCH_LOG_LEVEL=DEBUG``; anything else the libraries log is kept as it is.
 """
 
 from __future__ import annotations

@@ -190,9 +190,9 @@ class ServiceInventory(Message):
 
 
 class ServiceDigest(Message):
-    """What a service runs, in 40 bytes instead of a list: an inventory of 333,000 ids every
-    30 s was 12 MB per service per period. The manager compares it with its rows and asks
-    for the whole inventory (``InventoryRequest``) only when they differ."""
+    """What a service runs, as a count and an XOR instead of a list, whose size grows with
+    the fleet (docs/design.md, "What grows with the fleet"). The manager compares it with its
+    rows and asks for the whole inventory (``InventoryRequest``) only when they differ."""
 
     type: Literal["ServiceDigest"] = "ServiceDigest"
     service_id: uuid.UUID

@@ -353,9 +353,9 @@ _SECRET_PARTS = ("url", "token", "password")
 def settings_or_exit(load: Callable[[], T]) -> T:
     """``load()`` the settings of a process starting; a value that does not validate is one
     line per setting on stderr (logging is configured from the settings, so not yet), naming
-    the variable to fix, and exit status 2. Pydantic's error came with a traceback and the
-    field's name (``workers_count``), not the variable's (``ORCH_WORKERS_COUNT``). Values of
-    URLs and tokens are not echoed: they carry passwords."""
+    the variable to fix, and exit status 2, where pydantic's error is a traceback naming the
+    field (``workers_count``), not the variable (``ORCH_WORKERS_COUNT``). Values of URLs and
+    tokens are not echoed: they carry passwords."""
     try:
         return load()
     except ValidationError as e:

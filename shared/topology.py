@@ -96,8 +96,8 @@ async def declare_control_queue(channel: AbstractChannel, service_id: uuid.UUID)
 
 def persistent_properties(message_id: str) -> aiormq.spec.Basic.Properties:
     """The properties of ``persistent`` for a publish on the underlying aiormq channel (a
-    batch of thousands of starts: aio-pika's ``Message`` wrapper was a sixth of the
-    manager's time on creates)."""
+    batch of thousands of starts, where aio-pika's ``Message`` wrapper costs the manager
+    too much: docs/design.md, "Where the time goes")."""
     return aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=2, message_id=message_id)
 
 

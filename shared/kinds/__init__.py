@@ -59,10 +59,10 @@ BUILTIN_KINDS: dict[str, ObserverKind[Any]]  # name -> kind; no value here: see 
 
 
 def __getattr__(name: str) -> Any:
-    """``BUILTIN_KINDS`` (name -> kind), built on first use. Built at import it cost every
-    importer of a kind module (``shared.settings`` imports ``shared.kinds.periodic``) httpx,
-    websockets and click, rich and pygments with them: 0.15-0.35 s of each manager and state
-    process's start, which a catching-up manager spends before it applies the first report."""
+    """``BUILTIN_KINDS`` (name -> kind), built on first use. Built at import it would cost
+    every importer of a kind module (``shared.settings`` imports ``shared.kinds.periodic``)
+    httpx, websockets, click, rich and pygments, time a catching-up manager spends before it
+    applies the first report (docs/design.md, "Where the time goes")."""
     if name == "BUILTIN_KINDS":
         kinds = {name: loaded.kind for name, loaded in _builtins().items()}
         globals()["BUILTIN_KINDS"] = kinds

@@ -1,9 +1,9 @@
 """``ticker``: emits a tick every ``interval_s``. Enough for demos and tests; a template
 for real kinds (lease check before every effect, cooperative cancellation).
 
-Its args name nothing on the host: a ``log_file`` argument once let any API caller append
-to any file the service could write; tests that need per-tick evidence use the test
-plug-in's ``probe`` kind instead."""
+Its args name nothing on the host, so an API caller cannot make it write to the service's
+files (docs/threat-model.md); tests that need per-tick evidence use the test plug-in's
+``probe`` kind instead."""
 
 from __future__ import annotations
 
