@@ -11,34 +11,28 @@ from __future__ import annotations
 
 import logging
 import uuid
-import zlib
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import pydantic_core
-from sqlalchemy import Executable, delete, func, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.admission import Admission
 from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
-from manager.db.counts import live_in_pool_query
+from manager.db import observers, services
 from manager.db.errors import describe, is_transient
 from manager.db.models import (
     FINAL_STATUSES,
     EventType,
     Observer,
-    ObserverEvent,
     ObserverStatus,
     PendingStart,
-    Service,
-    ServiceStatus,
 )
 from manager.db.retry import retry_lost_races
-from manager.db.sql import id_in, lock_by_ids
 from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
 from manager.history import NewEvent, insert_events
 from manager.kinds import CatalogCache, KindCatalog, NewObserver, validate
@@ -121,26 +115,15 @@ class ObserverCommands:
         try:
             await self.broker.publish_starts(starts)
         except BrokerUnavailable as e:
-            await self._execute(
-                "deleting the unpublished observers",
-                delete(Observer).where(id_in(Observer.id, ids)),
-                # After the rows: a report about one may have written an event until then.
-                delete(ObserverEvent).where(id_in(ObserverEvent.observer_id, ids)),
-                # Some starts may have been published: found running, they are stopped, not adopted.
-                text(
-                    "INSERT INTO abandoned_observers (observer_id) SELECT unnest(CAST(:ids AS uuid[])) "
-                    "ON CONFLICT DO NOTHING"
-                ).bindparams(ids=ids),
-            )
+            # Some starts may have been published: found running, they are stopped, not adopted.
+            await self._transaction("deleting the unpublished observers", observers.delete_unpublished, ids)
             raise Unavailable(
                 f"the message broker is unreachable or overloaded, nothing was created; retry later ({e})"
             ) from e
         finally:
             self.in_flight.difference_update(ids)
         try:
-            await self._execute(
-                "marking starts published", delete(PendingStart).where(id_in(PendingStart.observer_id, ids))
-            )
+            await self._transaction("marking starts published", observers.mark_published, ids)
         except Exception as e:
             if not is_transient(e):
                 raise
@@ -164,11 +147,9 @@ class ObserverCommands:
         async def transaction() -> datetime:
             async with self.sessions.begin() as session:
                 for pool in sorted(pools):
-                    # Serialise creates per pool so two requests cannot both take the last slot.
-                    await session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(pool.encode())})
+                    await observers.lock_pool(session, pool)
                     await self._check_capacity(session, pool, pools[pool])
-                created_at: datetime = (await session.execute(_INSERT_CREATED, _insert_params(starts))).scalar_one()
-                return created_at
+                return await observers.insert_created(session, starts)
 
         try:
             return await retry_lost_races(transaction, "create")
@@ -180,32 +161,23 @@ class ObserverCommands:
                 else f"conflicting observer: {e.orig}"
             ) from e
 
-    async def _execute(self, what: str, *statements: Executable) -> None:
-        """``statements`` in one transaction, run again if it loses a race."""
+    async def _transaction(
+        self, what: str, statement: Callable[[AsyncSession, list[uuid.UUID]], Awaitable[None]], ids: list[uuid.UUID]
+    ) -> None:
+        """``statement`` on ``ids`` in a transaction of its own, run again if it loses a race."""
 
         async def transaction() -> None:
             async with self.sessions.begin() as session:
-                for statement in statements:
-                    await session.execute(statement)
+                await statement(session, ids)
 
         await retry_lost_races(transaction, what)
 
     async def _live_names(self, names: list[str]) -> list[str]:
         async with self.sessions() as session:
-            rows = await session.scalars(
-                select(Observer.name).where(Observer.name.in_(names), Observer.status.not_in(FINAL_STATUSES))
-            )
-            return sorted(repr(n) for n in rows)
+            return sorted(repr(n) for n in await observers.live_names(session, names))
 
     async def _check_capacity(self, session: AsyncSession, pool: str, wanted: int) -> None:
-        # One round trip: creates of a pool wait for each other (the advisory lock) while
-        # this runs, so every round trip here is paid by every queued create.
-        total_workers = (
-            select(func.coalesce(func.sum(Service.workers_count), 0))
-            .where(Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool]))
-            .scalar_subquery()
-        )
-        total, used = (await session.execute(select(total_workers, live_in_pool_query(pool)))).one()
+        total, used = await services.pool_capacity(session, pool)
         if not total:
             raise NoCapacity(f"no live observer service serves pool {pool!r}; start one or use another pool")
         if used + wanted > total:
@@ -226,12 +198,12 @@ class ObserverCommands:
 
         async def transaction() -> tuple[StartObserver, datetime]:
             async with self.sessions.begin() as session:
-                obs = await session.get_one(Observer, observer_id, with_for_update={"key_share": True})
+                obs = await observers.lock_one(session, observer_id)
                 if obs.status != ObserverStatus.FAILED:
                     raise Conflict(
                         f"observer {observer_id} is {obs.status.value}; only a Failed observer can be restarted"
                     )
-                await session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(obs.pool.encode())})
+                await observers.lock_pool(session, obs.pool)
                 await self._check_capacity(session, obs.pool, 1)
                 now = datetime.now(UTC)
                 obs.status, obs.service_id, obs.attempts, obs.modified_at = ObserverStatus.CREATED, None, 0, now
@@ -267,7 +239,7 @@ class ObserverCommands:
             self.in_flight.discard(observer_id)
         async with self.sessions.begin() as session:
             if published:  # else its pending start stays for the pending-start repair, like after a crash
-                await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
+                await observers.mark_published(session, [observer_id])
             return await session.get_one(Observer, observer_id)
 
     async def _undo_restart(self, observer_id: uuid.UUID, restarted_at: datetime) -> bool:
@@ -277,22 +249,7 @@ class ObserverCommands:
 
         async def transaction() -> bool:
             async with self.sessions.begin() as session:
-                undone = (
-                    await session.execute(
-                        update(Observer)
-                        .where(
-                            Observer.id == observer_id,
-                            Observer.status == ObserverStatus.CREATED,
-                            Observer.service_id.is_(None),
-                            Observer.modified_at == restarted_at,
-                        )
-                        .values(status=ObserverStatus.FAILED, modified_at=datetime.now(UTC))
-                        .returning(Observer.id)
-                    )
-                ).first()
-                if undone is not None:
-                    await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
-                return undone is not None
+                return await observers.undo_restart(session, observer_id, restarted_at)
 
         return await retry_lost_races(transaction, "undoing a restart")
 
@@ -321,21 +278,9 @@ class ObserverCommands:
 
         async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID], list[int]]:
             async with self.sessions.begin() as session:
-                # Lock in id order, like the state consumer, so the two never deadlock; by a
-                # semi-join with the ids, whose rechecks of rows changed meanwhile cost little.
-                rows = (await session.execute(lock_by_ids((Observer.id, Observer.status, Observer.life), wanted))).all()
-                found = {i: s for i, s, _ in rows}
-                stoppable = (ObserverStatus.CREATED, ObserverStatus.PROCESSING)
-                to_stop = [i for i, s, _ in rows if s in stoppable]
-                lives = [life for _, s, life in rows if s in stoppable]
-                if to_stop:
-                    now = datetime.now(UTC)
-                    await session.execute(
-                        update(Observer)
-                        .where(id_in(Observer.id, to_stop))
-                        .values(status=ObserverStatus.ON_DELETING, modified_at=now)
-                    )
-                    await insert_events(session, [NewEvent(i, EventType.STOP_REQUESTED, now) for i in to_stop])
+                now = datetime.now(UTC)
+                found, to_stop, lives = await observers.mark_stopping(session, wanted, now)
+                await insert_events(session, [NewEvent(i, EventType.STOP_REQUESTED, now) for i in to_stop])
                 return found, to_stop, lives
 
         found, to_stop, lives = await retry_lost_races(transaction, "stop")
@@ -350,43 +295,6 @@ class ObserverCommands:
             final=[i for i, s in found.items() if s in FINAL_STATUSES],
             unknown=[i for i in wanted if i not in found],
         )
-
-
-# Observers, their pending starts and their "created" events, from one set of arrays. The
-# ORM's executemany of the same rows was a quarter of the manager's time on bulk creates.
-_INSERT_CREATED = text(
-    """
-    WITH new AS (
-        INSERT INTO observers (id, name, kind, args, pool, retry, isolation, memory_limit_mb, status)
-        SELECT id, name, kind, args, pool, retry, isolation, memory_limit_mb, 'Created'
-        FROM unnest(
-            CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]), CAST(:args AS jsonb[]),
-            CAST(:pools AS text[]), CAST(:retries AS jsonb[]), CAST(:isolations AS text[]),
-            CAST(:memory_limits AS float8[])
-        ) AS v(id, name, kind, args, pool, retry, isolation, memory_limit_mb)
-        RETURNING id, created_at
-    ), pending AS (
-        INSERT INTO pending_starts (observer_id, created_at) SELECT id, created_at FROM new
-    ), history AS (
-        INSERT INTO observer_events (observer_id, at, event) SELECT id, created_at, :created_event FROM new
-    )
-    SELECT now()
-    """
-)
-
-
-def _insert_params(starts: list[StartObserver]) -> dict[str, Any]:
-    return {
-        "ids": [s.observer_id for s in starts],
-        "names": [s.name for s in starts],
-        "kinds": [s.kind for s in starts],
-        "args": [pydantic_core.to_json(s.args).decode() for s in starts],
-        "pools": [s.pool for s in starts],
-        "retries": [s.retry.model_dump_json() for s in starts],
-        "isolations": [s.isolation for s in starts],
-        "memory_limits": [s.memory_limit_mb for s in starts],
-        "created_event": EventType.CREATED.value,
-    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,10 +23,9 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import Service, ServiceStatus
+from manager.db import services
 from manager.errors import Invalid, Unavailable
 from shared.kinds import BUILTIN_KINDS
 from shared.messages import KindInfo, RetryPolicy
@@ -73,10 +72,7 @@ class KindCatalog:
     async def load(cls, session: AsyncSession) -> KindCatalog:
         kinds: dict[str, OfferedKind] = {}
         pools: set[str] = set()
-        alive = await session.execute(
-            select(Service.pools, Service.kind_infos).where(Service.status == ServiceStatus.ALIVE)
-        )
-        for service_pools, infos in alive.all():
+        for service_pools, infos in await services.alive_offers(session):
             pools.update(service_pools)
             for raw in infos:
                 info = KindInfo.model_validate(raw)

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.counts import observer_counts
-from manager.queries import stats
+from manager.db.services import stats
 
 REGISTRY = CollectorRegistry()
 

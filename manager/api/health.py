@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from manager import queries
+from manager.db import services as service_rows
 
 router = APIRouter(tags=["health"])
 
@@ -31,7 +31,7 @@ async def readyz(request: Request) -> JSONResponse:
     try:
         async with asyncio.timeout(_DATABASE_ANSWERS_WITHIN_S), request.app.state.read_sessions() as session:
             await session.execute(text("SELECT 1"))
-            refused = await queries.refused_services(session)
+            refused = await service_rows.refused_services(session)
         checks["database"] = "ok"
     except TimeoutError:
         checks["database"] = f"no answer within {_DATABASE_ANSWERS_WITHIN_S:g}s"

@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, status
 
-from manager import queries
 from manager.api.deps import CommandsDep, SessionDep
 from manager.api.schemas import (
     ERRORS,
@@ -20,6 +19,7 @@ from manager.api.schemas import (
     ObserverOut,
     ObserverPage,
 )
+from manager.db import observers
 from manager.db.models import ObserverStatus
 from manager.history import list_events
 from manager.kinds import NewObserver
@@ -62,19 +62,19 @@ async def list_observers(
     service_id: uuid.UUID | None = None,
     name: Annotated[str | None, Query(description="exact name")] = None,
     q: Annotated[str | None, Query(max_length=200, description="a substring of the name, any case")] = None,
-    sort: queries.Sort = queries.Sort.CREATED,
+    sort: observers.Sort = observers.Sort.CREATED,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> ObserverPage:
     """Keyset pages: pass ``next_cursor`` back (with the same filters and sort) for the next."""
-    flt = queries.ObserverFilter(status=status_, kind=kind, pool=pool, service_id=service_id, name=name, q=q)
-    rows, next_cursor = await queries.list_observers(session, flt, limit, cursor, sort)
+    flt = observers.ObserverFilter(status=status_, kind=kind, pool=pool, service_id=service_id, name=name, q=q)
+    rows, next_cursor = await observers.list_observers(session, flt, limit, cursor, sort)
     return ObserverPage(items=[ObserverOut.of(obs, svc) for obs, svc in rows], next_cursor=next_cursor)
 
 
 @router.get("/{observer_id}", response_model=ObserverOut)
 async def get_observer(observer_id: uuid.UUID, session: SessionDep) -> ObserverOut:
-    observer, service_name = await queries.get_observer(session, observer_id)
+    observer, service_name = await observers.get_observer(session, observer_id)
     return ObserverOut.of(observer, service_name)
 
 
@@ -86,7 +86,7 @@ async def observer_events(
     after: Annotated[int | None, Query(description="id of the last event already seen")] = None,
 ) -> list[EventOut]:
     """The observer's history, oldest first (created, started on X, moved from X to Y, ...)."""
-    await queries.get_observer(session, observer_id)  # 404 for an unknown id
+    await observers.get_observer(session, observer_id)  # 404 for an unknown id
     return [EventOut.of(e) for e in await list_events(session, observer_id, limit, after)]
 
 

@@ -20,7 +20,7 @@ _ALL = """
     SELECT kind, pool, status, n FROM observer_count_deltas
 """
 
-# Every non-zero (kind, pool, status) count; ``manager.queries.stats`` embeds it.
+# Every non-zero (kind, pool, status) count; ``manager.db.services.stats`` embeds it.
 READ_SQL = (
     f"SELECT kind, pool, status::text AS status, sum(n) AS n FROM ({_ALL}) AS c GROUP BY 1, 2, 3 HAVING sum(n) <> 0"
 )

@@ -1,4 +1,4 @@
-"""SQL helpers shared by the manager's queries."""
+"""SQL helpers shared by the manager's statements."""
 
 from __future__ import annotations
 

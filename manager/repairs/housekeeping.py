@@ -8,11 +8,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager.db import observers
 from manager.db.counts import fold_deltas
-from manager.db.models import AbandonedObserver, AppliedStateMessage
 from manager.repairs.base import Repair
 from manager.repairs.retention import BATCH as PRUNE_BATCH
 from manager.repairs.retention import EVERY_S as PRUNE_EVERY_S
@@ -63,13 +62,10 @@ class ForgetApplied(Repair):
     async def run(self) -> None:
         if not self.backlog_drained():
             return
-        cutoff = datetime.now(UTC) - APPLIED_RETENTION
+        now = datetime.now(UTC)
         async with self.sessions.begin() as session:
-            oldest = select(AppliedStateMessage.message_id).where(AppliedStateMessage.applied_at < cutoff).limit(10_000)
-            await session.execute(delete(AppliedStateMessage).where(AppliedStateMessage.message_id.in_(oldest)))
             # A create answered 503 leaves its starts for minutes at most (a confirm late).
-            abandoned = AbandonedObserver.at < datetime.now(UTC) - ABANDONED_RETENTION
-            await session.execute(delete(AbandonedObserver).where(abandoned))
+            await observers.forget_applied(session, now - APPLIED_RETENTION, now - ABANDONED_RETENTION)
 
 
 class PruneHistory(Repair):

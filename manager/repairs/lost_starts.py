@@ -24,12 +24,11 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import Observer, ObserverStatus, PendingStart
-from manager.db.sql import id_in
+from manager.db import observers
+from manager.db.models import ObserverStatus
 from manager.repairs.base import Repair
 from manager.starts import start_message
 
@@ -57,16 +56,8 @@ class LostStarts(Repair):
     async def republish(self) -> int:
         """Publish again the starts of rows that waited too long; returns how many."""
         unchanged = datetime.now(UTC) - timedelta(seconds=self.after_s)
-        waiting = (
-            Observer.service_id.is_(None)
-            & ~exists().where(PendingStart.observer_id == Observer.id)  # the pending-start repair's
-            & or_(
-                (Observer.status == S.CREATED) & (Observer.modified_at < unchanged),
-                Observer.status == S.ON_DELETING,  # re-stops touch modified_at: judged by _seen
-            )
-        )
         async with self.sessions() as session:
-            rows = (await session.execute(select(Observer.id, Observer.pool).where(waiting).limit(_LIMIT))).all()
+            rows = await observers.waiting_pools(session, unchanged, _LIMIT)
         if not rows:
             self._seen.clear()
             self._attempts.clear()
@@ -83,17 +74,17 @@ class LostStarts(Repair):
         if not due:
             return 0
         async with self.sessions() as session:
-            observers = list(await session.scalars(select(Observer).where(id_in(Observer.id, due) & waiting)))
-        await self.broker.publish_starts([start_message(obs) for obs in observers])
-        for obs in observers:
+            lost = await observers.still_waiting(session, due, unchanged)
+        await self.broker.publish_starts([start_message(obs) for obs in lost])
+        for obs in lost:
             self._seen[obs.id] = now  # a longer wait before the next attempt
             self._attempts[obs.id] = self._attempts.get(obs.id, 0) + 1
-        if observers:
+        if lost:
             logger.warning(
                 "published again %d start(s) that were in no queue (e.g. %s, %s for %.0fs with no host)",
-                len(observers),
-                observers[0].id,
-                observers[0].status.value,
+                len(lost),
+                lost[0].id,
+                lost[0].status.value,
                 self.after_s,
             )
-        return len(observers)
+        return len(lost)

@@ -12,11 +12,10 @@ import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import Observer, PendingStart
+from manager.db import observers
 from manager.repairs.base import Repair
 from manager.starts import start_message
 
@@ -42,19 +41,11 @@ class PendingStarts(Repair):
     async def run(self) -> None:
         cutoff = datetime.now(UTC) - timedelta(seconds=self.after_s)
         async with self.sessions() as session:
-            rows = [
-                obs
-                for obs in await session.scalars(
-                    select(Observer)
-                    .join(PendingStart, PendingStart.observer_id == Observer.id)
-                    .where(PendingStart.created_at < cutoff)
-                    .limit(1000)
-                )
-                if obs.id not in self.in_flight
-            ]
+            found = await observers.unconfirmed_starts(session, cutoff, 1000)
+        rows = [obs for obs in found if obs.id not in self.in_flight]
         if not rows:
             return
         await self.broker.publish_starts([start_message(obs) for obs in rows])
         async with self.sessions.begin() as session:
-            await session.execute(delete(PendingStart).where(PendingStart.observer_id.in_([o.id for o in rows])))
+            await observers.mark_published(session, [o.id for o in rows])
         logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))

@@ -6,12 +6,10 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import Observer, ObserverStatus
-from manager.db.sql import id_in
+from manager.db import observers
 from manager.metrics import STOP_RESENDS
 from manager.repairs.base import Repair
 from shared.messages import stop_messages
@@ -29,25 +27,9 @@ class Restop(Repair):
         self.period_s = after_s / 4
 
     async def run(self) -> None:
-        now = datetime.now(UTC)
         async with self.sessions.begin() as session:
-            # Rows the state consumer holds are skipped (next pass), never waited for: waiting
-            # in another lock order than the consumer's deadlocked the two over and over.
-            rows = (
-                await session.execute(
-                    select(Observer.id, Observer.life)
-                    .where(
-                        Observer.status == ObserverStatus.ON_DELETING,
-                        Observer.modified_at < now - timedelta(seconds=self.after_s),
-                    )
-                    .order_by(Observer.id)
-                    .limit(10_000)
-                    .with_for_update(skip_locked=True, key_share=True)
-                )
-            ).all()
-            ids = [i for i, _ in rows]
-            if ids:
-                await session.execute(update(Observer).where(id_in(Observer.id, ids)).values(modified_at=now))
+            rows = await observers.touch_stale_stops(session, datetime.now(UTC), timedelta(seconds=self.after_s))
+        ids = [i for i, _ in rows]
         for message in stop_messages(ids, "stop requested (again)", lives=[life for _, life in rows]):
             await self.broker.publish_control(message)
         if ids:

@@ -8,12 +8,10 @@ import logging
 import time
 import uuid
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import Observer
-from manager.db.sql import id_in
+from manager.db import observers
 from manager.repairs.base import Repair
 from manager.state.rules import StateRules
 from shared.messages import STOPS_PER_MESSAGE, DescribeRequest, InventoryRequest
@@ -37,7 +35,7 @@ class DescribeUnknown(Repair):
         if not due:
             return
         async with self.sessions() as session:
-            known = set(await session.scalars(select(Observer.id).where(id_in(Observer.id, [oid for oid, _ in due]))))
+            known = await observers.existing_ids(session, [oid for oid, _ in due])
         orphans: dict[uuid.UUID, list[uuid.UUID]] = {}  # host -> observers with no row
         recheck: set[uuid.UUID] = set()
         for oid, sid in due:

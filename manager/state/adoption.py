@@ -18,12 +18,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import FINAL_STATUSES, AbandonedObserver, EventType, Observer, ObserverStatus
-from manager.db.sql import id_in
+from manager.db import observers
+from manager.db.models import EventType, ObserverStatus
 from manager.state.follow_ups import FollowUps
 from manager.state.rows import ObserverRows
 from shared.messages import ObserversDescribed, StartObserver
@@ -40,15 +38,9 @@ async def adopt(
     if not ids:
         return
     await rows.flush()
-    existing = set(await session.scalars(select(Observer.id).where(id_in(Observer.id, ids))))
-    abandoned = set(
-        await session.scalars(select(AbandonedObserver.observer_id).where(id_in(AbandonedObserver.observer_id, ids)))
-    )
-    names = {start.name for start in m.starts}
-    live = Observer.status.not_in(FINAL_STATUSES)
-    taken: dict[str, object] = dict(
-        (await session.execute(select(Observer.name, Observer.id).where(Observer.name.in_(names), live))).all()
-    )
+    existing = await observers.existing_ids(session, ids)
+    abandoned = await observers.abandoned_ids(session, ids)
+    taken: dict[str, object] = dict(await observers.live_owners(session, {start.name for start in m.starts}))
     adoptable: list[StartObserver] = []
     for start in m.starts:
         oid = start.observer_id
@@ -66,13 +58,7 @@ async def adopt(
         out.stop(oid, m.service_id, f"not adopted: {reason}", m.session_id)
     if not adoptable:
         return
-    inserted = await session.scalars(
-        insert(Observer)
-        .values([_row(start, m, now) for start in adoptable])
-        .on_conflict_do_nothing()  # a create of the same name or id committed meanwhile
-        .returning(Observer.id)
-    )
-    adopted = set(inserted)
+    adopted = await observers.insert_adopted(session, [_row(start, m, now) for start in adoptable])
     detail = "found running with no row (a database restored from an older backup?): row made from its start"
     for oid in adopted:
         rows.event(oid, EventType.ADOPTED, now, service_id=m.service_id, detail=detail)

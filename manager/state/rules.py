@@ -27,9 +27,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.db import observers
 from manager.db.hosts import ids_on
 from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
@@ -317,9 +317,8 @@ class StateRules:
             return
         sid = m.service_id
         listed = set(m.observer_ids)
-        known = await session.scalar(select(func.count()).where(id_in(Observer.id, listed)))
-        if known != len(listed):
-            found = set(await session.scalars(select(Observer.id).where(id_in(Observer.id, listed))))
+        if await observers.count_existing(session, listed) != len(listed):
+            found = await observers.existing_ids(session, listed)
             for oid in listed - found:
                 self.suspicions.unknown.setdefault(oid, (sid, time.monotonic()))
         running_here = (

@@ -291,7 +291,7 @@ def test_the_cli_copies_of_api_values_match_the_manager() -> None:
     from cli import render
     from cli.main import Isolation, Sort, Status
     from manager.db.models import ObserverStatus, ServiceStatus
-    from manager.queries import Sort as ApiSort
+    from manager.db.observers import Sort as ApiSort
     from shared.messages import Isolation as ApiIsolation
 
     assert [s.value for s in Status] == [s.value for s in ObserverStatus] == list(render.OBSERVER_STATUSES)

@@ -1,4 +1,4 @@
-"""``GET /api/stats`` reads everything in one statement (``manager.queries.stats``): on a real
+"""``GET /api/stats`` reads everything in one statement (``manager.db.services.stats``): on a real
 PostgreSQL, every part of the answer (observers per status and per kind, capacity per pool,
 services per state, probation) comes out as the rows say, whether the counts are folded yet or
 still pending deltas."""
@@ -10,7 +10,7 @@ import uuid
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager import queries
+from manager.db import services
 from manager.db.counts import fold_deltas
 
 
@@ -58,7 +58,7 @@ async def test_stats_report_every_part_from_folded_counts_and_pending_deltas(
         await _observers(session, 1, "ticker", "gpu", "Processing")
 
     async with sessions() as session:
-        stats = await queries.stats(session)
+        stats = await services.stats(session)
 
     assert stats == {
         "observers": {"Created": 2, "Processing": 6, "OnDeleting": 1, "Deleted": 3, "Failed": 2},
@@ -77,7 +77,7 @@ async def test_stats_report_every_part_from_folded_counts_and_pending_deltas(
 
 async def test_stats_of_an_empty_system(sessions: async_sessionmaker[AsyncSession]) -> None:
     async with sessions() as session:
-        stats = await queries.stats(session)
+        stats = await services.stats(session)
 
     assert stats == {
         "observers": {"Created": 0, "Processing": 0, "OnDeleting": 0, "Deleted": 0, "Failed": 0},

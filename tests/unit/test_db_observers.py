@@ -1,4 +1,4 @@
-"""``manager.queries``: the list cursor round-trips and garbage is refused."""
+"""``manager.db.observers``: the list cursor round-trips and garbage is refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from manager.errors import Invalid
-from manager.queries import decode_cursor, encode_cursor
+from manager.db.observers import decode_cursor, encode_cursor
 
 
 def test_cursor_round_trip_and_garbage() -> None:

@@ -1,102 +1,19 @@
-"""Read-only queries behind the API: observers (keyset pages), services, stats."""
+"""The statements about service rows that the API, the commands and the kind catalog run;
+the state consumer's own writes are ``ServiceRows`` in ``manager/state/rows.py``. And
+``stats``, the one statement behind ``GET /api/stats``."""
 
 from __future__ import annotations
 
-import base64
-import binascii
-import enum
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, case, column, func, select, text, tuple_
+from sqlalchemy import JSON, BigInteger, case, column, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.counts import READ_SQL
-from manager.db.hosts import hosted_on
-from manager.db.models import LIVE_STATUSES, Observer, ObserverStatus, Service, ServiceStatus
-from manager.errors import Invalid, NotFound
+from manager.db.counts import READ_SQL, live_in_pool_query
+from manager.db.models import LIVE_STATUSES, ObserverStatus, Service, ServiceStatus
+from manager.errors import NotFound
 from manager.state.digest import held_per_service
-
-
-@dataclass(frozen=True)
-class ObserverFilter:
-    status: ObserverStatus | None = None
-    kind: str | None = None
-    pool: str | None = None
-    service_id: uuid.UUID | None = None
-    name: str | None = None
-    q: str | None = None  # a substring of the name, any case
-
-
-class Sort(enum.StrEnum):
-    CREATED = "created"  # oldest first
-    ATTEMPTS = "attempts"  # most attempts first (seed 001: "the jobs with the most attempts")
-
-
-def encode_cursor(key: datetime | int, observer_id: uuid.UUID) -> str:
-    text = f"{key.isoformat() if isinstance(key, datetime) else key}|{observer_id}"
-    return base64.urlsafe_b64encode(text.encode()).decode()
-
-
-def decode_cursor(cursor: str, sort: Sort = Sort.CREATED) -> tuple[datetime | int, uuid.UUID]:
-    try:
-        key, oid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return (datetime.fromisoformat(key) if sort == Sort.CREATED else int(key)), uuid.UUID(oid)
-    except (ValueError, binascii.Error, UnicodeDecodeError) as e:
-        raise Invalid(
-            "cursor is not valid: pass the next_cursor of a previous page unchanged, with the same sort"
-        ) from e
-
-
-def _like_pattern(text: str) -> str:
-    return "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-async def list_observers(
-    session: AsyncSession, flt: ObserverFilter, limit: int, cursor: str | None, sort: Sort = Sort.CREATED
-) -> tuple[list[tuple[Observer, str | None]], str | None]:
-    query = select(Observer, Service.name).outerjoin(Service, Service.id == Observer.service_id)
-    if flt.status is not None:
-        query = query.where(Observer.status == flt.status)
-    if flt.kind is not None:
-        query = query.where(Observer.kind == flt.kind)
-    if flt.pool is not None:
-        query = query.where(Observer.pool == flt.pool)
-    if flt.service_id is not None:
-        query = query.where(hosted_on(flt.service_id))
-    if flt.name is not None:
-        query = query.where(Observer.name == flt.name)
-    if flt.q:
-        query = query.where(Observer.name.ilike(_like_pattern(flt.q)))
-    # Keyset pages: (created_at, id) ascending, or (attempts descending, id ascending).
-    key = Observer.created_at if sort == Sort.CREATED else -Observer.attempts
-    if cursor is not None:
-        after, after_id = decode_cursor(cursor, sort)
-        bound = -after if isinstance(after, int) else after
-        query = query.where(tuple_(key, Observer.id) > tuple_(bound, after_id))
-    query = query.order_by(key, Observer.id).limit(limit + 1)
-    rows: list[tuple[Observer, str | None]] = [(obs, svc) for obs, svc in (await session.execute(query)).all()]
-    next_cursor = None
-    if len(rows) > limit:
-        rows = rows[:limit]
-        last = rows[-1][0]
-        next_cursor = encode_cursor(last.created_at if sort == Sort.CREATED else last.attempts, last.id)
-    return rows, next_cursor
-
-
-async def get_observer(session: AsyncSession, observer_id: uuid.UUID) -> tuple[Observer, str | None]:
-    row = (
-        await session.execute(
-            select(Observer, Service.name)
-            .outerjoin(Service, Service.id == Observer.service_id)
-            .where(Observer.id == observer_id)
-        )
-    ).first()
-    if row is None:
-        raise NotFound(f"no observer with id {observer_id}")
-    return row[0], row[1]
 
 
 async def list_services(session: AsyncSession, include_deleted: bool = True) -> list[tuple[Service, int]]:
@@ -132,6 +49,24 @@ async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Ser
     if row is None:
         raise NotFound(f"no service with id {service_id}")
     return row[0], int(row[1])
+
+
+async def pool_capacity(session: AsyncSession, pool: str) -> tuple[int, int]:
+    """(workers of the alive services that serve ``pool``, live observers in it), in one
+    round trip: creates of a pool wait for each other while this runs."""
+    total_workers = (
+        select(func.coalesce(func.sum(Service.workers_count), 0))
+        .where(Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool]))
+        .scalar_subquery()
+    )
+    total, used = (await session.execute(select(total_workers, live_in_pool_query(pool)))).one()
+    return int(total), int(used)
+
+
+async def alive_offers(session: AsyncSession) -> list[tuple[list[str], list[dict[str, Any]]]]:
+    """(pools, kinds announced) of every alive service."""
+    rows = await session.execute(select(Service.pools, Service.kind_infos).where(Service.status == ServiceStatus.ALIVE))
+    return [(pools, infos) for pools, infos in rows.tuples()]
 
 
 # Everything ``GET /api/stats`` reads, in one statement: four queries were four round trips,

@@ -1,0 +1,359 @@
+"""The statements about observer rows that the API's commands and reads and the repairs
+run; the state consumer's own unit of work is ``manager/state/rows.py``.
+
+Lock order: a statement that locks observer rows locks them ``FOR NO KEY UPDATE`` in id
+order (``lock_by_ids``, or ``ORDER BY id ... SKIP LOCKED``), the order of every writer of
+``observers`` (``manager/state/rows.py`` says why), so no two writers deadlock.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import uuid
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pydantic_core
+from sqlalchemy import delete, exists, func, or_, select, text, tuple_, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.hosts import hosted_on
+from manager.db.models import (
+    FINAL_STATUSES,
+    AbandonedObserver,
+    AppliedStateMessage,
+    EventType,
+    Observer,
+    ObserverEvent,
+    ObserverStatus,
+    PendingStart,
+    Service,
+)
+from manager.db.sql import id_in, lock_by_ids
+from manager.errors import Invalid, NotFound
+from shared.messages import StartObserver
+
+S = ObserverStatus
+
+
+# --- the API's reads ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObserverFilter:
+    status: ObserverStatus | None = None
+    kind: str | None = None
+    pool: str | None = None
+    service_id: uuid.UUID | None = None
+    name: str | None = None
+    q: str | None = None  # a substring of the name, any case
+
+
+class Sort(enum.StrEnum):
+    CREATED = "created"  # oldest first
+    ATTEMPTS = "attempts"  # most attempts first (seed 001: "the jobs with the most attempts")
+
+
+def encode_cursor(key: datetime | int, observer_id: uuid.UUID) -> str:
+    raw = f"{key.isoformat() if isinstance(key, datetime) else key}|{observer_id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def decode_cursor(cursor: str, sort: Sort = Sort.CREATED) -> tuple[datetime | int, uuid.UUID]:
+    try:
+        key, oid = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
+        return (datetime.fromisoformat(key) if sort == Sort.CREATED else int(key)), uuid.UUID(oid)
+    except (ValueError, binascii.Error, UnicodeDecodeError) as e:
+        raise Invalid(
+            "cursor is not valid: pass the next_cursor of a previous page unchanged, with the same sort"
+        ) from e
+
+
+def _like_pattern(part: str) -> str:
+    return "%" + part.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+async def list_observers(
+    session: AsyncSession, flt: ObserverFilter, limit: int, cursor: str | None, sort: Sort = Sort.CREATED
+) -> tuple[list[tuple[Observer, str | None]], str | None]:
+    query = select(Observer, Service.name).outerjoin(Service, Service.id == Observer.service_id)
+    if flt.status is not None:
+        query = query.where(Observer.status == flt.status)
+    if flt.kind is not None:
+        query = query.where(Observer.kind == flt.kind)
+    if flt.pool is not None:
+        query = query.where(Observer.pool == flt.pool)
+    if flt.service_id is not None:
+        query = query.where(hosted_on(flt.service_id))
+    if flt.name is not None:
+        query = query.where(Observer.name == flt.name)
+    if flt.q:
+        query = query.where(Observer.name.ilike(_like_pattern(flt.q)))
+    # Keyset pages: (created_at, id) ascending, or (attempts descending, id ascending).
+    key = Observer.created_at if sort == Sort.CREATED else -Observer.attempts
+    if cursor is not None:
+        after, after_id = decode_cursor(cursor, sort)
+        bound = -after if isinstance(after, int) else after
+        query = query.where(tuple_(key, Observer.id) > tuple_(bound, after_id))
+    query = query.order_by(key, Observer.id).limit(limit + 1)
+    rows: list[tuple[Observer, str | None]] = [(obs, svc) for obs, svc in (await session.execute(query)).all()]
+    next_cursor = None
+    if len(rows) > limit:
+        rows = rows[:limit]
+        last = rows[-1][0]
+        next_cursor = encode_cursor(last.created_at if sort == Sort.CREATED else last.attempts, last.id)
+    return rows, next_cursor
+
+
+async def get_observer(session: AsyncSession, observer_id: uuid.UUID) -> tuple[Observer, str | None]:
+    row = (
+        await session.execute(
+            select(Observer, Service.name)
+            .outerjoin(Service, Service.id == Observer.service_id)
+            .where(Observer.id == observer_id)
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"no observer with id {observer_id}")
+    return row[0], row[1]
+
+
+# --- creates ---------------------------------------------------------------------------------
+
+# Observers, their pending starts and their "created" events, from one set of arrays. The
+# ORM's executemany of the same rows was far slower on bulk creates (docs/design.md, "Where
+# the time goes").
+_INSERT_CREATED = text(
+    """
+    WITH new AS (
+        INSERT INTO observers (id, name, kind, args, pool, retry, isolation, memory_limit_mb, status)
+        SELECT id, name, kind, args, pool, retry, isolation, memory_limit_mb, 'Created'
+        FROM unnest(
+            CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]), CAST(:args AS jsonb[]),
+            CAST(:pools AS text[]), CAST(:retries AS jsonb[]), CAST(:isolations AS text[]),
+            CAST(:memory_limits AS float8[])
+        ) AS v(id, name, kind, args, pool, retry, isolation, memory_limit_mb)
+        RETURNING id, created_at
+    ), pending AS (
+        INSERT INTO pending_starts (observer_id, created_at) SELECT id, created_at FROM new
+    ), history AS (
+        INSERT INTO observer_events (observer_id, at, event) SELECT id, created_at, :created_event FROM new
+    )
+    SELECT now()
+    """
+)
+
+
+async def insert_created(session: AsyncSession, starts: Sequence[StartObserver]) -> datetime:
+    """The rows of ``starts`` (Created), their pending starts and their "created" events, in
+    one round trip; returns their ``created_at``. A taken name raises ``IntegrityError``."""
+    params = {
+        "ids": [s.observer_id for s in starts],
+        "names": [s.name for s in starts],
+        "kinds": [s.kind for s in starts],
+        "args": [pydantic_core.to_json(s.args).decode() for s in starts],
+        "pools": [s.pool for s in starts],
+        "retries": [s.retry.model_dump_json() for s in starts],
+        "isolations": [s.isolation for s in starts],
+        "memory_limits": [s.memory_limit_mb for s in starts],
+        "created_event": EventType.CREATED.value,
+    }
+    created_at: datetime = (await session.execute(_INSERT_CREATED, params)).scalar_one()
+    return created_at
+
+
+async def lock_pool(session: AsyncSession, pool: str) -> None:
+    """Serialise the creates and restarts of a pool until the transaction ends, so that two
+    cannot both take its last free worker."""
+    await session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": zlib.crc32(pool.encode())})
+
+
+async def live_names(session: AsyncSession, names: Sequence[str]) -> list[str]:
+    """Which of ``names`` a live (not Deleted or Failed) observer uses."""
+    rows = await session.scalars(
+        select(Observer.name).where(Observer.name.in_(names), Observer.status.not_in(FINAL_STATUSES))
+    )
+    return list(rows)
+
+
+async def delete_unpublished(session: AsyncSession, ids: Sequence[uuid.UUID]) -> None:
+    """Undo a create whose starts the broker refused: the rows and their history go, and the
+    ids are remembered as abandoned (a start published anyway is stopped, not adopted)."""
+    await session.execute(delete(Observer).where(id_in(Observer.id, ids)))
+    # After the rows: a report about one may have written an event until then.
+    await session.execute(delete(ObserverEvent).where(id_in(ObserverEvent.observer_id, ids)))
+    await session.execute(
+        text(
+            "INSERT INTO abandoned_observers (observer_id) SELECT unnest(CAST(:ids AS uuid[])) ON CONFLICT DO NOTHING"
+        ).bindparams(ids=list(ids))
+    )
+
+
+async def mark_published(session: AsyncSession, ids: Sequence[uuid.UUID]) -> None:
+    """The broker confirmed these starts: they are no longer pending."""
+    await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))
+
+
+async def unconfirmed_starts(session: AsyncSession, older_than: datetime, limit: int) -> list[Observer]:
+    """Observers whose start is still pending since before ``older_than`` (a crash between
+    commit and confirm)."""
+    return list(
+        await session.scalars(
+            select(Observer)
+            .join(PendingStart, PendingStart.observer_id == Observer.id)
+            .where(PendingStart.created_at < older_than)
+            .limit(limit)
+        )
+    )
+
+
+# --- restarts --------------------------------------------------------------------------------
+
+
+async def lock_one(session: AsyncSession, observer_id: uuid.UUID) -> Observer:
+    """The row, locked until the transaction ends (``NoResultFound`` if there is none)."""
+    return await session.get_one(Observer, observer_id, with_for_update={"key_share": True})
+
+
+async def undo_restart(session: AsyncSession, observer_id: uuid.UUID, restarted_at: datetime) -> bool:
+    """Failed again, if the row is still as a restart left it at ``restarted_at`` (a report
+    may have moved it on): a compare-and-set. Returns whether it was."""
+    undone = (
+        await session.execute(
+            update(Observer)
+            .where(
+                Observer.id == observer_id,
+                Observer.status == S.CREATED,
+                Observer.service_id.is_(None),
+                Observer.modified_at == restarted_at,
+            )
+            .values(status=S.FAILED, modified_at=datetime.now(UTC))
+            .returning(Observer.id)
+        )
+    ).first()
+    if undone is not None:
+        await session.execute(delete(PendingStart).where(PendingStart.observer_id == observer_id))
+    return undone is not None
+
+
+# --- stops -----------------------------------------------------------------------------------
+
+STOPPABLE = (S.CREATED, S.PROCESSING)
+
+
+async def mark_stopping(
+    session: AsyncSession, ids: Sequence[uuid.UUID], now: datetime
+) -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID], list[int]]:
+    """Created and Processing rows among ``ids`` become OnDeleting. Returns the status each
+    found row had, the ids changed and their lives. The caller records the events."""
+    # By a semi-join with the ids, whose rechecks of rows changed meanwhile cost little.
+    rows = (await session.execute(lock_by_ids((Observer.id, Observer.status, Observer.life), ids))).all()
+    found = {i: s for i, s, _ in rows}
+    to_stop = [i for i, s, _ in rows if s in STOPPABLE]
+    lives = [life for _, s, life in rows if s in STOPPABLE]
+    if to_stop:
+        await session.execute(
+            update(Observer).where(id_in(Observer.id, to_stop)).values(status=S.ON_DELETING, modified_at=now)
+        )
+    return found, to_stop, lives
+
+
+async def touch_stale_stops(session: AsyncSession, now: datetime, older_than: timedelta) -> list[tuple[uuid.UUID, int]]:
+    """(id, life) of rows OnDeleting and unchanged for ``older_than``, their ``modified_at``
+    set to ``now`` (so each is re-stopped once per period). Rows another writer holds are
+    skipped, never waited for: waiting in another lock order than the state consumer's
+    deadlocked the two."""
+    rows = (
+        await session.execute(
+            select(Observer.id, Observer.life)
+            .where(Observer.status == S.ON_DELETING, Observer.modified_at < now - older_than)
+            .order_by(Observer.id)
+            .limit(10_000)
+            .with_for_update(skip_locked=True, key_share=True)
+        )
+    ).all()
+    ids = [i for i, _ in rows]
+    if ids:
+        await session.execute(update(Observer).where(id_in(Observer.id, ids)).values(modified_at=now))
+    return [(i, life) for i, life in rows]
+
+
+# --- lookups by id ---------------------------------------------------------------------------
+
+
+async def existing_ids(session: AsyncSession, ids: Sequence[uuid.UUID] | set[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of ``ids`` have a row."""
+    return set(await session.scalars(select(Observer.id).where(id_in(Observer.id, ids))))
+
+
+async def abandoned_ids(session: AsyncSession, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
+    """Which of ``ids`` a create answered 503 for (``delete_unpublished``)."""
+    return set(
+        await session.scalars(select(AbandonedObserver.observer_id).where(id_in(AbandonedObserver.observer_id, ids)))
+    )
+
+
+async def live_owners(session: AsyncSession, names: set[str]) -> dict[str, uuid.UUID]:
+    """Name -> id of the live observers that use any of ``names``."""
+    live = Observer.status.not_in(FINAL_STATUSES)
+    rows = await session.execute(select(Observer.name, Observer.id).where(Observer.name.in_(names), live))
+    return {name: oid for name, oid in rows.tuples()}
+
+
+# --- waiting for a start that may be in no queue (the lost-start repair) -----------------------
+
+
+def waiting_for_a_start(unchanged_since: datetime) -> Any:
+    """Rows with no host and no pending start that wait for their start to be taken: Created
+    ones unchanged since ``unchanged_since``, and every OnDeleting one (re-stops touch its
+    ``modified_at``: the repair judges those by its own memory)."""
+    return (
+        Observer.service_id.is_(None)
+        & ~exists().where(PendingStart.observer_id == Observer.id)  # the pending-start repair's
+        & or_(
+            (Observer.status == S.CREATED) & (Observer.modified_at < unchanged_since),
+            Observer.status == S.ON_DELETING,
+        )
+    )
+
+
+async def waiting_pools(session: AsyncSession, unchanged_since: datetime, limit: int) -> list[tuple[uuid.UUID, str]]:
+    """(id, pool) of rows ``waiting_for_a_start``."""
+    query = select(Observer.id, Observer.pool).where(waiting_for_a_start(unchanged_since)).limit(limit)
+    return [(oid, pool) for oid, pool in (await session.execute(query)).tuples()]
+
+
+async def still_waiting(session: AsyncSession, ids: Sequence[uuid.UUID], unchanged_since: datetime) -> list[Observer]:
+    """The rows among ``ids`` that still wait for a start."""
+    return list(
+        await session.scalars(select(Observer).where(id_in(Observer.id, ids) & waiting_for_a_start(unchanged_since)))
+    )
+
+
+# --- the state side's own tables -------------------------------------------------------------
+
+
+async def forget_applied(session: AsyncSession, applied_before: datetime, abandoned_before: datetime) -> None:
+    """Forget applied state messages' ids older than ``applied_before`` (a batch at most) and
+    abandoned creates older than ``abandoned_before``."""
+    oldest = select(AppliedStateMessage.message_id).where(AppliedStateMessage.applied_at < applied_before).limit(10_000)
+    await session.execute(delete(AppliedStateMessage).where(AppliedStateMessage.message_id.in_(oldest)))
+    await session.execute(delete(AbandonedObserver).where(AbandonedObserver.at < abandoned_before))
+
+
+async def count_existing(session: AsyncSession, ids: set[uuid.UUID]) -> int:
+    """How many of ``ids`` have a row (cheaper than listing them when all do)."""
+    return int(await session.scalar(select(func.count()).where(id_in(Observer.id, ids))) or 0)
+
+
+async def insert_adopted(session: AsyncSession, rows: list[dict[str, object]]) -> set[uuid.UUID]:
+    """Insert the rows of adopted observers; a create of the same name or id that committed
+    meanwhile wins. Returns the ids inserted."""
+    inserted = await session.scalars(insert(Observer).values(rows).on_conflict_do_nothing().returning(Observer.id))
+    return set(inserted)
