@@ -6,6 +6,10 @@ VENV ?= .venv
 # `make test RABBITMQ=4.0`. Each runs from Debian's package (tools/infra/brokers.py).
 RABBITMQ ?=
 export ORCH_RABBITMQ := $(RABBITMQ)
+# How many RabbitMQ nodes: 1 (the default) or a cluster, e.g. `make run BROKER_NODES=3`
+# (tools/infra/cluster.py); .run/env then lists every node in ORCH_AMQP_URLS.
+BROKER_NODES ?=
+export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 

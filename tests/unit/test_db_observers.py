@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from manager.errors import Invalid
 from manager.db.observers import decode_cursor, encode_cursor
+from manager.errors import Invalid
 
 
 def test_cursor_round_trip_and_garbage() -> None:

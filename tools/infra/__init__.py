@@ -28,6 +28,8 @@ Layout of the base folder::
     rabbitmq-<series>/  RabbitNode.base: rabbitmq.conf, advanced.config, enabled_plugins,
                         <name>.pid, .erlang.cookie, mnesia/, log/ (console.log, <node>.log);
                         one per series (one runs at a time: same node name and ports)
+    cluster-<series>/   a cluster's nodes (``BROKER_NODES=3``, ``cluster``): cluster.json (names,
+                        ports, the shared cookie) and n1/, n2/, ... (each a RabbitNode.base)
     brokers/<suite>/    a Debian root with that release's rabbitmq-server (4.0: trixie,
                         4.3: sid), made once by debootstrap and reused
     postgres/pg/        PostgresNode: data/, run/ (unix socket), log/postgres.log; owned by the
@@ -41,7 +43,7 @@ from tools.infra.conflicts import epmd_names
 from tools.infra.packages import ensure_packages, no_service_starts
 from tools.infra.postgres import PostgresNode
 from tools.infra.rabbitmq import RabbitNode
-from tools.infra.stack import destroy, down, env_lines, postgres_node, rabbit_node, status, up
+from tools.infra.stack import broker_cluster, destroy, down, env_lines, postgres_node, rabbit_node, status, up
 from tools.infra.state import DEFAULT_AMQP_PORT, DEFAULT_BASE, DEFAULT_DIST_PORT, DEFAULT_PG_PORT
 from tools.infra.system import InfraError, port_is_free, run
 
@@ -53,6 +55,7 @@ __all__ = [
     "InfraError",
     "PostgresNode",
     "RabbitNode",
+    "broker_cluster",
     "destroy",
     "down",
     "ensure_packages",

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
+from tools.infra import cluster
 from tools.infra.brokers import RELEASES, ensure_installed, install_for, selected_series
 from tools.infra.packages import ensure_packages
 from tools.infra.postgres import PostgresNode
@@ -100,6 +101,30 @@ def _series_nodes(base: Path, but: str | None = None) -> list[RabbitNode]:
     return found
 
 
+def _cluster_nodes(base: Path) -> list[RabbitNode]:
+    """The nodes of every cluster this base folder has data of."""
+    found = []
+    for series, count in cluster.saved_counts(base).items():
+        if series in RELEASES:
+            found += cluster.members(nodes(base, allocate=False, series=series)[0], count, base, allocate=False)
+    return found
+
+
+def broker_cluster(count: int = 3, base: Path | None = None, *, install: bool = True) -> list[RabbitNode]:
+    """Start (or reuse) a cluster of ``count`` nodes of the selected series under ``base``,
+    beside the single node, without touching the env file; returns its nodes."""
+    base = resolve_base(base)
+    with locked(base):
+        series = selected_series()
+        if install:
+            ensure_packages()
+            ensure_installed(install_for(series, base))
+        single = nodes(base, allocate=True, series=series)[0]
+        brokers = cluster.members(single, count, base, allocate=True)
+        cluster.start(brokers)
+    return brokers
+
+
 def rabbit_node(base: Path | None = None) -> RabbitNode:
     """The project's RabbitMQ node under ``base`` (ports/password from ``infra.json``)."""
     base = resolve_base(base)
@@ -114,11 +139,16 @@ def postgres_node(base: Path | None = None) -> PostgresNode:
         return nodes(base, allocate=True)[1]
 
 
-def env_lines(rabbit: RabbitNode, pg: PostgresNode, database: str = "orch") -> list[str]:
-    return [
-        f"ORCH_AMQP_URL={shlex.quote(rabbit.url)}",
-        f"ORCH_DATABASE_URL={shlex.quote(pg.url(database))}",
-    ]
+def env_lines(
+    rabbit: RabbitNode, pg: PostgresNode, database: str = "orch", brokers: list[RabbitNode] | None = None
+) -> list[str]:
+    """The env file's lines; with a cluster (``brokers``), ``ORCH_AMQP_URLS`` lists every
+    node and ``ORCH_AMQP_URL`` is the first."""
+    first = brokers[0] if brokers else rabbit
+    lines = [f"ORCH_AMQP_URL={shlex.quote(first.url)}"]
+    if brokers:
+        lines.append(f"ORCH_AMQP_URLS={shlex.quote(','.join(node.url for node in brokers))}")
+    return [*lines, f"ORCH_DATABASE_URL={shlex.quote(pg.url(database))}"]
 
 
 def up(base: Path | None = None, *, install: bool = True) -> dict[str, str]:
@@ -136,13 +166,15 @@ def up(base: Path | None = None, *, install: bool = True) -> dict[str, str]:
             ensure_packages()
             ensure_installed(install_for(series, base))
         rabbit, pg = nodes(base, allocate=True, series=series)
+        count = cluster.selected_count()
+        brokers = cluster.members(rabbit, count, base, allocate=True) if count > 1 else None
         # RabbitMQ boots in several seconds: start PostgreSQL meanwhile.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rabbitmq-start") as pool:
-            rabbit_started = pool.submit(rabbit.start)
+            rabbit_started = pool.submit(rabbit.start if brokers is None else lambda: cluster.start(brokers))
             pg.start()
             pg.create_database("orch")
             rabbit_started.result()
-        lines = env_lines(rabbit, pg)
+        lines = env_lines(rabbit, pg, brokers=brokers)
         write_env(base, lines)
     log(f"up in {time.monotonic() - began:.1f}s; env written to {env_file(base)}")
     return dict(line.split("=", 1) for line in lines)
@@ -156,7 +188,7 @@ def down(base: Path | None = None) -> None:
         return
     with locked(base):
         _, pg = nodes(base, allocate=False)
-        for rabbit in _series_nodes(base):
+        for rabbit in _series_nodes(base) + _cluster_nodes(base):
             rabbit.stop()
         pg.stop()
 
@@ -167,7 +199,7 @@ def destroy(base: Path | None = None) -> None:
     if (base / "infra.json").exists():
         with locked(base):
             _, pg = nodes(base, allocate=False)
-            for rabbit in _series_nodes(base):
+            for rabbit in _series_nodes(base) + _cluster_nodes(base):
                 rabbit.destroy()
             pg.destroy()
     shutil.rmtree(base, ignore_errors=True)
