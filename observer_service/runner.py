@@ -11,7 +11,6 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import uuid
 from typing import Any
@@ -21,6 +20,7 @@ from pydantic import ValidationError
 from observer_service import metrics
 from observer_service.gc_policy import GcPolicy
 from observer_service.holding import DeliveryChannel
+from observer_service.inbox import Delivery, Inbox
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox, StartedReport
 from observer_service.registry import Registry
@@ -65,58 +65,25 @@ class Runner:
         self.running = Registry()
         self.stop_memory = StopMemory(settings.stopped_ids_ttl_s)
         self._background: set[asyncio.Task[None]] = set()
-        # Start deliveries waiting to be started: (body, channel, delivery tag, redelivered, session).
-        self._inbox: collections.deque[tuple[bytes, DeliveryChannel, int, bool, Session]] = collections.deque()
-        self._draining = False
-        # False once shutting down: queued starts are left unsettled (requeued on close).
-        self.accepting = True
         self.gc = GcPolicy()
+        self.inbox = Inbox(outbox, self.gc, self._admit, self._spawn)
         self.start_log = StartLog()
 
     # --- start -------------------------------------------------------------------------
 
     def on_start(self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, session: Session) -> None:
-        """Queue a delivered start. A reconnect or a failover hands a service thousands of
-        starts at once; starting them in chunks that yield to the event loop keeps the AMQP
-        heartbeats and the lease round trip flowing (docs/design.md, "Pauses and the lease")."""
-        self._inbox.append((body, channel, tag, redelivered, session))
-        if not self._draining:
-            self._draining = True
-            self._spawn(self._drain())
+        """Queue a delivered start; the inbox admits it in order (``inbox.py``)."""
+        self.inbox.put(Delivery(body, channel, tag, redelivered, session))
 
-    async def _drain(self) -> None:
-        try:
-            count = 0
-            while self._inbox and self.accepting:
-                if not self.outbox.has_room():
-                    # Each start makes a report: start no faster than they are published
-                    # (Outbox). The deliveries stay held, unstarted, meanwhile.
-                    metrics.STARTS_HELD_BACK.inc()
-                    await self.outbox.room()
-                    continue
-                if not _may_act(self._inbox[0][4]):
-                    metrics.STARTS_AWAITING_LEASE.inc()
-                    await _until_lease(self._inbox[0][4])
-                    continue
-                with self.gc.burst():
-                    while self._inbox and self.accepting and self.outbox.has_room():
-                        if not _may_act(self._inbox[0][4]):
-                            break
-                        body, channel, tag, redelivered, session = self._inbox.popleft()
-                        if session.closed.is_set():
-                            continue  # the broker has requeued it with the session
-                        await self._start(body, channel, tag, redelivered, session)
-                        self.gc.started()
-                        count += 1
-                        if count % _YIELD_EVERY == 0:
-                            await asyncio.sleep(0)
-                    self.gc.burst_done()
-        finally:
-            self._draining = False
-
-    async def _start(
-        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, session: Session
-    ) -> None:
+    async def _admit(self, delivery: Delivery) -> None:
+        """Start the observer a delivery names, or settle the delivery if it must not run here."""
+        body, channel, tag, redelivered, session = (
+            delivery.body,
+            delivery.channel,
+            delivery.tag,
+            delivery.redelivered,
+            delivery.session,
+        )
         try:
             start = decode_start(body)
         except DecodeError as e:
@@ -276,7 +243,7 @@ class Runner:
     async def handoff(self) -> list[uuid.UUID]:
         """Graceful shutdown: end every observer. Their starts are not settled here: the
         caller hands them all back at once (``Session.requeue_held``) once this returns."""
-        self.accepting = False
+        self.inbox.accepting = False
         handed = list(self.running.values())
         for running in handed:
             running.ended_by = "handoff"
@@ -406,28 +373,3 @@ class Runner:
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-
-def _may_act(session: Session) -> bool:
-    """Whether a start from ``session`` may begin now: its lease is valid, or the session is
-    gone (its starts are skipped, not waited for)."""
-    return session.lease.is_valid() or session.closed.is_set()
-
-
-async def _until_lease(session: Session) -> None:
-    """Until ``session``'s lease is valid again or the session is gone.
-
-    Starting while the lease is lapsed would only park each new observer on it: its first
-    ``ensure_lease`` raises, and it waits for the renewal with a shielded future of its own,
-    to start over when the lease is back. A failover on a saturated machine lapses the lease
-    (the holding thread's round trips wait for the GIL and for a busy broker), and every
-    delivery started meanwhile would pay that twice, plus the exception's cycle for the
-    collector. So the whole backlog waits here, once, and starts when the lease is back
-    (figures: docs/design.md, "Pauses and the lease")."""
-    lease = session.lease
-    while not _may_act(session):
-        if lease.renewed_at is None:
-            # Revoked: this session is ending (``Session.fail`` sets ``closed`` next, on this loop).
-            await session.closed.wait()
-        else:
-            await lease.changed()

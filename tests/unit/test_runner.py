@@ -49,10 +49,10 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
     gone = FakeSession(lapsed)
     deliver(20, gone)
     await asyncio.sleep(0.05)
-    assert runner._draining  # waiting for the lease
+    assert runner.inbox.draining  # waiting for the lease
     gone.closed.set()  # the session dies (Session.fail revokes the lease too)
     lapsed.revoke()
-    await until(lambda: not runner._draining)
+    await until(lambda: not runner.inbox.draining)
     assert len(runner.running) == 50, "a start of a dead session was started"
     session.closed.set()  # the end of the first session ends its observers quietly
     for running in list(runner.running.values()):
