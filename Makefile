@@ -7,7 +7,8 @@ VENV ?= .venv
 RABBITMQ ?=
 export ORCH_RABBITMQ := $(RABBITMQ)
 # How many RabbitMQ nodes: 1 (the default) or a cluster, e.g. `make run BROKER_NODES=3`
-# (tools/infra/cluster.py); .run/env then lists every node in ORCH_AMQP_URLS.
+# (tools/infra/cluster.py); .run/env then lists every node in ORCH_AMQP_URLS and sets
+# ORCH_QUEUE_TYPE=quorum.
 BROKER_NODES ?=
 export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python

@@ -161,14 +161,14 @@ class BrokerLink:
         connection.close_callbacks.add(self._on_connection_lost)
         self.connects += 1
         self._pub = await connection.channel(publisher_confirms=True)
-        await topology.declare_common(self._pub)
+        await topology.declare_common(self._pub, self.settings.queue_type)
         if on_state is not None:
             consume = await connection.channel()
             await consume.set_qos(prefetch_count=self.settings.state_prefetch)
-            state = await topology.declare_state_queue(consume)
+            state = await topology.declare_state_queue(consume, self.settings.queue_type)
             await state.consume(on_state)
         else:  # declared here too: the state backlog is read by a passive declare
-            await topology.declare_state_queue(self._pub)
+            await topology.declare_state_queue(self._pub, self.settings.queue_type)
         self.ready.set()
         logger.info(
             "connected to the broker at %s%s",
@@ -301,7 +301,7 @@ class BrokerLink:
                     # Many creates arrive at once: declare each pool's queue once, not per publish.
                     async with self._declare_lock:
                         if pool not in self._declared_pools:
-                            await topology.declare_start_queue(channel, pool)
+                            await topology.declare_start_queue(channel, pool, self.settings.queue_type)
                             self._declared_pools.add(pool)
                 raw = await self._unblocked(channel)
                 publish = publish_batch(
@@ -348,7 +348,8 @@ class BrokerLink:
                     exchange = await channel.get_exchange(topology.CONTROL_EXCHANGE, ensure=False)
                     routing_key = ""
                 else:
-                    exchange, routing_key = channel.default_exchange, topology.control_queue_name(target)
+                    exchange = await channel.get_exchange(topology.CONTROL_DIRECT_EXCHANGE, ensure=False)
+                    routing_key = str(target)
                 publish = exchange.publish(
                     topology.persistent(message.encode(), message_id=str(message.message_id)),
                     routing_key=routing_key,
@@ -382,7 +383,9 @@ class BrokerLink:
                 channel = await self._channel()
                 raw = await channel.get_underlay_channel()  # the robust channel caches counts
                 result = await raw.queue_declare(
-                    topology.start_queue_name(pool), durable=True, arguments=topology.start_queue_arguments(pool)
+                    topology.start_queue_name(pool),
+                    durable=True,
+                    arguments=topology.start_queue_arguments(pool, self.settings.queue_type),
                 )
         except Exception:  # noqa: BLE001
             return None

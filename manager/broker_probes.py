@@ -61,7 +61,7 @@ class BrokerProbes:
 
     async def declare_marker(self) -> None:
         await self._on_marker_channel(
-            "declare the rebuild marker", lambda ch: ch.declare_queue(topology.REBUILD_MARKER, durable=True)
+            "declare the rebuild marker", lambda ch: topology.declare_marker(ch, self.settings.queue_type)
         )
 
     async def _on_marker_channel(self, what: str, act: Callable[[AbstractChannel], Awaitable[object]]) -> None:
@@ -79,7 +79,9 @@ class BrokerProbes:
         except Exception as e:
             raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
 
-    async def services_connected(self, service_ids: Iterable[uuid.UUID]) -> dict[uuid.UUID, bool]:
+    async def services_connected(
+        self, service_ids: Iterable[uuid.UUID], sessions: dict[uuid.UUID, uuid.UUID | None] | None = None
+    ) -> dict[uuid.UUID, bool]:
         """Whether each service's broker connection lives, asked of the broker itself, whose
         answer does not depend on how late the service's reports are. A service's control
         queue is ``exclusive``: it lives exactly as long as the connection that declared it,
@@ -98,11 +100,11 @@ class BrokerProbes:
                 connection = self._presence
                 limit = asyncio.Semaphore(_PRESENCE_CHECKS_AT_ONCE)
 
-                async def connected(service_id: uuid.UUID) -> bool:
+                async def held(queue: str) -> bool:
                     async with limit:
                         channel = await connection.channel()
                         try:
-                            await channel.queue_declare(topology.control_queue_name(service_id), passive=True)
+                            await channel.queue_declare(queue, passive=True)
                         except aiormq.exceptions.ChannelLockedResource:
                             return True
                         except aiormq.exceptions.ChannelNotFoundEntity:
@@ -110,6 +112,14 @@ class BrokerProbes:
                         with contextlib.suppress(Exception):
                             await channel.close()
                         return True  # declared without a lock: only its owner could, so it lives
+
+                async def connected(service_id: uuid.UUID) -> bool:
+                    if await held(topology.control_queue_name(service_id)):
+                        return True
+                    # Its last session may have named its queue after itself (the usual one
+                    # held by a node that was down: ``topology.control_queue_name``).
+                    session_id = (sessions or {}).get(service_id)
+                    return session_id is not None and await held(topology.control_queue_name(service_id, session_id))
 
                 answers = await asyncio.wait_for(asyncio.gather(*map(connected, ids)), _ANSWER_TIMEOUT_S)
         except Exception as e:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import aio_pika
 import aiormq
 import aiormq.abc
-from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from observer_service import metrics
 from observer_service.lease import Lease
@@ -66,10 +66,22 @@ REFUSED_RETRY_S = 30.0  # a refused start queue is declared again this often
 
 
 class HoldingConnection:
-    def __init__(self, lease: Lease, heartbeat_s: int, to_main: Mailbox, fail: FailHandler) -> None:
+    def __init__(
+        self,
+        lease: Lease,
+        heartbeat_s: int,
+        to_main: Mailbox,
+        fail: FailHandler,
+        queue_type: topology.QueueType = "classic",
+        give_up_s: float = 15.0,
+    ) -> None:
         self.lease = lease
         self._heartbeat_s = heartbeat_s
         self._period = heartbeat_s / 4
+        # On a cluster (quorum queues) the lease is a write a majority confirms, and a lease
+        # unrenewed for ``give_up_s`` ends the session (docs/design.md, "On a RabbitMQ cluster").
+        self._quorum = queue_type == "quorum"
+        self._give_up_s = give_up_s
         self._to_main = to_main
         self._fail = fail
         self._connection: AbstractConnection | None = None
@@ -95,6 +107,7 @@ class HoldingConnection:
         service_id: uuid.UUID,
         holds: list[tuple[str, list[int]]],
         on_refused: RefusedHandler,
+        session_id: uuid.UUID | None = None,
     ) -> None:
         """Connect, take the lease, declare the control queue and consume each pool's start
         queue on channels of the given prefetches (``holds``: pool, prefetch per channel)."""
@@ -102,10 +115,12 @@ class HoldingConnection:
         self._settle_wakeup = asyncio.Event()
         self._connection = await aio_pika.connect(url, client_properties={"connection_name": name})
         self._connection.close_callbacks.add(self._on_closed)
-        self._lease_channel = await self._channel()
+        self._lease_channel = await self._channel(confirms=self._quorum)
+        if self._quorum:
+            await topology.declare_lease_queue(self._lease_channel)
         await self._renew_lease()
         work = await self._channel()
-        control = await topology.declare_control_queue(work, service_id)
+        control = await self._declare_control_queue(work, service_id, session_id)
         self._watch_cancels(await work.get_underlay_channel(), control.name)
         await control.consume(self._on_control_message)
         for pool, prefetches in holds:
@@ -115,9 +130,31 @@ class HoldingConnection:
             asyncio.create_task(self._settle_loop(), name="settle"),
         ]
 
-    async def _channel(self) -> AbstractChannel:
+    async def _declare_control_queue(
+        self, work: AbstractChannel, service_id: uuid.UUID, session_id: uuid.UUID | None
+    ) -> AbstractQueue:
+        """The service's control queue, or, when its previous session's node went down with
+        it (a cluster keeps an exclusive queue until its node returns: RESOURCE_LOCKED), one
+        named after this session. Tried on a channel of its own: the refusal closes it."""
         assert self._connection is not None
-        channel = await self._connection.channel(publisher_confirms=False)
+        trial = await self._connection.channel(publisher_confirms=False)
+        try:
+            await topology.declare_control_queue(trial, service_id)
+        except aiormq.exceptions.ChannelLockedResource:
+            if session_id is None:
+                raise
+            logger.warning(
+                "the control queue of this service's previous session is still held by a node that is down: "
+                "this session uses one of its own"
+            )
+            return await topology.declare_control_queue(work, service_id, session_id)
+        with contextlib.suppress(Exception):
+            await trial.close()
+        return await topology.declare_control_queue(work, service_id)  # this connection's already
+
+    async def _channel(self, *, confirms: bool = False) -> AbstractChannel:
+        assert self._connection is not None
+        channel = await self._connection.channel(publisher_confirms=confirms, on_return_raises=confirms)
         channel.close_callbacks.add(self._on_closed)
         return channel
 
@@ -151,7 +188,7 @@ class HoldingConnection:
         assert self._connection is not None and self._on_refused is not None
         declare = await self._connection.channel(publisher_confirms=False)  # a refusal closes it alone
         try:
-            queue = await topology.declare_start_queue(declare, pool)
+            queue = await topology.declare_start_queue(declare, pool, "quorum" if self._quorum else "classic")
         except aiormq.exceptions.AMQPChannelError as e:
             hint = refusal(e)
             if hint is None:
@@ -178,7 +215,7 @@ class HoldingConnection:
         self._start_channels.append(channel)
         await channel.set_qos(prefetch_count=prefetch)
         self._watch_cancels(raw, queue)
-        tag = await raw.consume(queue, {})
+        tag = await raw.consume(queue, topology.HELD_FOR_GOOD if self._quorum else {})
         self._start_consumers.append((raw, tag))
 
     def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
@@ -279,8 +316,15 @@ class HoldingConnection:
     async def _renew_lease(self) -> None:
         assert self._lease_channel is not None
         sent_at = time.monotonic()
-        # Any synchronous method is a round trip; a passive declare is the cheapest.
-        await self._lease_channel.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
+        if self._quorum:
+            # Confirmed only once a majority of the nodes has it: a node cut off from the
+            # others answers a passive declare, never this.
+            await self._lease_channel.default_exchange.publish(
+                aio_pika.Message(b""), routing_key=topology.LEASE_QUEUE, mandatory=True
+            )
+        else:
+            # Any synchronous method is a round trip; a passive declare is the cheapest.
+            await self._lease_channel.declare_exchange(topology.EVENTS_EXCHANGE, passive=True)
         self.lease.renew(sent_at)
         metrics.LEASE_ROUND_TRIP.observe(time.monotonic() - sent_at)
 
@@ -299,6 +343,7 @@ class HoldingConnection:
         (docs/design.md, "Pauses and the lease")."""
         renewal: asyncio.Task[None] | None = None
         lapsed = False
+        opened_at = time.monotonic()
         try:
             while True:
                 if renewal is None or renewal.done():
@@ -307,6 +352,14 @@ class HoldingConnection:
                         return
                     renewal = asyncio.create_task(self._renew_lease())
                 await asyncio.wait({renewal}, timeout=self._period)
+                unrenewed_s = time.monotonic() - (self.lease.renewed_at or opened_at)
+                if self._quorum and not self.lease.is_valid() and unrenewed_s > self._give_up_s:
+                    self._fail(
+                        f"lease unrenewed for {unrenewed_s:.0f}s: no majority of the cluster confirms this "
+                        "node's writes (cut off from the others?), which may hand its starts on",
+                        None,
+                    )
+                    return
                 if self.lease.is_valid() == lapsed:
                     lapsed = not lapsed
                     if lapsed:

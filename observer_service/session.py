@@ -128,12 +128,19 @@ class Session:
             self._publish.close_callbacks.add(self._on_publish_closed)
             self._pub = await self._publish.channel(publisher_confirms=True)
             self._pub.close_callbacks.add(self._on_publish_closed)
-            await topology.declare_common(self._pub)
+            await topology.declare_common(self._pub, self.settings.queue_type)
             self._events = EventPublisher(await self._pub.get_underlay_channel(), self.lease, self.fail)
             self._thread = LoopThread(f"hold {self.id.hex[:8]}", self.settings.event_loop)
             self._to_hold = Mailbox(self._thread.loop)
             self._to_main = Mailbox(asyncio.get_running_loop())
-            self._holding = HoldingConnection(self.lease, heartbeat, self._to_main, self._fail_from_hold)
+            self._holding = HoldingConnection(
+                self.lease,
+                heartbeat,
+                self._to_main,
+                self._fail_from_hold,
+                self.settings.queue_type,
+                self.settings.lease_give_up_s,
+            )
             chunks = prefetch_chunks(self.settings.workers_count, HOLD_PER_CHANNEL)
             holds = [(pool, chunks) for pool in self.settings.pools]
             await self._thread.call(
@@ -145,6 +152,7 @@ class Session:
                     self.service_id,
                     holds,
                     on_refused,
+                    self.id,
                 )
             )
         except Exception as e:

@@ -53,6 +53,11 @@ class CommonSettings(BaseSettings):
     heartbeat_s: float = Field(
         default=5.0, gt=0, description="service heartbeat period (the manager uses it to judge silence)"
     )
+    queue_type: Literal["classic", "quorum"] = Field(
+        default="classic",
+        description="type of the durable queues: `quorum` on a RabbitMQ cluster (they survive a node, and the "
+        "lease is confirmed by a majority), `classic` on one node; the manager and every service must agree",
+    )
     log_level: str = Field(default="INFO", description="log level")
     log_format: Literal["text", "json"] = Field(default="text", description="`json` for one JSON object per line")
     event_loop: EventLoopChoice = Field(
@@ -106,6 +111,13 @@ class ServiceSettings(CommonSettings):
     )
     inventory_s: float = Field(
         default=30.0, gt=0, description="period of the digest of what it runs, sent to the manager (anti-entropy)"
+    )
+    lease_give_up_s: float = Field(
+        default=15.0,
+        gt=0,
+        description="with `ORCH_QUEUE_TYPE=quorum`: a lease unrenewed this long ends the session (its node may be "
+        "cut off from the others, which then hand its starts on); keep it well under the broker's "
+        "consumer_disconnected_timeout",
     )
     outbox_high_water: int = Field(
         default=20_000,

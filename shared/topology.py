@@ -1,15 +1,23 @@
 """AMQP topology: every exchange and queue name and argument, and one idempotent declare.
 
-    start queue   orch.start.<pool>     durable classic, one per pool; StartObserver messages,
+    start queue   orch.start.<pool>     durable, one per pool; StartObserver messages,
                                         held unacked by the service running the observer
     state queue   orch.state            durable, single active consumer (one manager applies)
     control       orch.control          fanout; each service instance binds its own
                                         exclusive queue orch.control.<service_id>
+                  orch.control.direct   direct; the same queue, by its service id: commands
+                                        aimed at one service
     events        observers.events      topic; ctx.emit() publishes <kind>.<observer name>
     dead letters  orch.dead             direct; <queue> -> <queue>.error for every queue above
     marker        orch.manager.marker   durable, empty, declared only by the manager's state side
                                         once the broker holds every start: missing on connect
                                         means the broker lost its data (manager/repairs/rebuild.py)
+    lease         orch.lease            quorum only: services' lease round trips are publishes
+                                        confirmed by a majority of the nodes (nothing consumes it)
+
+The durable queues are of the deployment's ``ORCH_QUEUE_TYPE``: classic on one node, quorum
+on a cluster (docs/design.md, "On a RabbitMQ cluster"). A quorum start queue has no delivery
+limit (4.3's default of 20 counts consumer deaths) and its consumers no timeout.
 
 Both the manager and the services declare what they use with the same arguments, so
 either can start first. Queue arguments must never change for an existing queue
@@ -19,7 +27,7 @@ either can start first. Queue arguments must never change for an existing queue
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Literal
 
 import aio_pika
 import aiormq
@@ -27,10 +35,16 @@ from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
 
 STATE_QUEUE = "orch.state"
 CONTROL_EXCHANGE = "orch.control"
+CONTROL_DIRECT_EXCHANGE = "orch.control.direct"
 CONTROL_ERROR_KEY = "orch.control"
 EVENTS_EXCHANGE = "observers.events"
 DEAD_LETTER_EXCHANGE = "orch.dead"
 REBUILD_MARKER = "orch.manager.marker"
+LEASE_QUEUE = "orch.lease"
+
+QueueType = Literal["classic", "quorum"]
+# A consume argument wins over every policy and setting on a quorum queue (4.3); ten years.
+HELD_FOR_GOOD: dict[str, Any] = {"x-consumer-timeout": 315_360_000_000}
 
 
 def start_queue_name(pool: str) -> str:
@@ -41,56 +55,88 @@ def error_queue_name(queue: str) -> str:
     return f"{queue}.error"
 
 
-def control_queue_name(service_id: uuid.UUID) -> str:
-    return f"{CONTROL_EXCHANGE}.{service_id}"
+def control_queue_name(service_id: uuid.UUID, session_id: uuid.UUID | None = None) -> str:
+    """A service's control queue; with ``session_id``, the one a session declares when the
+    service's usual one is still held by its previous session's node, which is down (on a
+    cluster such a queue stays until that node returns)."""
+    return f"{CONTROL_EXCHANGE}.{service_id}" + (f".{session_id}" if session_id is not None else "")
 
 
 def _dead_letter_args(routing_key: str) -> dict[str, Any]:
     return {"x-dead-letter-exchange": DEAD_LETTER_EXCHANGE, "x-dead-letter-routing-key": routing_key}
 
 
-async def _declare_error_queue(channel: AbstractChannel, dead: AbstractExchange, key: str) -> None:
-    queue = await channel.declare_queue(error_queue_name(key), durable=True)
+def _typed(queue_type: QueueType) -> dict[str, Any]:
+    return {"x-queue-type": "quorum"} if queue_type == "quorum" else {}
+
+
+async def _declare_error_queue(
+    channel: AbstractChannel, dead: AbstractExchange, key: str, queue_type: QueueType
+) -> None:
+    queue = await channel.declare_queue(error_queue_name(key), durable=True, arguments=_typed(queue_type))
     await queue.bind(dead, routing_key=key)
 
 
-async def declare_common(channel: AbstractChannel) -> None:
-    """Exchanges, the state queue and its error queue."""
+async def declare_common(channel: AbstractChannel, queue_type: QueueType = "classic") -> None:
+    """Exchanges, the state queue and its error queue (and on a cluster the lease queue)."""
     dead = await channel.declare_exchange(DEAD_LETTER_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
     await channel.declare_exchange(CONTROL_EXCHANGE, aio_pika.ExchangeType.FANOUT, durable=True)
+    await channel.declare_exchange(CONTROL_DIRECT_EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
     await channel.declare_exchange(EVENTS_EXCHANGE, aio_pika.ExchangeType.TOPIC, durable=True)
-    await _declare_error_queue(channel, dead, STATE_QUEUE)
-    await _declare_error_queue(channel, dead, CONTROL_ERROR_KEY)
-    await declare_state_queue(channel)
+    await _declare_error_queue(channel, dead, STATE_QUEUE, queue_type)
+    await _declare_error_queue(channel, dead, CONTROL_ERROR_KEY, queue_type)
+    await declare_state_queue(channel, queue_type)
+    if queue_type == "quorum":
+        await declare_lease_queue(channel)
 
 
-async def declare_state_queue(channel: AbstractChannel) -> AbstractQueue:
-    args = _dead_letter_args(STATE_QUEUE) | {"x-single-active-consumer": True}
+async def declare_state_queue(channel: AbstractChannel, queue_type: QueueType = "classic") -> AbstractQueue:
+    args = _dead_letter_args(STATE_QUEUE) | {"x-single-active-consumer": True} | _typed(queue_type)
     return await channel.declare_queue(STATE_QUEUE, durable=True, arguments=args)
 
 
-async def declare_start_queue(channel: AbstractChannel, pool: str) -> AbstractQueue:
+async def declare_start_queue(channel: AbstractChannel, pool: str, queue_type: QueueType = "classic") -> AbstractQueue:
     """The pool's start queue and its error queue. No message TTL and no delivery limit:
     a start message must survive any number of host crashes."""
     name = start_queue_name(pool)
     dead = await channel.get_exchange(DEAD_LETTER_EXCHANGE, ensure=False)
-    await _declare_error_queue(channel, dead, name)
-    return await channel.declare_queue(name, durable=True, arguments=start_queue_arguments(pool))
+    await _declare_error_queue(channel, dead, name, queue_type)
+    return await channel.declare_queue(name, durable=True, arguments=start_queue_arguments(pool, queue_type))
 
 
-def start_queue_arguments(pool: str) -> dict[str, Any]:
-    return _dead_letter_args(start_queue_name(pool))
+def start_queue_arguments(pool: str, queue_type: QueueType = "classic") -> dict[str, Any]:
+    args = _dead_letter_args(start_queue_name(pool)) | _typed(queue_type)
+    if queue_type == "quorum":
+        args["x-delivery-limit"] = -1
+    return args
 
 
-async def declare_control_queue(channel: AbstractChannel, service_id: uuid.UUID) -> AbstractQueue:
-    """This service instance's own queue on the control fanout (gone when it disconnects)."""
+async def declare_marker(channel: AbstractChannel, queue_type: QueueType = "classic") -> AbstractQueue:
+    return await channel.declare_queue(REBUILD_MARKER, durable=True, arguments=_typed(queue_type))
+
+
+async def declare_lease_queue(channel: AbstractChannel) -> AbstractQueue:
+    """The quorum queue the services' lease round trips publish to: a confirm from it means
+    a majority of the nodes took the write. Nothing consumes it; each message lives a minute
+    and at most a thousand are kept."""
+    args: dict[str, Any] = {"x-queue-type": "quorum", "x-message-ttl": 60_000, "x-max-length": 1000}
+    args["x-overflow"] = "drop-head"
+    return await channel.declare_queue(LEASE_QUEUE, durable=True, arguments=args)
+
+
+async def declare_control_queue(
+    channel: AbstractChannel, service_id: uuid.UUID, session_id: uuid.UUID | None = None
+) -> AbstractQueue:
+    """This service instance's own queue (gone when it disconnects), bound to the control
+    fanout and, by its service id, to the direct control exchange."""
     queue = await channel.declare_queue(
-        control_queue_name(service_id),
+        control_queue_name(service_id, session_id),
         exclusive=True,
         auto_delete=True,
         arguments=_dead_letter_args(CONTROL_ERROR_KEY),
     )
     await queue.bind(CONTROL_EXCHANGE)
+    await queue.bind(CONTROL_DIRECT_EXCHANGE, routing_key=str(service_id))
     return queue
 
 

@@ -87,7 +87,7 @@ class Liveness:
         async with self.sessions() as session:
             late = (
                 await session.execute(
-                    select(Service.id, Service.name, Service.last_heartbeat_at).where(
+                    select(Service.id, Service.name, Service.last_heartbeat_at, Service.session_id).where(
                         Service.status == ServiceStatus.ALIVE,
                         Service.last_heartbeat_at < datetime.now(UTC) - self.silence,
                     )
@@ -98,9 +98,10 @@ class Liveness:
             self._late.clear()
             self._moving.clear()
             return
-        connected = await self.broker.probes.services_connected(service_id for service_id, _, _ in late)
+        sessions = {service_id: session_id for service_id, _, _, session_id in late}
+        connected = await self.broker.probes.services_connected(list(sessions), sessions)
         moving: set[uuid.UUID] = set()
-        for service_id, name, last_heard in late:
+        for service_id, name, last_heard, _ in late:
             if connected[service_id]:
                 if service_id not in self._late:
                     SERVICES_LATE.inc()
@@ -129,7 +130,7 @@ class Liveness:
                     service_id,
                     last_heard,
                 )
-        self._late = {service_id for service_id, _, _ in late if connected[service_id]}
+        self._late = {service_id for service_id, _, _, _ in late if connected[service_id]}
         self._moving = moving
 
     def _share_moving(self, service_id: uuid.UUID, last_heard: datetime) -> bool:

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import cast
 
 from tools.infra.brokers import install_for
-from tools.infra.rabbitmq import RabbitNode
+from tools.infra.rabbitmq import SHIPPED, RabbitNode
 from tools.infra.state import DEFAULT_AMQP_PORT, DEFAULT_DIST_PORT, move_port
 from tools.infra.system import InfraError, log, write_private
 
 NODES_ENV = "ORCH_BROKER_NODES"
+# What a cluster runs on top of the single node's settings (compose's cluster variant too).
+SHIPPED_CLUSTER = SHIPPED / "cluster.conf"
 MAX_NODES = 7
 # Ports of member i: above the single node's, so both may run.
 _AMQP_FROM = DEFAULT_AMQP_PORT + 10
@@ -61,7 +63,8 @@ def members(single: RabbitNode, count: int, base: Path, *, allocate: bool) -> li
             password=single.password,
             cookie=cookie,
             install=install_for(series, base),
-            extra_conf=f"cluster_formation.peer_discovery_backend = classic_config\n{peers}",
+            extra_conf=f"cluster_formation.peer_discovery_backend = classic_config\n{peers}\n\n"
+            f"# {SHIPPED_CLUSTER.name}\n{SHIPPED_CLUSTER.read_text().strip()}",
         )
         if allocate and not node.is_running():
             node.port = move_port(node.port, taken, f"rabbitmq {name} AMQP")

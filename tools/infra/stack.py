@@ -143,11 +143,12 @@ def env_lines(
     rabbit: RabbitNode, pg: PostgresNode, database: str = "orch", brokers: list[RabbitNode] | None = None
 ) -> list[str]:
     """The env file's lines; with a cluster (``brokers``), ``ORCH_AMQP_URLS`` lists every
-    node and ``ORCH_AMQP_URL`` is the first."""
+    node, ``ORCH_AMQP_URL`` is the first, and the queues are quorum queues."""
     first = brokers[0] if brokers else rabbit
     lines = [f"ORCH_AMQP_URL={shlex.quote(first.url)}"]
     if brokers:
         lines.append(f"ORCH_AMQP_URLS={shlex.quote(','.join(node.url for node in brokers))}")
+        lines.append("ORCH_QUEUE_TYPE=quorum")  # docs/design.md, "On a RabbitMQ cluster"
     return [*lines, f"ORCH_DATABASE_URL={shlex.quote(pg.url(database))}"]
 
 
