@@ -216,31 +216,38 @@ class ObserverService:
         self.runner.on_start(body, channel, tag, redelivered, session)
 
     def _on_control(self, command: ControlMessage) -> None:
-        """A control command, decoded and acked on the holding thread (``holding.py``)."""
-        if isinstance(command, StopObservers):
-            self.runner.on_stop(command)
-        elif isinstance(command, InventoryRequest) and command.service_id in (None, self.service_id):
-            self._send_inventory()
-        elif isinstance(command, IsolateObservers) and command.service_id == self.service_id:
-            self.runner.isolate(command.observer_ids, command.reason)
-        elif isinstance(command, DescribeRequest) and command.service_id == self.service_id:
-            self._describe(command.observer_ids)
-        elif isinstance(command, IntroduceRequest) and command.service_id == self.service_id:
-            # Our ServiceBorn never reached the manager's database (or the database was
-            # restored from before it): introduce ourselves again, then say what we run.
-            if command.name_taken:
-                name = f"{self.settings.service_name}-{self.service_id.hex[:8]}"
-                logger.error(
-                    "another live service has the name %r: this one is %r from now on (set ORCH_SERVICE_NAME "
-                    "to a name of its own per service)",
-                    self.settings.service_name,
-                    name,
-                )
-                self.settings = self.settings.model_copy(update={"service_name": name})
-            else:
-                logger.warning("the manager does not know this service: sending ServiceBorn again")
-            self.outbox.put(self._born())
-            self._send_inventory()
+        """A control command, decoded and acked on the holding thread (``holding.py``). One
+        aimed at another service (it came by the fanout) is not ours."""
+        if command.service_id not in (None, self.service_id):
+            return
+        match command:
+            case StopObservers():
+                self.runner.on_stop(command)
+            case InventoryRequest():
+                self._send_inventory()
+            case IsolateObservers():
+                self.runner.isolate(command.observer_ids, command.reason)
+            case DescribeRequest():
+                self._describe(command.observer_ids)
+            case IntroduceRequest():
+                self._introduce(name_taken=command.name_taken)
+
+    def _introduce(self, *, name_taken: bool) -> None:
+        """Our ServiceBorn never reached the manager's database (or the database was restored
+        from before it): introduce ourselves again, then say what we run."""
+        if name_taken:
+            name = f"{self.settings.service_name}-{self.service_id.hex[:8]}"
+            logger.error(
+                "another live service has the name %r: this one is %r from now on (set ORCH_SERVICE_NAME "
+                "to a name of its own per service)",
+                self.settings.service_name,
+                name,
+            )
+            self.settings = self.settings.model_copy(update={"service_name": name})
+        else:
+            logger.warning("the manager does not know this service: sending ServiceBorn again")
+        self.outbox.put(self._born())
+        self._send_inventory()
 
     # --- periodic reports -----------------------------------------------------------------
 
