@@ -82,7 +82,7 @@ bench-scale: venv
 	$(PY) -m bench.scale $(SCALE_ARGS)
 
 compose-check: venv
-	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml compose.cluster.yaml
 
 ci: lint compose-check test bench-quick
 
