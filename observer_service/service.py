@@ -177,6 +177,9 @@ class ObserverService:
             if stale:
                 logger.warning("dropped %d unpublished start report(s) and inventories of the dead session", stale)
             self.runner.gc.fenced()
+            # On a cluster the next session starts at the next node: the one this session
+            # lost may be down, or up but cut off from the others (which answers a connect).
+            self.nodes.failed()
 
     async def _graceful_stop(self) -> None:
         session = self.session
