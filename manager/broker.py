@@ -45,8 +45,8 @@ T = TypeVar("T")
 StateHandler = Callable[[AbstractIncomingMessage], Awaitable[None]]
 
 _PUBLISH_TIMEOUT_S = 10.0
-# A batch of starts gets this much more per message: 8 bulk creates of 1,000 in flight while
-# 100,000 observers emit kept a busy broker's confirms past a flat 10 s (make bench, scale).
+# A batch of starts gets this much more per message: a busy broker's confirms of several bulk
+# creates outlast a flat deadline (figures: docs/design.md, "Where the time goes").
 _PUBLISH_TIMEOUT_PER_MESSAGE_S = 0.01
 # The interval between attempts to reconnect a lost connection (``BrokerLink._pace_reconnects``).
 _RECONNECT_FIRST_S = 0.2
@@ -199,13 +199,12 @@ class BrokerLink:
         self._pacing = asyncio.create_task(self._pace_reconnects(connection), name="broker-reconnect-pace")
 
     async def _pace_reconnects(self, connection: AbstractRobustConnection) -> None:
-        """aio-pika retries a lost connection at a fixed ``reconnect_interval``: at 1 s the
-        manager came back up to a second after the broker did (``make bench``, broker-loss:
-        the rebuild began 0.6 and 1.0 s after the empty broker was there, of 4.2 and 3.4 s in
-        all, with the background loop's wait), and a short fixed interval would hammer the
-        broker and the log through a long outage. So the interval is a quarter of the time
-        the connection has been down, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``:
-        a blip costs a fraction of a second, an outage of minutes one attempt every 5 s."""
+        """aio-pika retries a lost connection at a fixed ``reconnect_interval``: a long one
+        leaves the manager down up to that long after the broker is back (figures:
+        docs/bench-history.md, "2026-11-28, twelfth session"), a short one hammers the broker
+        and the log through a long outage. So the interval is a quarter of the time the
+        connection has been down, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``: a
+        blip costs a fraction of a second, an outage of minutes one attempt every 5 s."""
         loop = asyncio.get_running_loop()
         lost_at = remind_at = loop.time()
         try:
@@ -284,11 +283,11 @@ class BrokerLink:
         confirmed every one (one deadline for the whole batch). Raises ``BrokerUnavailable``
         if any was not confirmed; some of the others may have been.
 
-        Written as one batch on the underlying aiormq channel (``shared.batch_publish``): a
-        bulk create of 1,000 spent most of its time in the per-message machinery of
-        aio-pika's ``Exchange.publish``, then of aiormq's ``basic_publish``
-        (``make bench ARGS=--profile``). ``mandatory``: a start for a queue that does not
-        exist comes back as an error."""
+        Written as one batch on the underlying aiormq channel (``shared.batch_publish``): the
+        per-message machinery of aio-pika's ``Exchange.publish`` and aiormq's
+        ``basic_publish`` was most of a bulk create's time (figures: docs/benchmarks.md, "What
+        the figures say"). ``mandatory``: a start for a queue that does not exist comes back
+        as an error."""
         if not starts:
             return
         channel = await self._channel()
@@ -332,13 +331,12 @@ class BrokerLink:
         """Send a control command: to every service over the control fanout, or, when it
         names one (``service_id``), straight to that service's own control queue.
 
-        Every service used to receive every command and drop those aimed at another one. In
-        a failover, each observer moved while the manager still counted its dead host alive
-        makes a stop aimed at that host (``rules._started``): at 1,000,000 that was up to
-        333,000 ids that every survivor decoded, on its holding thread, and threw away.
-        Sent to the target's queue, a command for a host that is gone (its exclusive queue
-        with it) is dropped by the broker. Both routes go over this one channel, so the
-        commands a service gets keep the order they were published in."""
+        In a failover, each observer moved while the manager still counts its dead host alive
+        makes a stop aimed at that host (``rules._started``); broadcast, every survivor would
+        decode them all on its holding thread and throw them away (figures:
+        docs/cost-curve.md). Sent to the target's queue, a command for a host that is gone
+        (its exclusive queue with it) is dropped by the broker. Both routes go over this one
+        channel, so the commands a service gets keep the order they were published in."""
         channel = await self._channel()
         raw = await self._unblocked(channel)
         target = getattr(message, "service_id", None)

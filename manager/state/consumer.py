@@ -8,18 +8,15 @@ second instead of paying a transaction per message.
 
 Messages are decoded as they arrive, not when their batch begins: the worker spends most of
 a large batch waiting for PostgreSQL, and decoding the next batch meanwhile takes it off the
-path every report waits on (in a 300,000 failover, 1.1 s of the consumer's 12.5 busy
-seconds were decoding; ``orch_state_busy_seconds_total``). That pays where PostgreSQL has
-cores of its own; on the 2-core bench machine, where a failover keeps both cores busy, the
-300,000 failover measured the same (13.9 s against 13.1 s, within run-to-run noise).
+path every report waits on. That pays where PostgreSQL has cores of its own (figures:
+docs/design.md, "What grows with the fleet").
 
 Follow-ups (stops, isolations, requests) are published, and the batch acked, by a second
 task while the worker applies the next batch: a transaction never waits for the previous
-batch's confirms. In a failover of 333,000 observers at 1,000,000 (``make bench-scale``)
-publishing took 3.5 of the worker's 42 busy seconds, all on the path every start report
-waits on. The publisher takes batches in the order they committed, so follow-ups go out in
-that order and each batch is acked only after its follow-ups were published, as before; at
-most ``_PUBLISH_AHEAD`` committed batches wait for it (the state queue's prefetch bounds the
+batch's confirms, which in a failover are on the path every start report waits on (figures:
+the same section). The publisher takes batches in the order they committed, so follow-ups go
+out in that order and each batch is acked only after its follow-ups were published; at most
+``_PUBLISH_AHEAD`` committed batches wait for it (the state queue's prefetch bounds the
 rest).
 
 * A body that is not a valid report is dead-lettered to ``orch.state.error`` with a log line.
@@ -142,10 +139,10 @@ class StateConsumer:
     async def _while_arriving(self) -> None:
         """Before the first batch: once a delivery came, wait while more keep arriving (up to
         ``max_batch``, at most ``_FIRST_BATCH_WAIT_S``). A manager that starts with a backlog
-        gets it pushed up to the prefetch within moments; its first delivery, applied alone,
-        was a transaction of its own, and when it was a goodbye it wrote every row of that
-        service only for the next batch to move them again (make bench, catch-up: a lone
-        goodbye of 10,000 observers took 1.0 s of 7.5)."""
+        gets it pushed up to the prefetch within moments; a first delivery applied alone is a
+        transaction of its own, and a goodbye would write every row of its service only for
+        the next batch to move them again (figures: docs/design.md, "Two processes for the
+        manager")."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _FIRST_BATCH_WAIT_S
         arrived = -1
@@ -201,10 +198,10 @@ class StateConsumer:
         while True:
             follow_ups = FollowUps()
             try:
-                # A catch-up's batch builds a row, a change and two events per observer: with
-                # the collector on, ~950 collections took 0.86-1.18 s of its 4.3-4.8 s
-                # transaction (make bench, catch-up; 0.05 s with it paused). See
-                # ``shared.collector``.
+                # A catch-up's batch builds a row, a change and two events per observer, and
+                # the collector's passes over them were about a fifth of its transaction
+                # (figures: docs/bench-history.md, "2026-11-27, first and second sessions").
+                # See ``shared.collector``.
                 with paused_collection():
                     async with self.sessions.begin() as session:
                         fresh = await _first_time(session, reports)
@@ -233,8 +230,7 @@ class StateConsumer:
     async def _ack(deliveries: list[Delivery]) -> None:
         """Ack what was applied. A channel closed meanwhile (aio-pika's ``message.channel``
         then raises) voids their tags: the broker redelivers them and ``_first_time`` skips
-        them. That error once escaped here and restarted the state process (make
-        bench-scale, 1,000,000 emitting, a broker too busy to keep the connection)."""
+        them. Escaping here, that error would end the state process (docs/cost-curve.md)."""
         if not deliveries:
             return
         last = deliveries[-1][0]

@@ -121,9 +121,9 @@ def _serve_metrics(listener: socket.socket) -> None:
 async def _let_closing_finish(timeout_s: float = 2.0) -> None:
     """Wait (bounded) for the tasks a closed connection set off, before the loop closes, on
     every way out (a stop, a refused start): aio-pika runs its close callbacks as tasks of
-    their own, and a loop closed under one printed "Task was destroyed but it is pending" and
-    a traceback after the process's one line saying why it stops (1 start in 6 with a wrong
-    database password)."""
+    their own, and a loop closed under one prints "Task was destroyed but it is pending" and a
+    traceback after the process's one line saying why it stops (docs/design.md, "Broker facts
+    the code depends on")."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while (others := asyncio.all_tasks() - {asyncio.current_task()}) and loop.time() < deadline:
@@ -135,10 +135,11 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
     sessions = make_sessionmaker(engine)
     broker = BrokerLink(settings)
     side = StateSide(settings, sessions, broker)
-    # The broker's connection is made while the schema is checked, not after it (0.1 to 0.3 s
-    # of a restarted manager's catch-up). Deliveries only wait, decoded, in the consumer's
-    # inbox until ``side.run`` applies them: nothing is applied, and nothing acked, on a
-    # database the check refuses (``tests/system/test_state_start.py``).
+    # The broker's connection is made while the schema is checked, not after it: a restarted
+    # manager's backlog waits for both (docs/design.md, "Two processes for the manager").
+    # Deliveries only wait, decoded, in the consumer's inbox until ``side.run`` applies them:
+    # nothing is applied, and nothing acked, on a database the check refuses
+    # (``tests/system/test_state_start.py``).
     broker.start(side.on_message)
     asked = asyncio.Event()  # SIGTERM came: the side's end is a stop, not a failure
     try:

@@ -1,12 +1,10 @@
 """The state process as seen from the API process: spawned, watched, restarted, stopped.
 
 ``python -m manager`` spawns the child before it imports the API (FastAPI, SQLAlchemy,
-pydantic: about 2 s of a slow core), so the two processes import side by side and the state
-consumer starts applying a backlog that much sooner after a manager restart. In the
-``make bench`` catch-up (30,000 reports waiting for a restarted manager) the child used to be
-spawned from the API's lifespan, after those imports: it began consuming about 4.5 s after
-the start, of the scenario's 7.4 s. This module is the spawner, so it stays light: it must
-not import the state side (``manager.state.process``) or anything heavy.
+pydantic), so the two processes import side by side and the state consumer starts applying a
+backlog that much sooner after a manager restart (figures: docs/design.md, "Two processes
+for the manager"). This module is the spawner, so it stays light: it must not import the
+state side (``manager.state.process``) or anything heavy.
 """
 
 from __future__ import annotations
@@ -40,12 +38,10 @@ class StateSupervisor:
 
     def __init__(self) -> None:
         # The child's metrics socket is bound here, kept open for this process's life and
-        # handed to each child (``pass_fds``). The child used to bind a port this process had
-        # picked with bind(0) and closed: free again, so any process's next bind(0) could take
-        # it first (and a port taken for good would fail every restart of the child). In a
-        # test, the child's pick was the port the test had picked for the manager: the
-        # readiness probe got the child's metrics. Owned here, the port is this manager's
-        # from the start and across restarts.
+        # handed to each child (``pass_fds``), so the port is this manager's from the start
+        # and across restarts: a port picked with bind(0) and closed is free again, and any
+        # process's next bind(0) may take it first (docs/bench-history.md, "2026-11-28,
+        # twelfth session").
         self._metrics_socket = socket.create_server(("127.0.0.1", 0))
         self.metrics_port: int = self._metrics_socket.getsockname()[1]
         self._proc: subprocess.Popen[bytes] | None = None
