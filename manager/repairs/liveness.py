@@ -1,31 +1,29 @@
 """Which services are lost: judged by evidence, not by lateness (issue 17).
 
 A late heartbeat is only a reason to ask. On a busy machine a service's heartbeats wait
-behind its reports, behind a broker that is paging or behind a flood of deliveries; three
-late ones used to mark it lost, count a host death against each of its observers and
-(earlier) fail them, while nothing had died and the broker still held its deliveries for it.
+behind its reports, behind a broker that is paging or behind a flood of deliveries; judged
+by lateness alone, it would be called lost and charged a host death against each of its
+observers while nothing had died and the broker still held its deliveries for it.
 
 So a service whose heartbeats are ``lost_after_heartbeats`` periods late is judged by the
 broker, which is the authority on what it owns: its connection lives (its exclusive control
 queue is locked) → it is late, not lost, and stays alive (one warning); the connection is
 gone → the broker has requeued its deliveries, so it is lost, and its host death is
 recorded (``probation.host_died``). No answer from the broker is no evidence: nothing is
-judged until it answers. Judging waits, as before, until the state backlog is drained: a
+judged until it answers. Judging waits until the state backlog is drained: a
 ``ServiceStopped`` still in the queue must not be taken for a death.
 
 A death is not recorded while the dead host's share is still moving: recording it writes a
-``host_lost`` event for each of its observers (a third of a million at 1,000,000), and done
-in the middle of the takeover it took CPU the takeover needed (``make bench-scale``: the
-failover ratios to raw were highest in the runs where the step fell inside it;
-``docs/cost-curve.md``). The broker has already given the share away, so nothing waits for
-the record. It waits while the state rules applied a takeover from that host within the
-last judging period (``StateRules.moved_from_at``), for at most ``MOVING_GRACE`` silences,
-and the log says so once.
+``host_lost`` event for each of its observers, and in the middle of the takeover that takes
+CPU the takeover needs (figures: docs/cost-curve.md). The broker has already given the share
+away, so nothing waits for the record. It waits while the state rules applied a takeover
+from that host within the last judging period (``StateRules.moved_from_at``), for at most
+``MOVING_GRACE`` silences, and the log says so once.
 
 The host-death step is one transaction that takes observer rows first, in id order, then
-the service row (the state consumer's order), and is run again when it loses a deadlock:
-before, it marked the service lost in one transaction and recorded the death in a second;
-when the second lost a deadlock the death was never recorded (the service was already lost).
+the service row (the state consumer's order), and is run again when it loses a deadlock: in
+two transactions, a second one that lost a deadlock would leave a lost service whose death
+was never recorded.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The one loop that runs the state side's repairs, a pass per ``ORCH_REPAIR_INTERVAL_S``.
 
 A repair whose own threshold is long runs at a quarter of it (its ``period_s``): checking a
-60-s condition every second only costs, and seven transactions a second kept the idle state
-process busy at any size (``docs/cost-curve.md``). A failed repair runs again next pass.
+60-s condition every second only costs, and every repair on every pass kept the idle state
+process busy at any size (figures: docs/design.md, "Where the time goes"). A failed repair
+runs again next pass.
 """
 
 from __future__ import annotations

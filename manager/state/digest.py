@@ -6,10 +6,10 @@ reached it yet, and a stop it already ended was reported before its digest (the 
 order), so its row is Deleted by the time the digest is compared.
 
 Kept by triggers (migration 0008) in ``held_digests`` plus the deltas not folded yet, so a
-comparison reads a row or two instead of aggregating the service's rows: that aggregate
-took 120 ms of PostgreSQL per digest at 333,000 rows per service, most of what an idle
-fleet of 1,000,000 cost PostgreSQL. ``tests/system/test_digest.py`` checks the kept digest against
-that aggregate after every kind of write.
+comparison reads a row or two instead of aggregating the service's rows, which was most of
+what an idle fleet cost PostgreSQL (figures: docs/design.md, "What grows with the fleet").
+``tests/system/test_digest.py`` checks the kept digest against that aggregate after every
+kind of write.
 """
 
 from __future__ import annotations

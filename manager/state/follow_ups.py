@@ -3,10 +3,10 @@ them, published only after the transaction that decided them committed (merged p
 one broadcast per host, not one per observer).
 
 Stops and isolations are kept as ids per target and turned into messages once, in
-``batched``: a failover of 333,000 observers decides a stop of the old host's copy for each
-(``rules._started``), and building a pydantic stop (with its uuid4 and clock
-read) for each only to merge them again took 23 % of the state process (py-spy, 300,000
-idle, ``python -m bench.scale --profile``).
+``batched``: a failover decides a stop of the old host's copy for each observer it moves
+(``rules._started``), and building a pydantic stop (with its uuid4 and clock read) for each
+only to merge them again was a large share of the state process (figures:
+docs/cost-curve.md).
 """
 
 from __future__ import annotations

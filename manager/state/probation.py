@@ -32,7 +32,7 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
 Why not a cleverer statistic (e.g. "was present at nearly every death in the fleet")? Any
 rule that fails an observer on correlation alone fails some healthy one in a long enough
 incident; probation costs a child process for a while, so it can afford to be wrong.
-The cost: a child is a whole interpreter (~39 MiB, ``observer_service/isolation.py``), and
+The cost: a child is a whole interpreter (docs/design.md, "The observer runtime"), and
 until the host gets ``IsolateObservers`` (one state-queue round trip after the start report)
 a moved suspect runs in its host's process.
 """
@@ -107,19 +107,17 @@ async def host_died(
         .cte("recorded")
     )
     # Not locked: writing an event locks nothing of its observer (no foreign key, migration
-    # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (rows.py). Locking the
-    # victims first, as this step once did, held a dead host's whole share for the length of
-    # this transaction (seconds at 333,000), and every start reported by the hosts taking
-    # them over waited behind it: the failover stalled on the record of the death that
-    # caused it.
+    # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (rows.py). Locked, the
+    # victims would make every start reported by the hosts taking them over wait for the
+    # record of the death that caused it (docs/design.md, invariant 7).
     lost = await session.scalar(select(func.count()).select_from(recorded))
     await session.execute(insert(HostDeath).values(service_id=service_id, at=now))
     if not lost or policy.after_host_deaths <= 0:
         return {}
     # An observer loses at most one host per death: while fewer hosts died in the window
     # than the threshold, nobody can have reached it, and the count below (an index probe
-    # per victim: seconds for a whole host's share at 1,000,000) is not needed. That is
-    # every death of a healthy fleet; the count runs when deaths cluster.
+    # per victim: seconds for a whole host's share, docs/cost-curve.md) is not needed. That
+    # is every death of a healthy fleet; the count runs when deaths cluster.
     since = now - timedelta(seconds=policy.window_s)
     deaths = await session.scalar(
         select(func.count())

@@ -1,9 +1,9 @@
 """The rows one transaction of the state consumer works on: observers and services.
 
 Rules read and change plain ``Row`` objects; ``flush`` writes every changed row back with a
-single ``UPDATE ... FROM unnest(...)``. The ORM's unit of work cost about 0.3 ms per changed
-observer, which capped a catching-up manager at ~900 reports/s; one statement per batch
-costs a few microseconds per row.
+single ``UPDATE ... FROM unnest(...)``, a few microseconds per row, where the ORM's unit of
+work per changed observer capped a catching-up manager's rate (figures: docs/design.md,
+"Where the time goes").
 
 Rows are loaded ``FOR NO KEY UPDATE`` in id order (the order every writer of ``observers``
 uses, so the consumer and the API never deadlock) and stay locked until the transaction ends.
@@ -138,10 +138,9 @@ class ObserverRows:
         flushing first: ``where`` (the query) finds the rows not cached here, whose stored
         state is the transaction's; ``judge`` (the same condition, in Python) judges the
         cached ones, whose stored state may be stale. Flushing would write every changed row
-        before the query and again when it changed once more: a manager catching up on a
-        fleet restart released each goodbye's rows and moved them to their new hosts in one
-        batch, and wrote 50,000 rows for 30,000 observers (``make bench``, catch-up); a new
-        service's inventory in that batch did the same until it used this.
+        before the query and again when it changed once more, as when a catch-up's batch
+        releases each goodbye's rows and moves them to their new hosts (figures:
+        docs/design.md, "Where the time goes").
 
         The rows ``where`` finds are read first, unlocked, then locked by id
         (``lock_by_ids``), and ``judge`` decides again on what the lock returned: a row
