@@ -72,12 +72,10 @@ async def _database_error(_: Request, exc: Exception) -> JSONResponse:
 
 # The collector's thresholds in the API process (Python's defaults: 700, 10, 10). A bulk
 # create builds objects for each of its observers that live until its answer; with a young
-# collection every 700 allocations they were promoted within the request, and after the
-# start-up freeze left the oldest generation nearly empty, every tenth middle collection was
-# a full one walking all the requests in flight: 17 full collections of up to 190 ms (each
-# blocking every request) while ``make bench``'s create made 30,000 (a ``gc.callbacks``
-# probe), 3 with these. The API's CPU for those creates (``--only create``): 5.45 and 6.75 s
-# before, 4.89 and 5.48 s after.
+# collection every 700 allocations they are promoted within the request, and since the
+# start-up freeze leaves the oldest generation nearly empty, every tenth middle collection is
+# a full one walking all the requests in flight, blocking them all (figures:
+# docs/bench-history.md, "2026-11-27, sixth session").
 _GC_THRESHOLDS = (50_000, 20, 10)
 
 
@@ -106,7 +104,7 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
         # A read that waits past the timeout (a table locked by a migration or an operator's
         # session, a database too busy to answer) is refused with a 503 rather than holding
         # the client and a pooled connection for as long as the lock lasts: held, requests
-        # filled the read pool and the rest waited 30 s for a connection.
+        # fill the read pool and the rest wait out the pool's timeout for a connection.
         read_engine = make_engine(
             settings.database_url,
             read_only=True,

@@ -2,15 +2,14 @@
 
 Alone, each ``POST /api/observers`` is a transaction under its pool's create lock (the
 capacity check must see every create before it), then a confirmed publish, then a
-transaction that marks its start published. With 64 clients the lock was the limit:
-PostgreSQL's statement log showed 2,810 of 3,000 creates waiting for it, 356 ms on average,
-because the locked section spans three round trips and each waits behind the API loop's
-other requests.
+transaction that marks its start published. With many clients the lock is the limit, because
+the locked section spans three round trips and each waits behind the API loop's other
+requests (figures: docs/design.md, "Where the time goes").
 
 So concurrent single creates share that work. The first runs at once, as a group of one;
 the creates that arrive while a group runs wait and then go together as one bulk create:
 one lock, one insert, one batch of confirmed publishes, one delete of pending starts. Nobody
-waits for a timer, so a lone create is as fast as before.
+waits for a timer, so a lone create is as fast as without groups.
 
 Each request keeps the answer it would have had alone:
 

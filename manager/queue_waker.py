@@ -2,14 +2,10 @@
 
 A classic queue's process hibernates after about a second without a call (gen_server2's
 backoff), and hibernating compacts its whole heap; the next call wakes it, and the heap is
-rebuilt. Something wakes an idle queue every minute or two, so at 1,000,000 held deliveries
-the broker's idle floor was that cycle: about 3 CPU s (a heap of 0.84-1.19 GiB compacted and
-rebuilt) every other minute, most of the broker's idle share (``python -m bench.idle_floor``;
-a stack sampler found the queue process in ``gen_server2:wake_hib``). A passive declare of
-the queue is a call to its process: one every half second kept it awake, and the broker's
-idle minute went from 0.05-3.0 CPU s to a steady ~0.7 (``bench.idle_floor --keep-awake 0.5``,
-``docs/cost-curve.md``). Awake, the process keeps its heap: broker memory per held observer did not grow in
-``make bench-scale`` (2.90-2.93 KiB against 2.96).
+rebuilt. Something wakes an idle queue every minute or two, so with a million held
+deliveries that cycle was most of the broker's idle share. A passive declare of the queue is
+a call to its process: one every half second keeps it awake, and awake it keeps its heap
+without growing the broker's memory per held observer (figures: docs/cost-curve.md).
 
 Only a pool whose live observers (Created, Processing, OnDeleting: each one a message in its
 start queue) reach ``start_queue_keep_awake_from`` is kept awake: a small queue's compaction

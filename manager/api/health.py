@@ -15,7 +15,8 @@ from manager.db import services as service_rows
 router = APIRouter(tags=["health"])
 
 # A readiness probe answers in time or is worth nothing: a database cut off by the network
-# answers nothing, and the probe once waited as long as TCP kept trying (over a minute).
+# answers nothing, and the probe would wait as long as TCP keeps trying (docs/design.md,
+# invariant 14).
 _DATABASE_ANSWERS_WITHIN_S = 3.0
 
 

@@ -122,7 +122,8 @@ def _retry_policy(retry: dict[str, Any] | RetryPolicy | None) -> RetryPolicy | N
 
 
 # Rows share a few policies: one model per distinct stored policy, not one per row (building
-# it was an eighth of a list page's CPU, py-spy). RetryPolicy is frozen, so sharing is safe.
+# one per row was a noticeable share of a list page's CPU: docs/bench-history.md, "2026-11-27,
+# fifth session"). RetryPolicy is frozen, so sharing is safe.
 @lru_cache(maxsize=1024)
 def _stored_policy(items: tuple[tuple[str, Any], ...]) -> RetryPolicy:
     return RetryPolicy.model_construct(**dict(items))

@@ -1,8 +1,8 @@
 """Observer counts per (kind, pool, status), kept by triggers (migration 0003).
 
 Stats, metrics and the capacity check read these instead of counting the observers
-table, which grows with every observer ever created: at 100,000 rows ``GET /api/stats``
-spent most of its 700 ms p99 in two ``GROUP BY`` scans (``make bench``, scale).
+table, which grows with every observer ever created: two ``GROUP BY`` scans of it were most
+of ``GET /api/stats`` (figures: docs/benchmarks.md, "What the figures say").
 """
 
 from __future__ import annotations

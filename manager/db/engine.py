@@ -32,18 +32,18 @@ def make_engine(
     gets, stats, metrics, readiness): autocommit, so a request costs PostgreSQL two round
     trips (the pre-ping and its query) instead of six. In a transaction, SQLAlchemy's asyncpg
     pre-ping is BEGIN, a ping and ROLLBACK (for pgbouncer), and the query is wrapped in BEGIN
-    and ROLLBACK: on a busy 2-core machine every round trip waits for PostgreSQL's process and
-    then for ours to be scheduled, and the list page's p99 at 100,000 tickers (make bench) was
-    that waiting, not the query. Nothing is lost: READ COMMITTED takes a snapshot per
-    statement anyway, and the server refuses writes there. A pool of its own, as the
-    isolation level belongs to the connection."""
+    and ROLLBACK: on a busy machine every round trip waits for PostgreSQL's process and then
+    for ours to be scheduled, and a list page's p99 was that waiting, not the query (figures:
+    docs/bench-history.md, "2026-11-26: the slow machine"). Nothing is lost: READ COMMITTED
+    takes a snapshot per statement anyway, and the server refuses writes there. A pool of its
+    own, as the isolation level belongs to the connection."""
     # pool_pre_ping: a pooled connection that died with the server (restart, failover,
     # pg_terminate_backend) is replaced at checkout rather than failing its next user; a
     # disconnect seen mid-query also invalidates the rest of the pool (SQLAlchemy does it).
     # No JIT: PostgreSQL compiles a query whose estimated cost passes jit_above_cost, and an
-    # array of ids inflates estimates; at 1,000,000 the host-death step's probation query
-    # over 333,000 ids was compiled with inlining and optimization, mid-failover
-    # (auto_explain, make bench-scale). Every query here is an index lookup or a short scan.
+    # array of ids inflates estimates, so a big host-death step's probation query was
+    # compiled mid-failover (docs/cost-curve.md). Every query here is an index lookup or a
+    # short scan.
     server_settings = {"jit": "off"}
     # A statement cancelled past these fails with 57014 or 55P03, transient errors (the API
     # answers 503 with Retry-After; manager/db/errors.py).
@@ -53,10 +53,10 @@ def make_engine(
         server_settings["lock_timeout"] = str(max(1, round(lock_timeout_s * 1000)))
     connect_args: dict[str, Any] = {"server_settings": server_settings}
     # The server's timeouts need a server that answers. One cut off by the network (packets
-    # dropped), frozen or gone without a reset answers nothing, and a request waited for as
-    # long as TCP kept trying: a create and /readyz still hung after 60 s (tools/partition.py).
-    # asyncpg's own clock bounds each statement and each connect; a statement it gives up on
-    # raises TimeoutError, an OSError, which the API answers 503 (manager/db/errors.py).
+    # dropped), frozen or gone without a reset answers nothing, and a request would wait as
+    # long as TCP keeps trying (docs/design.md, invariant 14). asyncpg's own clock bounds each
+    # statement and each connect; a statement it gives up on raises TimeoutError, an OSError,
+    # which the API answers 503 (manager/db/errors.py).
     if client_timeout_s is not None:
         connect_args |= {"command_timeout": client_timeout_s, "timeout": client_timeout_s}
     options: dict[str, Any] = {"pool_size": 10, "max_overflow": 20}
@@ -92,11 +92,11 @@ _READ_ONLY_SQL_TRANSACTION = "25006"
 
 
 def decode_json(document: str) -> Any:
-    """A JSONB value as read from PostgreSQL: pydantic-core's parser, about four times as fast
-    as the json module's (a list page of 100 decodes 200 documents, args and retry, and spent
-    a sixth of its CPU in ``json.loads``: py-spy). It refuses nesting past 200 levels, which
-    the API's request parsing (``json.loads``) accepts, so such a stored value is read by the
-    json module rather than failing every page that holds it."""
+    """A JSONB value as read from PostgreSQL: pydantic-core's parser, several times as fast as
+    ``json.loads``, which was a large share of a list page's CPU (figures: docs/design.md,
+    "Keep the event loop cheap"). It refuses nesting past 200 levels, which the API's request
+    parsing (``json.loads``) accepts, so such a stored value is read by the json module rather
+    than failing every page that holds it."""
     try:
         return pydantic_core.from_json(document)
     except ValueError:
@@ -111,10 +111,11 @@ def head_revision(versions: Path = REPO_ROOT / "migrations" / "versions") -> str
     """The migrations' head: the one revision no other names as its ``down_revision``.
 
     Read from the files' ``revision`` and ``down_revision`` assignments rather than through
-    alembic's ``ScriptDirectory``, whose import (with mako and pygments) was ~0.2 s of each
-    manager process's start, in the state process before it applies its first report: a
-    restarted manager's backlog waits for it. ``tests/system/test_migrations.py`` checks this
-    against alembic's own answer."""
+    alembic's ``ScriptDirectory``, whose import (with mako and pygments) is a noticeable part
+    of each manager process's start (docs/bench-history.md, "2026-11-26: the slow machine"),
+    in the state process before it applies its first report: a restarted manager's backlog
+    waits for it. ``tests/system/test_migrations.py`` checks this against alembic's own
+    answer."""
     revisions: set[str] = set()
     parents: set[str] = set()
     for path in versions.glob("*.py"):

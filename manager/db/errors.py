@@ -126,9 +126,8 @@ def is_transient(error: BaseException) -> bool:
 class OutageLog:
     """What a loop that retries the database says while it cannot: one line when it fails,
     one a minute while it keeps failing (how long, how many attempts), one when it works
-    again. The state consumer and the background loop used to write a WARNING per attempt,
-    a line a second each (two while a test's sweeps ran every half second): 7,200 lines
-    each for an hour's outage. The attempts in between are DEBUG."""
+    again: a WARNING per attempt would be a line a second per loop, thousands in an hour's
+    outage. The attempts in between are DEBUG."""
 
     def __init__(self, what: str, log: logging.Logger, every_s: float = 60.0) -> None:
         self.what = what

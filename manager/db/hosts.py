@@ -24,9 +24,9 @@ def hosted_on(service_id: uuid.UUID) -> ColumnElement[bool]:
 
     As ``id IN (SELECT ...)``: alone it is a join on the primary key. ORed with other
     conditions (an inventory's query asks for its listed ids or the host's rows), PostgreSQL
-    reads every observer row instead (430 ms for an inventory at 30,000 rows): such a query
-    takes :func:`ids_on` instead. The column is compared too: the mirror is exact, but the
-    condition then says what it means wherever it is used."""
+    reads every observer row instead (figures: docs/bench-history.md, "2026-11-27, ninth
+    session"): such a query takes :func:`ids_on` instead. The column is compared too: the
+    mirror is exact, but the condition then says what it means wherever it is used."""
     mirrored = select(ObserverHost.observer_id).where(ObserverHost.service_id == service_id)
     return Observer.id.in_(mirrored) & (Observer.service_id == service_id)
 
@@ -35,7 +35,7 @@ async def ids_on(session: AsyncSession, service_id: uuid.UUID) -> list[uuid.UUID
     """The ids of the observers ``service_id`` hosts, as the rows stand in this transaction.
     For a query that ORs the host's rows with other conditions: ``id_in`` of these ids is an
     index condition on the primary key, so the OR is a BitmapOr of index scans. Neither
-    ``hosted_on``'s subquery nor ``id = ANY(ARRAY(SELECT ...))`` was: when the planner chose
-    to read every row, the array's ids were compared one by one with each (3.5 s for one
-    inventory at 30,000 rows in ``make bench``'s broker-loss; PostgreSQL's statement log)."""
+    ``hosted_on``'s subquery nor ``id = ANY(ARRAY(SELECT ...))`` is: when the planner chooses
+    to read every row, the array's ids are compared one by one with each (figures: the same
+    session)."""
     return list(await session.scalars(select(ObserverHost.observer_id).where(ObserverHost.service_id == service_id)))

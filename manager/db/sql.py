@@ -31,14 +31,12 @@ def lock_by_ids(columns: tuple[Any, ...], ids: Iterable[uuid.UUID]) -> Select[An
 
     Why: a locking statement that finds a row changed since its snapshot rechecks that row
     (EvalPlanQual), and a recheck rescans the plan's bitmap index scans, each of which sorts
-    its ``= ANY`` array again (``_bt_preprocess_array_keys``). Locking k changed rows by an
-    array of n ids cost k sorts of n: an inventory of 3,334 rows racing the rebuild's release
-    of the same rows took 11.5 s of PostgreSQL's CPU (``perf``), 10,000 ids 19 s in psql. As a
-    semi-join the ids are rows of their own, copied into a recheck, and the index is probed
-    by one id: a recheck costs one probe (``tests/system/test_lock_rechecks.py``). PostgreSQL plans
-    it as a probe per id (30,000 of 1,000,000 rows: 136 ms, against 152 for the array, which
-    it read by scanning the table); a join with ``unnest`` instead was planned as a hash of
-    the whole table (451 ms)."""
+    its ``= ANY`` array again (``_bt_preprocess_array_keys``): locking k changed rows by an
+    array of n ids costs k sorts of n (figures: docs/design.md, invariant 8, and
+    docs/bench-history.md, "2026-11-28, eleventh session"). As a semi-join the ids are rows of
+    their own, copied into a recheck, and the index is probed by one id: a recheck costs one
+    probe (``tests/system/test_lock_rechecks.py``). PostgreSQL plans it as a probe per id; a
+    join with ``unnest`` instead is planned as a hash of the whole table."""
     wanted = select(func.unnest(_uuid_array(ids)))
     return (
         select(*columns)
@@ -55,9 +53,9 @@ def factor(items: Iterable[Any], shared: Callable[[Any], tuple[Any, ...]]) -> tu
     ones, and those distinct tuples as columns: a statement joins
     ``unnest(:keys)`` to ``unnest(column, ...) WITH ORDINALITY`` on that number. The items of
     one batch of state reports share nearly everything but their ids (the same instant, the
-    same event, the same new host), and asyncpg encodes every array element in Python: in the
-    ``make bench`` catch-up, writing 60,000 events as six arrays of 60,000 was the largest
-    part of the state process's CPU in its one transaction (py-spy)."""
+    same event, the same new host), and asyncpg encodes every array element in Python, which
+    was the largest part of a catch-up's transaction (figures: docs/bench-history.md,
+    "2026-11-27, first and second sessions")."""
     numbers: dict[tuple[Any, ...], int] = {}
     keys = [numbers.setdefault(shared(item), len(numbers) + 1) for item in items]
     columns = [list(column) for column in zip(*numbers, strict=True)] if numbers else []

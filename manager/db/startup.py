@@ -2,12 +2,11 @@
 once, in one line, what waiting cannot fix.
 
 A manager started before its PostgreSQL (a host booting, `docker compose up` without health
-ordering, an outage under way) used to exit at once with a traceback and status 3: the
-broker it waited for, the database not. It now waits, saying so as every loop says an outage
-(``OutageLog``: once when it begins, once a minute, once when it ends), and carries on once
-the database answers. What waiting cannot fix (a wrong password, a database or role that
-does not exist, a schema behind the migrations) is one CRITICAL line naming the setting to
-fix, and the process exits with status 2, as for a metrics port that is taken. Both sides
+ordering, an outage under way) waits for it, as for the broker, saying so as every loop says
+an outage (``OutageLog``: once when it begins, once a minute, once when it ends), and carries
+on once the database answers. What waiting cannot fix (a wrong password, a database or role
+that does not exist, a schema behind the migrations) is one CRITICAL line naming the setting
+to fix, and the process exits with status 2, as for a metrics port that is taken. Both sides
 call it: the API process before it serves (``manager/__main__.py``), the state process
 before it applies anything (``manager/state/process.py``).
 """

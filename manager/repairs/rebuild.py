@@ -48,7 +48,8 @@ _DETAIL = "the broker lost its data: released, its start published again"
 # Released in rounds that skip the rows another writer holds: the state consumer applies
 # many reports in one transaction, each locking its rows in id order, so the rows it holds are
 # not in one id order overall, and waiting for them while holding others deadlocks the two
-# (docs/design.md, invariant 15; figures: docs/bench-history.md).
+# (docs/design.md, invariant 15; figures: docs/bench-history.md, "2026-11-26: the slow
+# machine").
 # The release loop ends when no row matches: both statements must use this one predicate.
 _HOSTED = "status = 'Processing' OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL))"
 _RELEASE = text(
