@@ -86,10 +86,9 @@ class CatalogCache:
     """The catalog, loaded at most once per ``ttl_s`` and by one load at a time.
 
     It changes only when a service is born or lost, and loading it (a query, and every
-    live service's schemas parsed) was a large share of a single create's cost. Callers that
-    find it stale while a load runs wait for that load: each used to start its own, and 64
-    clients creating one observer each made 64 loads in the manager's first second and
-    30-50 in every second after (``make bench``, create-single; PostgreSQL's statement log).
+    live service's schemas parsed) is a large share of a single create's cost. Callers that
+    find it stale while a load runs wait for that load rather than start one each (figures:
+    docs/bench-history.md, "One kind-catalog load at a time").
     """
 
     def __init__(self, load: Callable[[], Awaitable[KindCatalog]], ttl_s: float = 1.0) -> None:

@@ -69,9 +69,8 @@ async def alive_offers(session: AsyncSession) -> list[tuple[list[str], list[dict
     return [(pools, infos) for pools, infos in rows.tuples()]
 
 
-# Everything ``GET /api/stats`` reads, in one statement: four queries were four round trips,
-# each waiting for the API's event loop and PostgreSQL in turn, and the stats page had the
-# highest p99 of the three ``make bench`` times while 100,000 tickers ran (scale).
+# Everything ``GET /api/stats`` reads, in one statement: each round trip waits for the API's
+# event loop and PostgreSQL in turn (figures: docs/bench-history.md).
 _STATS = text(
     f"""
     SELECT
