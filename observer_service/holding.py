@@ -80,6 +80,7 @@ class HoldingConnection:
         self._period = heartbeat_s / 4
         # On a cluster (quorum queues) the lease is a write a majority confirms, and a lease
         # unrenewed for ``give_up_s`` ends the session (docs/design.md, "On a RabbitMQ cluster").
+        self._queue_type = queue_type
         self._quorum = queue_type == "quorum"
         self._give_up_s = give_up_s
         self._to_main = to_main
@@ -150,7 +151,8 @@ class HoldingConnection:
             return await topology.declare_control_queue(work, service_id, session_id)
         with contextlib.suppress(Exception):
             await trial.close()
-        return await topology.declare_control_queue(work, service_id)  # this connection's already
+        # Declared and bound by this connection: consumed on ``work`` without declaring again.
+        return await work.get_queue(topology.control_queue_name(service_id), ensure=False)
 
     async def _channel(self, *, confirms: bool = False) -> AbstractChannel:
         assert self._connection is not None
@@ -188,7 +190,7 @@ class HoldingConnection:
         assert self._connection is not None and self._on_refused is not None
         declare = await self._connection.channel(publisher_confirms=False)  # a refusal closes it alone
         try:
-            queue = await topology.declare_start_queue(declare, pool, "quorum" if self._quorum else "classic")
+            queue = await topology.declare_start_queue(declare, pool, self._queue_type)
         except aiormq.exceptions.AMQPChannelError as e:
             hint = refusal(e)
             if hint is None:

@@ -64,33 +64,31 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {said}"
 
 
-def sqlstates(error: BaseException) -> Iterator[str]:
-    """The SQLSTATEs an error carries: its own, its DBAPI error's (``orig``) and the driver
-    exception below that (``orig.__cause__``: the adapted error wraps asyncpg's)."""
+def _layers(error: BaseException) -> Iterator[BaseException]:
+    """An error and what it wraps: its DBAPI error (``orig``) and the driver exception below
+    that (``orig.__cause__``: the adapted error wraps asyncpg's)."""
     seen: list[BaseException] = []
     current: BaseException | None = error
     while current is not None and current not in seen and len(seen) < 4:
         seen.append(current)
-        code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
-        if isinstance(code, str):
-            yield code
+        yield current
         orig = getattr(current, "orig", None)
         current = orig if isinstance(orig, BaseException) else current.__cause__
+
+
+def sqlstates(error: BaseException) -> Iterator[str]:
+    """The SQLSTATEs an error carries, in any of its layers."""
+    for layer in _layers(error):
+        code = getattr(layer, "sqlstate", None) or getattr(layer, "pgcode", None)
+        if isinstance(code, str):
+            yield code
 
 
 def _no_host_qualifies(error: BaseException) -> bool:
     """Every host of a multi-host URL answered, none as ``target_session_attrs`` asks (a
     switchover in progress: the old primary a standby, the new one not promoted yet).
     SQLAlchemy wraps asyncpg's error in an ``InternalError``."""
-    current: BaseException | None = error
-    for _ in range(4):
-        if current is None:
-            return False
-        if isinstance(current, TargetServerAttributeNotMatched):
-            return True
-        orig = getattr(current, "orig", None)
-        current = orig if isinstance(orig, BaseException) else current.__cause__
-    return False
+    return any(isinstance(layer, TargetServerAttributeNotMatched) for layer in _layers(error))
 
 
 def is_lost_race(error: BaseException) -> bool:

@@ -51,17 +51,14 @@ class LostStarts(Repair):
         self._attempts: dict[uuid.UUID, int] = {}  # observer -> starts published again so far
 
     async def run(self) -> None:
-        await self.republish()
-
-    async def republish(self) -> int:
-        """Publish again the starts of rows that waited too long; returns how many."""
+        """Publish again the starts of rows that waited too long."""
         unchanged = datetime.now(UTC) - timedelta(seconds=self.after_s)
         async with self.sessions() as session:
             rows = await observers.waiting_pools(session, unchanged, _LIMIT)
         if not rows:
             self._seen.clear()
             self._attempts.clear()
-            return 0
+            return
         backlog = {pool: await self.broker.start_backlog(pool) for pool in {pool for _, pool in rows}}
         now = time.monotonic()
         self._seen = {oid: self._seen.get(oid, now) for oid, pool in rows if backlog[pool] == 0}
@@ -72,7 +69,7 @@ class LostStarts(Repair):
             if now - seen >= self.after_s * 2 ** min(self._attempts.get(oid, 0), _MAX_DOUBLINGS)
         ]
         if not due:
-            return 0
+            return
         async with self.sessions() as session:
             lost = await observers.still_waiting(session, due, unchanged)
         await self.broker.publish_starts([start_message(obs) for obs in lost])
@@ -87,4 +84,3 @@ class LostStarts(Repair):
                 lost[0].status.value,
                 self.after_s,
             )
-        return len(lost)
