@@ -212,10 +212,12 @@ class BrokerLink:
                 down_for = loop.time() - lost_at
                 interval = reconnect_interval(down_for)
                 connection.reconnect_interval = interval  # type: ignore[attr-defined]
-                # aio-pika reconnects to ``connection.url``: each attempt goes to the next node
-                # of a cluster (the lost one first went away with its node, most likely).
-                url = self.nodes.failed()
-                connection.url = URL(amqp_url_with_heartbeat(url, self.settings.amqp_heartbeat_s))  # type: ignore[attr-defined]
+                if len(self.nodes.urls) > 1:
+                    # aio-pika reconnects to ``connection.url``: each attempt goes to the next
+                    # node of a cluster (the lost one most likely went away with its node). One
+                    # node: the URL aio-pika was given stays untouched.
+                    url = self.nodes.failed()
+                    connection.url = URL(amqp_url_with_heartbeat(url, self.settings.amqp_heartbeat_s))  # type: ignore[attr-defined]
                 if loop.time() - remind_at >= _STILL_DOWN_EVERY_S:
                     remind_at = loop.time()
                     logger.warning(
