@@ -120,13 +120,13 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
         child: StateSupervisor | None = None
         task: asyncio.Task[None] | None = None
         if settings.state_process:
-            broker.start(None)
+            broker.start()
             child = state_supervisor or StateSupervisor()
             child.start()
             app.state.state_metrics = child.metrics_text
         else:
-            side = StateSide(settings, sessions, broker, commands.in_flight)
-            broker.start(side.on_message)
+            side = StateSide(settings, engine, sessions, broker, commands.in_flight)
+            broker.start()
             task = asyncio.create_task(side.run(), name="state-side")
             task.add_done_callback(_stop_if_the_side_ended)
             app.state.state_metrics = _local_state_metrics

@@ -113,6 +113,7 @@ class BrokerLink:
         self.settings = settings
         self._connection: AbstractRobustConnection | None = None
         self._pub: AbstractRobustChannel | None = None
+        self._consuming: AbstractRobustChannel | None = None  # the state queue's, while consumed
         self._declared_pools: set[str] = set()
         self._declare_lock = asyncio.Lock()
         self._connect_task: asyncio.Task[None] | None = None
@@ -131,11 +132,31 @@ class BrokerLink:
         # Liveness, the queue waker and the rebuild ask the broker on connections of their own.
         self.probes = BrokerProbes(settings, self.nodes)
 
-    def start(self, on_state: StateHandler | None) -> None:
-        """Connect in the background (retrying) and, with ``on_state``, consume the state queue."""
-        self._connect_task = asyncio.create_task(self._connect_loop(on_state), name="broker-connect")
+    def start(self) -> None:
+        """Connect in the background (retrying)."""
+        self._connect_task = asyncio.create_task(self._connect_loop(), name="broker-connect")
 
-    async def _connect_loop(self, on_state: StateHandler | None) -> None:
+    async def consume_state(self, on_state: StateHandler) -> None:
+        """Consume the state queue (once connected), until :meth:`stop_consuming_state`; the
+        robust channel consumes again after each reconnection."""
+        await self.ready.wait()
+        assert self._connection is not None
+        channel = await self._connection.channel()
+        await channel.set_qos(prefetch_count=self.settings.state_prefetch)
+        state = await topology.declare_state_queue(channel, self.settings.queue_type)
+        await state.consume(on_state)
+        self._consuming = channel
+        logger.info("consuming %s at %s", topology.STATE_QUEUE, self.nodes.describe())
+
+    async def stop_consuming_state(self) -> None:
+        """Close the state queue's channel: what it delivered and nobody acked goes back to
+        the queue, for the next consumer."""
+        channel, self._consuming = self._consuming, None
+        if channel is not None:
+            with contextlib.suppress(Exception):
+                await channel.close()
+
+    async def _connect_loop(self) -> None:
         delay = 0.5
         while True:
             url = self.nodes.current
@@ -162,19 +183,10 @@ class BrokerLink:
         self.connects += 1
         self._pub = await connection.channel(publisher_confirms=True)
         await topology.declare_common(self._pub, self.settings.queue_type)
-        if on_state is not None:
-            consume = await connection.channel()
-            await consume.set_qos(prefetch_count=self.settings.state_prefetch)
-            state = await topology.declare_state_queue(consume, self.settings.queue_type)
-            await state.consume(on_state)
-        else:  # declared here too: the state backlog is read by a passive declare
-            await topology.declare_state_queue(self._pub, self.settings.queue_type)
+        # Declared by every manager: the state backlog is read by a passive declare.
+        await topology.declare_state_queue(self._pub, self.settings.queue_type)
         self.ready.set()
-        logger.info(
-            "connected to the broker at %s%s",
-            self.nodes.describe(),
-            f"; consuming {topology.STATE_QUEUE}" if on_state else "",
-        )
+        logger.info("connected to the broker at %s", self.nodes.describe())
 
     def _on_reconnect(self, *_: object) -> None:
         if self._lost_at is not None:

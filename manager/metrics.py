@@ -63,6 +63,11 @@ START_QUEUES_KEPT_AWAKE = Gauge(
     "Start queues kept from hibernating (their pools' live observers reach ORCH_START_QUEUE_KEEP_AWAKE_FROM)",
     registry=STATE_REGISTRY,
 )
+STATE_LEADER = Gauge(
+    "orch_state_leader",
+    "1 while this manager applies state reports and runs the repairs (the leader), 0 while it stands by",
+    registry=STATE_REGISTRY,
+)
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
 API_REFUSED_BUSY = Counter(
     "orch_api_refused_busy", "Creates and stops refused with 503 (ORCH_API_IN_FLIGHT reached)", registry=REGISTRY

@@ -219,6 +219,20 @@ class ManagerSettings(CommonSettings):
     )
     manager_host: str = Field(default="127.0.0.1", description="the address the API listens on")
     manager_port: int = Field(default=8000, ge=0, le=65535, description="the port the API listens on")
+    manager_name: str = Field(
+        default="",
+        max_length=63,
+        description="this manager's name in `/api/stats` (`state_applied_by`) and in PostgreSQL's "
+        "`pg_stat_activity`; empty: the host's name and `ORCH_MANAGER_PORT`",
+        json_schema_extra={"shown_default": "the host's name:port"},
+    )
+    leader_timeout_s: float = Field(
+        default=10.0,
+        ge=2.0,
+        description="of several managers, the one applying state reports and running the repairs (the leader) "
+        "gives way when PostgreSQL has not heard from it this long (frozen, cut off); a leader that exits gives "
+        "way at once",
+    )
     lost_after_heartbeats: int = Field(
         default=3,
         ge=1,
@@ -324,6 +338,11 @@ class ManagerSettings(CommonSettings):
         if isinstance(value, list) and any(len(t) < 8 for t in value):
             raise ValueError("API tokens must be at least 8 characters long")
         return value
+
+    @property
+    def name(self) -> str:
+        """The manager's name (``manager_name``, or the host's name and the API's port)."""
+        return self.manager_name or f"{socket.gethostname()}:{self.manager_port}"
 
     @property
     def silence_s(self) -> float:

@@ -212,6 +212,11 @@ class Stats(BaseModel):
     capacity: dict[str, Capacity] = Field(description="per pool")
     kinds: dict[str, dict[str, int]] = Field(description="observers per kind, then per status")
     probation: int = Field(default=0, description="live observers on probation (run in a child process)")
+    state_applied_by: str | None = Field(
+        default=None,
+        description="the manager that applies state reports and runs the repairs (the leader, by "
+        "`ORCH_MANAGER_NAME`); null while none does",
+    )
 
 
 class EventOut(BaseModel):

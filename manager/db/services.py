@@ -7,10 +7,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, case, column, func, select, text
+from sqlalchemy import JSON, BigInteger, String, case, column, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.counts import READ_SQL, live_in_pool_query
+from manager.db.leader import HOLDER_SQL
 from manager.db.models import LIVE_STATUSES, ObserverStatus, Service, ServiceStatus
 from manager.errors import NotFound
 from manager.state.digest import held_per_service
@@ -81,9 +82,16 @@ _STATS = text(
             FROM (SELECT status::text AS status, count(*) AS n FROM services GROUP BY 1) AS s) AS services,
         -- the partial index on probation_since keeps this cheap: few observers are on probation
         (SELECT count(*) FROM observers
-            WHERE probation_since IS NOT NULL AND status::text = ANY(:live)) AS probation
+            WHERE probation_since IS NOT NULL AND status::text = ANY(:live)) AS probation,
+        ({HOLDER_SQL}) AS leader
     """
-).columns(column("counts", JSON), column("alive", JSON), column("services", JSON), column("probation", BigInteger))
+).columns(
+    column("counts", JSON),
+    column("alive", JSON),
+    column("services", JSON),
+    column("probation", BigInteger),
+    column("leader", String),
+)
 
 
 async def stats(session: AsyncSession) -> dict[str, Any]:
@@ -116,4 +124,5 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         "capacity": capacity,
         "kinds": dict(sorted(by_kind.items())),
         "probation": row.probation,
+        "state_applied_by": row.leader,
     }

@@ -3,8 +3,8 @@
 By default (``ORCH_STATE_PROCESS=true``) ``python -m manager`` runs the API in one process and
 this side in a child process of it, so the two use two cores and applying a flood of
 reports never stalls an API request; ``false`` runs both in one process. Either way exactly
-one state side runs per manager, and the state queue's single-active-consumer lets only one
-manager apply state at a time.
+one state side runs per manager, and of several managers only the leader's applies state and
+runs the repairs (``manager/state/leadership.py``).
 
 The child:
 * dies with its parent (``PR_SET_PDEATHSIG``): a ``kill -9`` of the manager leaves no state
@@ -31,10 +31,9 @@ import uuid
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler
 
-from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db.engine import SchemaOutdated, make_engine, make_sessionmaker
@@ -43,9 +42,11 @@ from manager.metrics import STATE_REGISTRY
 from manager.queue_waker import StartQueueWaker
 from manager.repairs.loop import RepairLoop, state_side_repairs
 from manager.state.consumer import StateConsumer
+from manager.state.leadership import LeaderLock
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from manager.state.supervisor import METRICS_FD_ENV, PARENT_PID_ENV
+from shared import topology
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
 from shared.process import die_with_parent
@@ -55,29 +56,76 @@ logger = logging.getLogger("manager.state.process")  # not "__main__" when run w
 
 
 class StateSide:
-    """The state consumer and the repairs, on the caller's sessions and broker link
-    (whose ``start`` must be given ``on_message``)."""
+    """The state consumer and the repairs, on the caller's sessions and broker link (started),
+    run while this manager is the leader (``manager/state/leadership.py``)."""
 
     def __init__(
         self,
         settings: ManagerSettings,
+        engine: AsyncEngine,
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
         in_flight: set[uuid.UUID] | None = None,
     ) -> None:
-        rules = StateRules(ProbationPolicy(settings.probation_after_host_deaths, settings.probation_window_s))
-        self.consumer = StateConsumer(sessions, broker, rules)
+        self.settings = settings
+        self.sessions = sessions
+        self.broker = broker
         # Starts being published by this process (single-process mode shares the API's set).
-        repairs = state_side_repairs(settings, sessions, broker, rules, in_flight or set(), self.consumer.idle)
-        self.repairs = RepairLoop(repairs, broker, settings.repair_interval_s)
-        self.waker = StartQueueWaker(settings, sessions, broker)
-
-    async def on_message(self, message: AbstractIncomingMessage) -> None:
-        await self.consumer.on_message(message)
+        self.in_flight = in_flight if in_flight is not None else set()
+        self.lock = LeaderLock(engine, settings.name, settings.leader_timeout_s)
 
     async def run(self) -> None:
-        """Until cancelled."""
-        await asyncio.gather(self.consumer.run(), self.repairs.run(), self.waker.run())
+        """Lead whenever this manager holds the leader lock, until cancelled."""
+        while True:
+            await self.lock.acquire()
+            try:
+                reason = await self._lead()
+            finally:
+                await self.broker.stop_consuming_state()
+                await self.lock.release()
+            logger.warning("%s gave up the lead (%s); it stands by", self.settings.name, reason)
+
+    async def _lead(self) -> str:
+        """Apply state and run the repairs until the lock is lost; return why it was. Each
+        term starts afresh: what a repair or the consumer remembers of an earlier term may be
+        stale after another manager led."""
+        settings = self.settings
+        rules = StateRules(ProbationPolicy(settings.probation_after_host_deaths, settings.probation_window_s))
+        consumer = StateConsumer(self.sessions, self.broker, rules)
+        repairs = RepairLoop(
+            state_side_repairs(settings, self.sessions, self.broker, rules, self.in_flight, consumer.idle),
+            self.broker,
+            settings.repair_interval_s,
+        )
+        waker = StartQueueWaker(settings, self.sessions, self.broker)
+        work: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(consumer.run(), repairs.run(), waker.run(), self._consume(consumer))
+        )
+        lost: asyncio.Future[Any] = asyncio.ensure_future(self.lock.lost())
+        try:
+            await asyncio.wait([work, lost], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            work.cancel()
+            # A failure of the state side is raised here: the state process exits and is started again.
+            with contextlib.suppress(asyncio.CancelledError):
+                await lost
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        return str(lost.result())
+
+    async def _consume(self, consumer: StateConsumer) -> None:
+        """Consume the state queue, trying again while the broker refuses."""
+        failures = 0
+        while True:
+            try:
+                await self.broker.consume_state(consumer.on_message)
+                return
+            except Exception as e:  # noqa: BLE001 - the broker's trouble: the connection retries
+                failures += 1
+                log = logger.warning if failures == 1 else logger.debug
+                log("cannot consume %s yet (%s); retrying", topology.STATE_QUEUE, f"{type(e).__name__}: {e}")
+                await asyncio.sleep(1.0)
 
 
 # --- the child process ---------------------------------------------------------------------
@@ -134,13 +182,12 @@ async def _run_until_signalled(settings: ManagerSettings) -> None:
     engine = make_engine(settings.database_url)
     sessions = make_sessionmaker(engine)
     broker = BrokerLink(settings)
-    side = StateSide(settings, sessions, broker)
+    side = StateSide(settings, engine, sessions, broker)
     # The broker's connection is made while the schema is checked, not after it: a restarted
     # manager's backlog waits for both (docs/design.md, "Two processes for the manager").
-    # Deliveries only wait, decoded, in the consumer's inbox until ``side.run`` applies them:
-    # nothing is applied, and nothing acked, on a database the check refuses
-    # (``tests/system/test_state_start.py``).
-    broker.start(side.on_message)
+    # Nothing is consumed, applied or acked on a database the check refuses
+    # (``tests/system/test_state_start.py``): the state side consumes once it leads.
+    broker.start()
     asked = asyncio.Event()  # SIGTERM came: the side's end is a stop, not a failure
     try:
         await wait_for_schema(engine, "the state process", logger)

@@ -37,7 +37,7 @@ async def test_a_command_for_one_service_reaches_only_its_queue(
     rabbit: infra.RabbitNode, vhost: str, connection: AbstractConnection
 ) -> None:
     link = BrokerLink(ManagerSettings(amqp_url=rabbit.url_for(vhost)))
-    link.start(on_state=None)
+    link.start()
     try:
         await asyncio.wait_for(link.ready.wait(), 30)
         await _check_routes(link, connection)

@@ -1,0 +1,48 @@
+"""The statements behind the leader lock (``manager/state/leadership.py``): one PostgreSQL
+session-level advisory lock that the manager applying state reports holds on a connection of
+its own, and the question of who holds it.
+
+The two-key form keeps it apart from the creates' per-pool locks (``pg_advisory_xact_lock``
+with one key): PostgreSQL tells the two forms apart (``objsubid`` 1 and 2 in ``pg_locks``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+# "orch" in ASCII, and the state side's lock within it.
+_NAMESPACE = 0x6F726368
+_STATE_SIDE = 1
+_KEYS = {"a": _NAMESPACE, "b": _STATE_SIDE}
+
+
+async def name_session(connection: AsyncConnection, name: str, silence_ms: int) -> bool:
+    """Name the lock's session (``pg_stat_activity.application_name``) and have the server end
+    it after ``silence_ms`` without a statement (``idle_session_timeout``, PostgreSQL 14 and
+    later). False when the server does not know that setting."""
+    await connection.execute(text("SELECT set_config('application_name', :name, false)"), {"name": name})
+    try:
+        await connection.execute(text("SELECT set_config('idle_session_timeout', :ms, false)"), {"ms": str(silence_ms)})
+    except DBAPIError:  # 42704 before PostgreSQL 14
+        return False
+    return True
+
+
+async def try_lock(connection: AsyncConnection) -> bool:
+    return bool(await connection.scalar(text("SELECT pg_try_advisory_lock(:a, :b)"), _KEYS))
+
+
+async def still_here(connection: AsyncConnection) -> None:
+    """One statement on the lock's session: resets its idle clock and proves it is alive."""
+    await connection.execute(text("SELECT 1"))
+
+
+# The name of the session that holds the lock (the leader's name); no row when nobody does.
+# The keys are constants, written into the text so that ``GET /api/stats`` can embed it.
+HOLDER_SQL = (
+    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+    f"WHERE l.locktype = 'advisory' AND l.classid = {_NAMESPACE} AND l.objid = {_STATE_SIDE} "
+    "AND l.objsubid = 2 AND l.granted LIMIT 1"
+)

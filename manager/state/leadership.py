@@ -1,0 +1,106 @@
+"""Which of several managers applies state reports and runs the repairs: the leader.
+
+Every manager serves the API; only the leader's state side consumes ``orch.state`` and runs
+``manager/repairs``. The leader is whoever holds the leader lock, a PostgreSQL session-level
+advisory lock (``manager/db/leader.py``) on a connection of its own:
+
+* A manager that exits, or is killed, closes the connection and the lock is free at once; a
+  standby tries for it every ``_TRY_EVERY_S``, so it takes over within about a second.
+* A leader frozen or cut off from PostgreSQL keeps the connection open but sends nothing:
+  the server ends that session after ``ORCH_LEADER_TIMEOUT_S`` (``idle_session_timeout``),
+  which frees the lock. The leader says a statement every quarter of that to stay leader.
+* A leader whose statement fails, or gets no answer within half of it, gives up the lead at
+  once: its state side stops (its consumer's channel closed, so whatever it had not applied
+  goes back to the queue), and it becomes a standby. Either way the lock is lost only after
+  the state side stopped or could not reach the database; what the old leader committed and
+  did not ack is redelivered to the new one, which skips what was applied
+  (``applied_state_messages``, ``manager/state/consumer.py``).
+
+The state queue's single active consumer stays as a second guard: a leader's consumer is the
+only one, so it is the active one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from manager.db import leader
+from manager.db.errors import OutageLog, describe, is_transient
+from manager.metrics import STATE_LEADER
+
+logger = logging.getLogger(__name__)
+
+_TRY_EVERY_S = 1.0
+
+
+class LeaderLock:
+    def __init__(self, engine: AsyncEngine, name: str, timeout_s: float) -> None:
+        self.engine = engine
+        self.name = name
+        self.timeout_s = timeout_s
+        self._connection: AsyncConnection | None = None
+        self._database = OutageLog("waiting to lead", logger)
+
+    async def acquire(self) -> None:
+        """Return once this manager holds the lock (trying every ``_TRY_EVERY_S``)."""
+        said_standby = False
+        while True:
+            try:
+                if await self._try():
+                    self._database.worked()
+                    STATE_LEADER.set(1)
+                    logger.info("this manager (%s) now applies state reports and runs the repairs", self.name)
+                    return
+            except Exception as e:
+                await self._drop()
+                if not is_transient(e):
+                    raise
+                self._database.failed(e)
+            else:
+                self._database.worked()
+                if not said_standby:
+                    said_standby = True
+                    logger.info("another manager applies state reports; %s stands by", self.name)
+            await asyncio.sleep(_TRY_EVERY_S)
+
+    async def _try(self) -> bool:
+        if self._connection is None:
+            connection = await self.engine.connect()
+            self._connection = await connection.execution_options(isolation_level="AUTOCOMMIT")
+            if not await leader.name_session(self._connection, self.name, round(self.timeout_s * 1000)):
+                logger.warning(
+                    "PostgreSQL is older than 14 (no idle_session_timeout): a frozen leader keeps the lead "
+                    "until its connection breaks"
+                )
+        return await leader.try_lock(self._connection)
+
+    async def lost(self) -> str:
+        """Return, with the reason, when this manager can no longer prove it holds the lock."""
+        assert self._connection is not None, "acquire() first"
+        every_s = self.timeout_s / 4
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await asyncio.wait_for(leader.still_here(self._connection), self.timeout_s / 2)
+            except TimeoutError:
+                return f"the leader lock's session got no answer from PostgreSQL within {self.timeout_s / 2:.1f}s"
+            except Exception as e:  # noqa: BLE001 - any failure: the lock may be gone
+                return f"the leader lock's session failed, or PostgreSQL ended it ({describe(e)})"
+
+    async def release(self) -> None:
+        """Give up the lock (its connection closed, or dropped if it cannot be)."""
+        STATE_LEADER.set(0)
+        await self._drop()
+
+    async def _drop(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        with contextlib.suppress(Exception):
+            await connection.invalidate()
+        with contextlib.suppress(Exception):
+            await connection.close()
