@@ -17,6 +17,7 @@ from pathlib import Path
 import aio_pika
 import pytest
 
+from shared import topology
 from tests.system.test_fencing import assert_never_on_two_hosts
 from tools import infra
 from tools.harness import Proc, System, probe_args, read_ticks, unique, wait_for
@@ -64,6 +65,58 @@ def test_a_cluster_of_three_keeps_a_quorum_queue_through_a_node_killed() -> None
     finally:
         nodes[0].start()
     wait_for(lambda: len(_running(nodes[0])) == 3, 60, "the killed node to rejoin")
+
+
+HOST_DEATHS = 25  # past 4.3's default delivery limit of 20
+
+
+async def _hold_and_die(url: str, queue: str) -> None:
+    """Take the start as a service does (prefetch 1, ``HELD_FOR_GOOD``, no ack), then close the
+    connection holding it: RabbitMQ counts that as a failed delivery, as it does a host's death."""
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=1)
+    held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def take(_message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        if not held.done():
+            held.set_result(None)
+
+    q = await channel.get_queue(queue, ensure=False)
+    await q.consume(take, arguments=topology.HELD_FOR_GOOD)
+    await asyncio.wait_for(held, 10)
+    await connection.close()
+
+
+async def _hold_through_deaths(urls: list[str], pool: str) -> tuple[int, int]:
+    """(messages left in the start queue, in its error queue) after ``HOST_DEATHS`` holders
+    died holding its one start."""
+    connection = await aio_pika.connect(urls[0])
+    async with connection:
+        channel = await connection.channel()
+        await topology.declare_common(channel, "quorum")
+        queue = await topology.declare_start_queue(channel, pool, "quorum")
+        await channel.default_exchange.publish(topology.persistent(b"{}"), routing_key=queue.name)
+        for i in range(HOST_DEATHS):
+            await _hold_and_die(urls[i % len(urls)], queue.name)
+        error = await channel.get_queue(topology.error_queue_name(queue.name), ensure=False)
+        left = (await queue.declare()).message_count or 0
+        dead = (await error.declare()).message_count or 0
+        return left, dead
+
+
+def test_a_held_start_outlives_more_host_deaths_than_the_delivery_limit() -> None:
+    """A quorum start queue as the product declares it keeps a start whose holders died 25
+    times (4.3 drops or dead-letters it after 20 by default): the 1,000 failovers of a
+    long-lived observer drop nothing."""
+    nodes = infra.broker_cluster(3)
+    vhost = unique("dl")
+    nodes[0].add_vhost(vhost)
+    try:
+        left, dead = asyncio.run(_hold_through_deaths([n.url_for(vhost) for n in nodes], "default"))
+    finally:
+        nodes[0].delete_vhost(vhost)
+    assert (left, dead) == (1, 0)
 
 
 # --- the product on the cluster ------------------------------------------------------------------
