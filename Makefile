@@ -14,7 +14,7 @@ export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check bench bench-quick bench-versions bench-scale ci clean
+.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check bench bench-quick bench-versions bench-scale bench-cluster ci clean
 
 venv: $(VENV)/.installed
 
@@ -80,6 +80,13 @@ SCALE_ARGS ?=
 
 bench-scale: venv
 	$(PY) -m bench.scale $(SCALE_ARGS)
+
+# One node against the 3-node cluster in one run, and the broker's disk after 1,000 failovers
+# (issue 55; about 15 minutes). CLUSTER_ARGS="--size 3000 --failovers 100" for a quick look.
+CLUSTER_ARGS ?=
+
+bench-cluster: venv
+	$(PY) -m bench.cluster $(CLUSTER_ARGS)
 
 compose-check: venv
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml compose.cluster.yaml

@@ -1,0 +1,340 @@
+"""``python -m bench.cluster`` (``make bench-cluster``): the product on the 3-node cluster next
+to one node, in the same run (issue 55), and the broker's disk after many failovers.
+
+For each deployment (one node with classic queues; the 3-node cluster of ``BROKER_NODES=3``
+with quorum queues, service i starting at node i): a manager and three services, then
+* ``create``: N idle observers in bulk requests of 1,000, until all are Processing;
+* ``service kill``: ``kill -9`` of the busiest service, until its share is Processing on the
+  others (the service is then started again under its name);
+* ``node kill`` (cluster only): ``kill -9`` of the node the busiest service is connected to
+  (never the manager's), until no observer is held by that service's old broker session and
+  all are Processing; the node is then started again and rejoins.
+
+Then, on the cluster: each node's memory per start waiting in a quorum start queue (50,000
+of them, read by the broker after a garbage collection: ``bench/broker_memory.py``); and
+``failovers``: on a start queue declared as the product declares it (quorum), H starts
+are taken and held as services hold them (prefetch, ``HELD_FOR_GOOD``) by a connection that
+then closes, F times, each time from the next node; reported: the starts left and
+dead-lettered (the delivery limit), and each node's data folder before and after, so a user
+can size disks. The holders are bare connections, not services: the broker's work per
+failover is the same, and 1,000 failovers of real services would take hours on 2 cores.
+
+    python -m bench.cluster                      # N = 30,000; 1,000 failovers of 1,000 starts
+    python -m bench.cluster --size 3000 --failovers 100
+    python -m bench.cluster --only failovers     # the memory and the failovers alone
+
+Prints the figures side by side and writes ``bench/results/cluster-<time>.json``. No targets:
+the cluster's figures are judged against one node's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import aio_pika
+import asyncpg
+import httpx
+
+from bench.broker_memory import broker_memory_kib
+from bench.fresh import busiest_host, held_by
+from bench.scale import RESULTS, SCALE_ENV
+from bench.scenarios import BULK
+from shared import topology
+from tools import infra
+from tools.harness import Proc, System
+
+_POLL_S = 0.25
+# Enough starts for each node's memory per start to stand above the noise of its baseline.
+_MEMORY_STARTS = 50_000
+
+
+@dataclass
+class Deployment:
+    name: str
+    create_per_s: float = 0.0
+    service_kill_s: float = 0.0
+    node_kill_s: float | None = None
+
+
+@dataclass
+class Failovers:
+    holders: int
+    held: int
+    left: int = 0
+    dead_lettered: int = 0
+    seconds: float = 0.0
+    kib_per_start: dict[str, float] = field(default_factory=dict)  # each node's memory per start
+    node_bytes_before: dict[str, int] = field(default_factory=dict)
+    node_bytes_after: dict[str, int] = field(default_factory=dict)
+
+
+def folder_bytes(path: Path) -> int:
+    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
+
+
+def migrated(system: System) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        env={"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": system.database_url},
+        check=True,
+        capture_output=True,
+    )
+
+
+async def until(check: Callable[[], Awaitable[bool]]) -> None:
+    while True:
+        if await check():
+            return
+        await asyncio.sleep(_POLL_S)
+
+
+async def all_processing(db: asyncpg.Connection, size: int) -> None:
+    async def done() -> bool:
+        return int(await db.fetchval("SELECT count(*) FROM observers WHERE status = 'Processing'")) >= size
+
+    await until(done)
+
+
+async def create(system: System, size: int) -> float:
+    """Observers per second, from the first request until all are Processing."""
+    db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
+    try:
+        began = time.monotonic()
+        async with httpx.AsyncClient(base_url=system.base_url, timeout=120) as http:
+            gate = asyncio.Semaphore(8)
+
+            async def send(start: int) -> None:
+                body = {"observers": [{"name": f"c-{i}", "kind": "idle"} for i in range(start, start + BULK)]}
+                async with gate:
+                    (await http.post("/api/observers/bulk", json=body)).raise_for_status()
+
+            await asyncio.gather(*(send(start) for start in range(0, size, BULK)))
+        await all_processing(db, size)
+        return size / (time.monotonic() - began)
+    finally:
+        await db.close()
+
+
+async def service_kill(system: System, services: list[Proc], size: int) -> float:
+    """Seconds from the busiest service's ``kill -9`` until its share runs elsewhere."""
+    db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
+    try:
+        host = await busiest_host(db)
+        victim = next(p for p in services if p.popen.pid == host["pid"])
+        began = time.monotonic()
+        victim.kill9()
+
+        async def moved() -> bool:
+            return await held_by(db, host["service_id"]) == 0
+
+        await until(moved)
+        await all_processing(db, size)
+        seconds = time.monotonic() - began
+    finally:
+        await db.close()
+    services[services.index(victim)] = await asyncio.to_thread(
+        system.start_service, victim.name, size, True, **_node_order(system, int(victim.name.rsplit("-", 1)[1]))
+    )
+    return seconds
+
+
+async def node_kill(system: System, nodes: list[infra.RabbitNode], size: int) -> float:
+    """Seconds from the ``kill -9`` of the node of the busiest service that is not on the
+    manager's node until no observer is held by that service's old broker session and all
+    are Processing."""
+    db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
+    try:
+        name, session, held = await db.fetchrow(
+            "SELECT s.name, s.session_id, count(*) FROM observers o JOIN services s ON s.id = o.service_id "
+            "WHERE o.status = 'Processing' AND s.status = 'alive' AND s.name <> 'svc-0' "
+            "GROUP BY s.name, s.session_id ORDER BY count(*) DESC LIMIT 1"
+        )
+        node = nodes[int(name.rsplit("-", 1)[1])]
+        on_session = await db.fetchval("SELECT count(*) FROM observers WHERE host_session_id = $1", session)
+        assert on_session == held, f"{name}'s session {session} holds {on_session} of its {held} observers"
+        print(f"  killing {node.node}, where {name} holds {held:,}", flush=True)
+        began = time.monotonic()
+        node.kill()
+
+        async def moved() -> bool:
+            return not await db.fetchval("SELECT EXISTS (SELECT FROM observers WHERE host_session_id = $1)", session)
+
+        await until(moved)
+        await all_processing(db, size)
+        seconds = time.monotonic() - began
+    finally:
+        await db.close()
+    await asyncio.to_thread(node.start)
+    return seconds
+
+
+def _node_order(system: System, i: int) -> dict[str, str]:
+    """Service i's node list, starting at node i (as ``make run`` gives it on a cluster)."""
+    urls = system.env.get("ORCH_AMQP_URLS", "").split(",")
+    if len(urls) < 2:
+        return {}
+    return {"ORCH_AMQP_URLS": ",".join(urls[i:] + urls[:i])}
+
+
+def run_deployment(system: System, nodes: list[infra.RabbitNode], size: int) -> Deployment:
+    result = Deployment("3-node cluster" if nodes else "one node")
+    system.start_manager()
+    services = [system.start_service(f"svc-{i}", size, True, **_node_order(system, i)) for i in range(3)]
+    result.create_per_s = asyncio.run(create(system, size))
+    print(f"  {result.name}: create {result.create_per_s:,.0f}/s", flush=True)
+    result.service_kill_s = asyncio.run(service_kill(system, services, size))
+    print(f"  {result.name}: service kill {result.service_kill_s:.1f} s", flush=True)
+    if nodes:
+        result.node_kill_s = asyncio.run(node_kill(system, nodes, size))
+        print(f"  {result.name}: node kill {result.node_kill_s:.1f} s", flush=True)
+    return result
+
+
+async def _hold_and_close(url: str, queue: str, held: int) -> None:
+    connection = await aio_pika.connect(url)
+    channel = await connection.channel()
+    await channel.set_qos(prefetch_count=held)
+    got = 0
+    all_held = asyncio.get_running_loop().create_future()
+
+    async def take(_message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        nonlocal got
+        got += 1
+        if got == held and not all_held.done():
+            all_held.set_result(None)
+
+    q = await channel.get_queue(queue, ensure=False)
+    await q.consume(take, arguments=topology.HELD_FOR_GOOD)
+    await asyncio.wait_for(all_held, 60)
+    await connection.close()
+
+
+async def publish(channel: aio_pika.abc.AbstractChannel, queue: str, count: int) -> None:
+    """``count`` persistent starts, a thousand confirms awaited at a time."""
+    for first in range(0, count, 1000):
+        await asyncio.gather(
+            *(
+                channel.default_exchange.publish(topology.persistent(f'{{"n": {i}}}'.encode()), routing_key=queue)
+                for i in range(first, min(count, first + 1000))
+            )
+        )
+
+
+async def memory_per_start(
+    channel: aio_pika.abc.AbstractChannel, nodes: list[infra.RabbitNode], count: int
+) -> dict[str, float]:
+    """Each node's memory (KiB) per start waiting in a quorum start queue, from ``count``."""
+    queue = await topology.declare_start_queue(channel, "memory", "quorum")
+    before = {n.node: broker_memory_kib(n) for n in nodes}
+    await publish(channel, queue.name, count)
+    after = {n.node: broker_memory_kib(n) for n in nodes}
+    await queue.delete(if_unused=False, if_empty=False)
+    return {node: (after[node] - before[node]) / count for node in before}
+
+
+async def failovers(nodes: list[infra.RabbitNode], vhost: str, held: int, count: int) -> Failovers:
+    result = Failovers(holders=count, held=held)
+    urls = [node.url_for(vhost) for node in nodes]
+    connection = await aio_pika.connect(urls[0])
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        await topology.declare_common(channel, "quorum")
+        result.kib_per_start = await memory_per_start(channel, nodes, _MEMORY_STARTS)
+        queue = await topology.declare_start_queue(channel, "default", "quorum")
+        await publish(channel, queue.name, held)
+        result.node_bytes_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
+        began = time.monotonic()
+        for i in range(count):
+            await _hold_and_close(urls[i % len(urls)], queue.name, held)
+        result.seconds = time.monotonic() - began
+        result.node_bytes_after = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
+        error = await channel.get_queue(topology.error_queue_name(queue.name), ensure=False)
+        result.left = (await queue.declare()).message_count or 0
+        result.dead_lettered = (await error.declare()).message_count or 0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=30_000)
+    parser.add_argument("--failovers", type=int, default=1_000)
+    parser.add_argument("--held", type=int, default=1_000, help="starts held through the failovers")
+    parser.add_argument("--only", choices=("deployments", "failovers"), help="one half of the run")
+    args = parser.parse_args(argv)
+    infra.up()
+    single, postgres, nodes = infra.rabbit_node(), infra.postgres_node(), infra.broker_cluster(3)
+    started = datetime.now(UTC)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"cluster-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    results: dict[str, object] = {"started": started.isoformat(), "size": args.size}
+    deployments = []
+    for on_cluster in () if args.only == "failovers" else (False, True):
+        tag = f"bench_cluster_{int(time.time())}"
+        broker = nodes[0] if on_cluster else single
+        broker.add_vhost(tag)
+        postgres.create_database(tag)
+        system = System(amqp_url=broker.url_for(tag), database_url=postgres.url(tag), workdir=Path(f"/tmp/{tag}"))
+        system.workdir.mkdir()
+        system.env |= SCALE_ENV
+        if on_cluster:
+            system.env |= {"ORCH_QUEUE_TYPE": "quorum", "ORCH_AMQP_URLS": ",".join(n.url_for(tag) for n in nodes)}
+        migrated(system)
+        try:
+            deployments.append(run_deployment(system, nodes if on_cluster else [], args.size))
+        finally:
+            system.stop_all()
+            for node in nodes:
+                if not node.is_running():
+                    node.start()
+            broker.delete_vhost(tag, timeout=600)
+            postgres.drop_database(tag)
+        results["deployments"] = [asdict(d) for d in deployments]
+        out.write_text(json.dumps(results, indent=2))
+    if deployments:
+        print_deployments(deployments)
+    if args.only != "deployments":
+        tag = f"bench_failovers_{int(time.time())}"
+        nodes[0].add_vhost(tag)
+        try:
+            done = asyncio.run(failovers(nodes, tag, args.held, args.failovers))
+        finally:
+            nodes[0].delete_vhost(tag, timeout=600)
+        results["failovers"] = asdict(done)
+        out.write_text(json.dumps(results, indent=2))
+        print_failovers(done)
+    print(f"results written to {out}")
+    return 0
+
+
+def print_deployments(deployments: list[Deployment]) -> None:
+    one, cluster = deployments
+    print(f"\n{'figure':<34}{'one node':>14}{'3-node cluster':>16}")
+    print(f"{'create (observers/s)':<34}{one.create_per_s:>14,.0f}{cluster.create_per_s:>16,.0f}")
+    print(f"{'failover after a service kill (s)':<34}{one.service_kill_s:>14.1f}{cluster.service_kill_s:>16.1f}")
+    print(f"{'failover after a node kill (s)':<34}{'-':>14}{cluster.node_kill_s or 0:>16.1f}")
+
+
+def print_failovers(done: Failovers) -> None:
+    print(
+        f"\n{done.holders:,} failovers of {done.held:,} held starts in {done.seconds:.0f} s: "
+        f"{done.left:,} left, {done.dead_lettered:,} dead-lettered"
+    )
+    for node, before in done.node_bytes_before.items():
+        after = done.node_bytes_after[node]
+        print(
+            f"  {node}: data {before / 2**20:,.1f} MiB before, {after / 2**20:,.1f} MiB after; "
+            f"memory {done.kib_per_start[node]:.2f} KiB per start"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
