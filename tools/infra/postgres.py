@@ -247,6 +247,11 @@ class PostgresNode:
         state = self._postmaster()
         return state is not None and state[1] == "ready"
 
+    def run_tool(self, program: str, *args: str, timeout: float = 120) -> str:
+        """Run one of PostgreSQL's programs (``pg_ctl``, ``pg_basebackup``, ...) as the
+        postgres OS user, for code that drives a node beyond start and stop (``pg_pair``)."""
+        return run(_as_postgres([self._bin(program), *args]), env=_pg_env(), timeout=timeout)
+
     # ----- SQL
 
     def psql(self, sql: str, database: str = "postgres") -> str:
