@@ -10,8 +10,8 @@ with quorum queues, service i starting at node i): a manager and three services,
   (never the manager's), until no observer is held by that service's old broker session and
   all are Processing; the node is then started again and rejoins.
 
-Then, on the cluster: each node's memory per start waiting in a quorum start queue (50,000
-of them, read by the broker after a garbage collection: ``bench/broker_memory.py``); and
+Then, on the cluster: each node's memory per start held in a quorum start queue (50,000 of
+them held by one consumer, read by the broker after a garbage collection: ``bench/broker_memory.py``); and
 ``failovers``: on a start queue declared as the product declares it (quorum), H starts
 are taken and held as services hold them (prefetch, ``HELD_FOR_GOOD``) by a connection that
 then closes, F times, each time from the next node; reported: the starts left and
@@ -72,7 +72,7 @@ class Failovers:
     left: int = 0
     dead_lettered: int = 0
     seconds: float = 0.0
-    kib_per_start: dict[str, float] = field(default_factory=dict)  # each node's memory per start
+    kib_per_start: dict[str, float] = field(default_factory=dict)  # each node's memory per held start
     node_bytes_before: dict[str, int] = field(default_factory=dict)
     node_bytes_after: dict[str, int] = field(default_factory=dict)
 
@@ -230,13 +230,31 @@ async def publish(channel: aio_pika.abc.AbstractChannel, queue: str, count: int)
 
 
 async def memory_per_start(
-    channel: aio_pika.abc.AbstractChannel, nodes: list[infra.RabbitNode], count: int
+    channel: aio_pika.abc.AbstractChannel, nodes: list[infra.RabbitNode], url: str, count: int
 ) -> dict[str, float]:
-    """Each node's memory (KiB) per start waiting in a quorum start queue, from ``count``."""
+    """Each node's memory (KiB) per start held in a quorum start queue, from ``count`` held
+    by one consumer as a service holds them."""
     queue = await topology.declare_start_queue(channel, "memory", "quorum")
     before = {n.node: broker_memory_kib(n) for n in nodes}
     await publish(channel, queue.name, count)
-    after = {n.node: broker_memory_kib(n) for n in nodes}
+    holder = await aio_pika.connect(url)
+    try:
+        held = await holder.channel()
+        await held.set_qos(prefetch_count=count)
+        got = 0
+        all_held = asyncio.get_running_loop().create_future()
+
+        async def take(_message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            nonlocal got
+            got += 1
+            if got == count and not all_held.done():
+                all_held.set_result(None)
+
+        await (await held.get_queue(queue.name, ensure=False)).consume(take, arguments=topology.HELD_FOR_GOOD)
+        await asyncio.wait_for(all_held, 300)
+        after = {n.node: broker_memory_kib(n) for n in nodes}
+    finally:
+        await holder.close()
     await queue.delete(if_unused=False, if_empty=False)
     return {node: (after[node] - before[node]) / count for node in before}
 
@@ -248,7 +266,7 @@ async def failovers(nodes: list[infra.RabbitNode], vhost: str, held: int, count:
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         await topology.declare_common(channel, "quorum")
-        result.kib_per_start = await memory_per_start(channel, nodes, _MEMORY_STARTS)
+        result.kib_per_start = await memory_per_start(channel, nodes, urls[1], _MEMORY_STARTS)
         queue = await topology.declare_start_queue(channel, "default", "quorum")
         await publish(channel, queue.name, held)
         result.node_bytes_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
@@ -332,7 +350,7 @@ def print_failovers(done: Failovers) -> None:
         after = done.node_bytes_after[node]
         print(
             f"  {node}: data {before / 2**20:,.1f} MiB before, {after / 2**20:,.1f} MiB after; "
-            f"memory {done.kib_per_start[node]:.2f} KiB per start"
+            f"memory {done.kib_per_start[node]:.2f} KiB per held start"
         )
 
 
