@@ -62,7 +62,9 @@ class Deployment:
     name: str
     create_per_s: float = 0.0
     service_kill_s: float = 0.0
+    service_kill_moved: int = 0
     node_kill_s: float | None = None
+    node_kill_moved: int | None = None
 
 
 @dataclass
@@ -73,6 +75,7 @@ class Failovers:
     dead_lettered: int = 0
     seconds: float = 0.0
     kib_per_start: dict[str, float] = field(default_factory=dict)  # each node's memory per held start
+    disk_kib_per_start: dict[str, float] = field(default_factory=dict)  # and its data folder's growth
     node_bytes_before: dict[str, int] = field(default_factory=dict)
     node_bytes_after: dict[str, int] = field(default_factory=dict)
 
@@ -124,7 +127,7 @@ async def create(system: System, size: int) -> float:
         await db.close()
 
 
-async def service_kill(system: System, services: list[Proc], size: int) -> float:
+async def service_kill(system: System, services: list[Proc], size: int) -> tuple[float, int]:
     """Seconds from the busiest service's ``kill -9`` until its share runs elsewhere."""
     db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
     try:
@@ -144,10 +147,10 @@ async def service_kill(system: System, services: list[Proc], size: int) -> float
     services[services.index(victim)] = await asyncio.to_thread(
         system.start_service, victim.name, size, True, **_node_order(system, int(victim.name.rsplit("-", 1)[1]))
     )
-    return seconds
+    return seconds, int(host["n"])
 
 
-async def node_kill(system: System, nodes: list[infra.RabbitNode], size: int) -> float:
+async def node_kill(system: System, nodes: list[infra.RabbitNode], size: int) -> tuple[float, int]:
     """Seconds from the ``kill -9`` of the node of the busiest service that is not on the
     manager's node until no observer is held by that service's old broker session and all
     are Processing."""
@@ -174,7 +177,7 @@ async def node_kill(system: System, nodes: list[infra.RabbitNode], size: int) ->
     finally:
         await db.close()
     await asyncio.to_thread(node.start)
-    return seconds
+    return seconds, int(held)
 
 
 def _node_order(system: System, i: int) -> dict[str, str]:
@@ -191,11 +194,11 @@ def run_deployment(system: System, nodes: list[infra.RabbitNode], size: int) -> 
     services = [system.start_service(f"svc-{i}", size, True, **_node_order(system, i)) for i in range(3)]
     result.create_per_s = asyncio.run(create(system, size))
     print(f"  {result.name}: create {result.create_per_s:,.0f}/s", flush=True)
-    result.service_kill_s = asyncio.run(service_kill(system, services, size))
-    print(f"  {result.name}: service kill {result.service_kill_s:.1f} s", flush=True)
+    result.service_kill_s, result.service_kill_moved = asyncio.run(service_kill(system, services, size))
+    print(f"  {result.name}: service kill {result.service_kill_s:.1f} s ({result.service_kill_moved:,})", flush=True)
     if nodes:
-        result.node_kill_s = asyncio.run(node_kill(system, nodes, size))
-        print(f"  {result.name}: node kill {result.node_kill_s:.1f} s", flush=True)
+        result.node_kill_s, result.node_kill_moved = asyncio.run(node_kill(system, nodes, size))
+        print(f"  {result.name}: node kill {result.node_kill_s:.1f} s ({result.node_kill_moved:,})", flush=True)
     return result
 
 
@@ -231,11 +234,12 @@ async def publish(channel: aio_pika.abc.AbstractChannel, queue: str, count: int)
 
 async def memory_per_start(
     channel: aio_pika.abc.AbstractChannel, nodes: list[infra.RabbitNode], url: str, count: int
-) -> dict[str, float]:
-    """Each node's memory (KiB) per start held in a quorum start queue, from ``count`` held
-    by one consumer as a service holds them."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each node's memory and data folder (KiB) per start held in a quorum start queue, from
+    ``count`` held by one consumer as a service holds them."""
     queue = await topology.declare_start_queue(channel, "memory", "quorum")
     before = {n.node: broker_memory_kib(n) for n in nodes}
+    disk_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
     await publish(channel, queue.name, count)
     holder = await aio_pika.connect(url)
     try:
@@ -253,10 +257,13 @@ async def memory_per_start(
         await (await held.get_queue(queue.name, ensure=False)).consume(take, arguments=topology.HELD_FOR_GOOD)
         await asyncio.wait_for(all_held, 300)
         after = {n.node: broker_memory_kib(n) for n in nodes}
+        disk_after = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
     finally:
         await holder.close()
     await queue.delete(if_unused=False, if_empty=False)
-    return {node: (after[node] - before[node]) / count for node in before}
+    memory = {node: (after[node] - before[node]) / count for node in before}
+    disk = {node: (disk_after[node] - disk_before[node]) / 1024 / count for node in before}
+    return memory, disk
 
 
 async def failovers(nodes: list[infra.RabbitNode], vhost: str, held: int, count: int) -> Failovers:
@@ -266,7 +273,9 @@ async def failovers(nodes: list[infra.RabbitNode], vhost: str, held: int, count:
     async with connection:
         channel = await connection.channel(publisher_confirms=True)
         await topology.declare_common(channel, "quorum")
-        result.kib_per_start = await memory_per_start(channel, nodes, urls[1], _MEMORY_STARTS)
+        result.kib_per_start, result.disk_kib_per_start = await memory_per_start(
+            channel, nodes, urls[1], _MEMORY_STARTS
+        )
         queue = await topology.declare_start_queue(channel, "default", "quorum")
         await publish(channel, queue.name, held)
         result.node_bytes_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
@@ -350,7 +359,7 @@ def print_failovers(done: Failovers) -> None:
         after = done.node_bytes_after[node]
         print(
             f"  {node}: data {before / 2**20:,.1f} MiB before, {after / 2**20:,.1f} MiB after; "
-            f"memory {done.kib_per_start[node]:.2f} KiB per held start"
+            f"per held start: memory {done.kib_per_start[node]:.2f} KiB, data {done.disk_kib_per_start[node]:.2f} KiB"
         )
 
 
