@@ -31,6 +31,7 @@ from shared.amqp_errors import (
     vhost_refused,
     vhost_refused_text,
 )
+from shared.backoff import backoff_delay
 from shared.batch_publish import BatchMessage, publish_batch
 from shared.broker_nodes import BrokerNodes, node_name
 from shared.errors import BrokerUnavailable
@@ -91,11 +92,11 @@ async def _unless_blocked(connection: aiormq.abc.AbstractConnection, work: Corou
                 await task
 
 
-def reconnect_interval(down_for_s: float) -> float:
-    """Seconds until the next attempt to reconnect a connection lost ``down_for_s`` ago: a
-    quarter of that, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``, to a hundredth
-    (aio-pika's log line for each attempt prints it as it is)."""
-    return round(min(_RECONNECT_MAX_S, max(_RECONNECT_FIRST_S, down_for_s / 4)), 2)
+def reconnect_interval(attempts: int, spread: float | None = None) -> float:
+    """Seconds until the next attempt to reconnect, after ``attempts`` failed ones: the
+    services' backoff (``shared.backoff``) from ``_RECONNECT_FIRST_S`` to ``_RECONNECT_MAX_S``,
+    to a hundredth (aio-pika's log line for each attempt prints it as it is)."""
+    return round(backoff_delay(attempts, _RECONNECT_FIRST_S, _RECONNECT_MAX_S, spread), 2)
 
 
 def _reason(exc: BaseException | None, heartbeat_s: int) -> str:
@@ -157,7 +158,7 @@ class BrokerLink:
                 await channel.close()
 
     async def _connect_loop(self) -> None:
-        delay = 0.5
+        failures = 0
         while True:
             url = self.nodes.current
             try:
@@ -169,6 +170,8 @@ class BrokerLink:
                 break
             except Exception as e:  # noqa: BLE001 - any failure: retry
                 self.nodes.failed()
+                failures += 1
+                delay = reconnect_interval(failures)
                 logger.warning(
                     "broker unreachable at %s (%s); retrying in %.1fs",
                     node_name(url),
@@ -176,7 +179,6 @@ class BrokerLink:
                     delay,
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
         self._connection = connection
         connection.reconnect_callbacks.add(self._on_reconnect)
         connection.close_callbacks.add(self._on_connection_lost)
@@ -214,15 +216,17 @@ class BrokerLink:
         """aio-pika retries a lost connection at a fixed ``reconnect_interval``: a long one
         leaves the manager down up to that long after the broker is back (figures:
         docs/bench-history.md, "2026-11-28, twelfth session"), a short one hammers the broker
-        and the log through a long outage. So the interval is a quarter of the time the
-        connection has been down, within ``_RECONNECT_FIRST_S`` and ``_RECONNECT_MAX_S``: a
-        blip costs a fraction of a second, an outage of minutes one attempt every 5 s."""
+        and the log through a long outage. So each attempt waits longer, as a service's do
+        (``reconnect_interval``): a blip costs a fraction of a second, a long outage one
+        attempt every 2.5 to 5 s."""
         loop = asyncio.get_running_loop()
         lost_at = remind_at = loop.time()
+        attempts = 0
         try:
             while not connection.connected.is_set() and not connection.close_called:
                 down_for = loop.time() - lost_at
-                interval = reconnect_interval(down_for)
+                attempts += 1
+                interval = reconnect_interval(attempts)
                 connection.reconnect_interval = interval  # type: ignore[attr-defined]
                 if len(self.nodes.urls) > 1:
                     # aio-pika reconnects to ``connection.url``: each attempt goes to the next
