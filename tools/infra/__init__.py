@@ -17,9 +17,10 @@ CLI (``__main__``)::
 
 Modules: ``system`` (commands, processes, ports, files), ``packages`` (Debian packages),
 ``brokers`` (the supported RabbitMQ series and where each runs), ``rabbitmq``
-(``RabbitNode``), ``postgres`` (``PostgresNode``), ``pg_pair`` (a primary and its streaming
-replica, for the failover test), ``conflicts`` (who holds a node name or a port we need),
-``state`` (ports and passwords in ``infra.json``, the env file, the lock), ``stack``
+(``RabbitNode``), ``cluster`` (a cluster's nodes), ``partition`` (one of them cut off from
+the others, with nftables), ``postgres`` (``PostgresNode``), ``pg_pair`` (a primary and its
+streaming replica, for the failover test), ``conflicts`` (who holds a node name or a port we
+need), ``state`` (ports and passwords in ``infra.json``, the env file, the lock), ``stack``
 (``up`` / ``down`` / ``status`` / ``destroy`` of both).
 
 Layout of the base folder::

@@ -5,7 +5,9 @@ is clustered waits at boot for a majority of its peers (Khepri), so one set of d
 serves both. Under ``<base>/cluster-<series>/``: ``cluster.json`` (names, ports, the shared
 Erlang cookie) and ``n1/``, ``n2/``, ... (each a ``RabbitNode``'s folder). The nodes find
 each other by ``classic_config`` peer discovery, as compose's cluster variant does, with the
-user and password of the single node and the project's broker settings.
+user and password of the single node and the project's broker settings. Each member opens
+its distribution connections from a loopback address of its own (``dist_source``), which
+``partition`` uses to cut one member off from the others.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ MAX_NODES = 7
 # Ports of member i: above the single node's, so both may run.
 _AMQP_FROM = DEFAULT_AMQP_PORT + 10
 _DIST_FROM = DEFAULT_DIST_PORT + 10
+
+
+def dist_source(i: int) -> str:
+    """Member i's own loopback address for its outgoing distribution connections (127.0.0.1i):
+    what lets ``partition`` cut that member off from the others and nothing else."""
+    return f"127.0.0.{10 + i}"
 
 
 def selected_count() -> int:
@@ -63,6 +71,7 @@ def members(single: RabbitNode, count: int, base: Path, *, allocate: bool) -> li
             password=single.password,
             cookie=cookie,
             install=install_for(series, base),
+            dist_source=dist_source(i),
             extra_conf=f"cluster_formation.peer_discovery_backend = classic_config\n{peers}\n\n"
             f"# {SHIPPED_CLUSTER.name}\n{SHIPPED_CLUSTER.read_text().strip()}",
         )

@@ -72,6 +72,10 @@ class RabbitNode:
     start_timeout: float = 90.0
     # Which RabbitMQ and where its binaries are (``brokers``): the selected series by default.
     install: Install = field(default_factory=default_install)
+    # A loopback address this node's outgoing distribution connections come from ("": any). A
+    # cluster gives each member its own, so that ``partition`` can cut one member's traffic to
+    # the others by address while rabbitmqctl (from 127.0.0.1) still reaches every node.
+    dist_source: str = ""
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ----- names and paths
@@ -142,12 +146,27 @@ class RabbitNode:
             RABBITMQ_PID_FILE=str(self.pid_file),
             # Skip /etc/rabbitmq/rabbitmq-env.conf: it could rename the node or move ports.
             RABBITMQ_CONF_ENV_FILE=str(self.base / "rabbitmq-env.conf"),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=_ERL_LOOPBACK_ARGS,
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=_ERL_LOOPBACK_ARGS + self._dist_source_args(),
             RABBITMQ_CTL_ERL_ARGS=_ERL_LOOPBACK_ARGS,
             ERL_EPMD_ADDRESS=LOOPBACK,
             ERL_CRASH_DUMP=str(self.log_dir / "erl_crash.dump"),
         )
         return env
+
+    def _dist_source_args(self) -> str:
+        """The VM flag that makes outgoing distribution connections come from ``dist_source``
+        (not given to rabbitmqctl: its connections must come from 127.0.0.1)."""
+        if not self.dist_source:
+            return ""
+        return f" -kernel inet_dist_connect_options [{{ip,{{{self.dist_source.replace('.', ',')}}}}}]"
+
+    def started_with_dist_source(self) -> bool:
+        """Whether the running node was started with its ``dist_source`` (a node started by an
+        older checkout was not, and ``partition`` cannot cut it)."""
+        pid = self._live_pid()
+        if pid is None or not self.dist_source:
+            return False
+        return self._dist_source_args().strip().split()[-1] in cmdline(pid)
 
     def _advanced_config(self) -> str:
         if not self.product_settings:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
-from tools.infra import cluster
+from tools.infra import cluster, partition
 from tools.infra.brokers import RELEASES, ensure_installed, install_for, selected_series
 from tools.infra.packages import ensure_packages
 from tools.infra.postgres import PostgresNode
@@ -101,12 +101,22 @@ def _series_nodes(base: Path, but: str | None = None) -> list[RabbitNode]:
     return found
 
 
-def _cluster_nodes(base: Path) -> list[RabbitNode]:
-    """The nodes of every cluster this base folder has data of."""
+def _clusters(base: Path) -> list[list[RabbitNode]]:
+    """The nodes of each cluster this base folder has data of."""
     found = []
     for series, count in cluster.saved_counts(base).items():
         if series in RELEASES:
-            found += cluster.members(nodes(base, allocate=False, series=series)[0], count, base, allocate=False)
+            found.append(cluster.members(nodes(base, allocate=False, series=series)[0], count, base, allocate=False))
+    return found
+
+
+def _cluster_nodes(base: Path) -> list[RabbitNode]:
+    """The nodes of every cluster this base folder has data of, each cluster healed of any cut
+    a test left (``partition``): a cut node would not stop in time, nor boot into its cluster."""
+    found = []
+    for members in _clusters(base):
+        partition.heal(members)
+        found += members
     return found
 
 
@@ -121,6 +131,7 @@ def broker_cluster(count: int = 3, base: Path | None = None, *, install: bool = 
             ensure_installed(install_for(series, base))
         single = nodes(base, allocate=True, series=series)[0]
         brokers = cluster.members(single, count, base, allocate=True)
+        partition.heal(brokers)  # a cut left by a test killed before its cleanup
         cluster.start(brokers)
     return brokers
 
