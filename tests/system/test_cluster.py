@@ -23,7 +23,7 @@ from tools import infra
 from tools.harness import Proc, System, probe_args, read_ticks, unique, wait_for
 
 
-def _running(node: infra.RabbitNode) -> list[str]:
+def running_nodes(node: infra.RabbitNode) -> list[str]:
     said = node.ctl("cluster_status", "--formatter", "json")
     return list(json.loads(said[said.index("{") :])["running_nodes"])
 
@@ -54,17 +54,17 @@ async def _take(url: str, queue: str, count: int) -> list[bytes]:
 
 def test_a_cluster_of_three_keeps_a_quorum_queue_through_a_node_killed() -> None:
     nodes = infra.broker_cluster(3)
-    assert sorted(_running(nodes[1])) == sorted(n.node for n in nodes)
+    assert sorted(running_nodes(nodes[1])) == sorted(n.node for n in nodes)
     queue = f"cluster-test-{uuid.uuid4().hex[:8]}"
     asyncio.run(_publish(nodes[0].url, queue, [b"one", b"two"]))
     nodes[0].kill()
     try:
-        wait_for(lambda: len(_running(nodes[1])) == 2, 60, "the others to see the node gone")
+        wait_for(lambda: len(running_nodes(nodes[1])) == 2, 60, "the others to see the node gone")
         asyncio.run(_publish(nodes[1].url, queue, [b"three"]))  # a majority serves the queue
         assert asyncio.run(_take(nodes[2].url, queue, 3)) == [b"one", b"two", b"three"]
     finally:
         nodes[0].start()
-    wait_for(lambda: len(_running(nodes[0])) == 3, 60, "the killed node to rejoin")
+    wait_for(lambda: len(running_nodes(nodes[0])) == 3, 60, "the killed node to rejoin")
 
 
 HOST_DEATHS = 25  # past 4.3's default delivery limit of 20
@@ -126,8 +126,15 @@ COUNT = 300
 
 @pytest.fixture
 def on_cluster(database: str, plugin_path: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    yield from fleet_on_cluster(database, plugin_path, tmp_path, request)
+
+
+def fleet_on_cluster(
+    database: str, plugin_path: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Fleet]:
     """A manager and three services on a vhost of its own on the 3-node cluster, with quorum
-    queues; service i starts at node i (as ``make run`` starts them on a cluster)."""
+    queues; service i starts at node i (as ``make run`` starts them on a cluster). The body
+    of a fixture (``on_cluster`` here; ``test_cluster_partition`` has its own)."""
     nodes = infra.broker_cluster(3)
     vhost = unique("c")
     nodes[0].add_vhost(vhost)
@@ -151,13 +158,13 @@ class Fleet:
     nodes: list[infra.RabbitNode]
     urls: list[str]
 
-    def start(self, tick_log: Path) -> tuple[list[Proc], list[str]]:
+    def start(self, tick_log: Path, count: int = COUNT) -> tuple[list[Proc], list[str]]:
         self.system.start_manager()
         services = []
         for i in range(3):
             rotated = ",".join(self.urls[i:] + self.urls[:i])
-            services.append(self.system.start_service(f"svc-{i}", workers=COUNT, ORCH_AMQP_URLS=rotated))
-        specs = [{"name": f"q-{i}", "kind": "probe", "args": probe_args(tick_log, 0.5)} for i in range(COUNT)]
+            services.append(self.system.start_service(f"svc-{i}", workers=count, ORCH_AMQP_URLS=rotated))
+        specs = [{"name": f"q-{i}", "kind": "probe", "args": probe_args(tick_log, 0.5)} for i in range(count)]
         answer = self.system.post("/api/observers/bulk", {"observers": specs})
         assert answer.status_code == 201, answer.text
         return services, [item["id"] for item in answer.json()["items"]]
@@ -188,7 +195,7 @@ def kill_and_restart(fleet: Fleet, node: infra.RabbitNode, service: Proc, ids: l
     wait_for(lambda: ticking_since(ticks, ids, killed_at + 1), 120, f"all running again with {node.node} down")
     wait_for(lambda: fleet.all_processing_on_alive(ids), 120, f"all Processing with {node.node} down")
     node.start()
-    wait_for(lambda: len(_running(node)) == 3, 120, f"{node.node} to rejoin")
+    wait_for(lambda: len(running_nodes(node)) == 3, 120, f"{node.node} to rejoin")
 
 
 def test_each_node_killed_in_turn_loses_no_observer_and_runs_none_twice(on_cluster: Fleet, tmp_path: Path) -> None:
