@@ -5,7 +5,7 @@ moves its observers' leases to the majority (docs/design.md, "On a RabbitMQ clus
 
 The broker runs the shipped settings (``net_ticktime`` 60, ``consumer_disconnected_timeout``
 20 s), not shorter ones for the test: the majority hands the cut-off consumers' starts on
-83-93 s after the cut on this machine, which the test waits for before it heals, and the
+83-95 s after the cut on this machine, which the test waits for before it heals, and the
 whole test takes about 2 minutes.
 """
 
