@@ -119,7 +119,17 @@ class HoldingConnection:
         self._lease_channel = await self._channel(confirms=self._quorum)
         if self._quorum:
             await topology.declare_lease_queue(self._lease_channel)
-        await self._renew_lease()
+            # On a node cut off from the others this publish is never confirmed: bounded, the
+            # session fails and the next attempt goes to the next node.
+            try:
+                await asyncio.wait_for(self._renew_lease(), self._give_up_s)
+            except TimeoutError:
+                raise ConnectionError(
+                    f"no majority of the cluster confirmed the lease within {self._give_up_s:.0f}s "
+                    "(this node is cut off from the others)"
+                ) from None
+        else:
+            await self._renew_lease()
         work = await self._channel()
         control = await self._declare_control_queue(work, service_id, session_id)
         self._watch_cancels(await work.get_underlay_channel(), control.name)
