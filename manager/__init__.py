@@ -3,7 +3,7 @@
 Where things are handled:
 * HTTP: ``app`` wires everything; ``api/`` holds the routes (thin) and their schemas;
   ``commands`` (creates, stops, restarts; ``create_groups`` commits single creates together,
-  ``admission`` bounds them) and ``queries`` (reads) are the operations behind them;
+  ``admission`` bounds them) are the operations behind them;
   ``kinds`` validates a create's args against what the live services announce.
 * The state side, a child process of the API's (``state.supervisor`` from the API's side,
   ``state.process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
@@ -14,6 +14,8 @@ Where things are handled:
 * The broker: ``broker`` (the manager's connection: publishes, the state consumer) and
   ``broker_probes`` (questions asked on connections of their own); ``starts`` builds start
   messages.
-* ``db/``: the models, the engines, the SQL shared by several modules and the error
-  classification; ``history`` writes observer events; ``metrics`` serves ``/metrics``.
+* ``db/``: the models, the engines, the error classification, and the SQL, one module per
+  subject (``db/observers``, ``db/services``, ``db/events`` for the history, ...): routes,
+  commands, rules and repairs call them; only ``state/rows`` (the state consumer's locked
+  rows) writes its own. ``metrics`` serves ``/metrics``.
 """

@@ -25,6 +25,7 @@ from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
 from manager.db import observers, services
 from manager.db.errors import describe, is_transient
+from manager.db.events import NewEvent, insert_events
 from manager.db.models import (
     FINAL_STATUSES,
     EventType,
@@ -34,7 +35,6 @@ from manager.db.models import (
 )
 from manager.db.retry import retry_lost_races
 from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
-from manager.history import NewEvent, insert_events
 from manager.kinds import CatalogCache, KindCatalog, NewObserver, validate
 from manager.starts import build_start, start_message
 from shared.errors import BrokerUnavailable

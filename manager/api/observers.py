@@ -20,8 +20,8 @@ from manager.api.schemas import (
     ObserverPage,
 )
 from manager.db import observers
+from manager.db.events import list_events
 from manager.db.models import ObserverStatus
-from manager.history import list_events
 from manager.kinds import NewObserver
 
 router = APIRouter(prefix="/api/observers", tags=["observers"], responses=ERRORS)

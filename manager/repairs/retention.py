@@ -7,7 +7,7 @@ deleted by the manager's repairs, up to ``BATCH`` rows per pass (a pass every
 ``EVERY_S``, and at once again while a pass finds a full batch), oldest first.
 The table is append-only, so its ids follow time: a pass reads the lowest ids through the
 primary key (no index on ``at`` needed) and deletes those older than the window, stopping at
-the first one inside it. What reads history stays correct: probation counts ``host_lost`` and
+the first one inside it (``manager/db/events.py``). What reads history stays correct: probation counts ``host_lost`` and
 ``moved`` events within minutes, far inside any window; a long-lived observer's page loses
 its oldest events (its ``created`` among them), which is what a retention window means.
 """
@@ -17,26 +17,15 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.db.models import HostDeath
+from manager.db import events
+from manager.db import probation as probation_rows
 
 logger = logging.getLogger(__name__)
 
 BATCH = 10_000
 EVERY_S = 60.0
-
-_PRUNE = text(
-    """
-    WITH oldest AS (SELECT id, at FROM observer_events ORDER BY id LIMIT :batch),
-         expired AS (
-             SELECT id FROM oldest
-             WHERE id < coalesce((SELECT min(id) FROM oldest WHERE at >= :cutoff), 9223372036854775807)
-         )
-    DELETE FROM observer_events WHERE id IN (SELECT id FROM expired)
-    """
-)
 
 
 async def prune_events(sessions: async_sessionmaker[AsyncSession], days: float) -> int:
@@ -45,11 +34,10 @@ async def prune_events(sessions: async_sessionmaker[AsyncSession], days: float) 
         return 0
     cutoff = datetime.now(UTC) - timedelta(days=days)
     async with sessions.begin() as session:
-        result = await session.execute(_PRUNE, {"batch": BATCH, "cutoff": cutoff})
+        deleted = await events.delete_oldest(session, cutoff, BATCH)
         # The record of host deaths (a row per death, read within the probation window) goes
         # with the history of the same age.
-        await session.execute(delete(HostDeath).where(HostDeath.at < cutoff))
-    deleted = int(getattr(result, "rowcount", 0) or 0)
+        await probation_rows.forget_deaths(session, cutoff)
     if deleted:
         logger.info("deleted %d history event(s) older than %g day(s)", deleted, days)
     return deleted

@@ -32,10 +32,10 @@ from sqlalchemy import ColumnElement, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.db.events import NewEvent, insert_events
 from manager.db.hosts import hosted_on
 from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
 from manager.db.sql import factor, id_in, lock_by_ids
-from manager.history import NewEvent, insert_events
 from shared.messages import ServiceBorn
 
 _COLUMNS = (

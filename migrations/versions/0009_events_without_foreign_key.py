@@ -5,7 +5,7 @@ PostgreSQL checks a foreign key by locking the referenced row (``FOR KEY SHARE``
 writes the row's header and a WAL record per event. A host death at 1,000,000 writes 333,000
 ``host_lost`` events, and the failover that follows a ``moved`` event per observer: inserting
 333,000 events took 4.0-4.3 s and 159 MiB of WAL with the key, 2.1-2.2 s and 94 MiB without
-(``INSERT ... SELECT FROM unnest``, as ``manager/history.py`` does, against 333,000 observers).
+(``INSERT ... SELECT FROM unnest``, as ``manager/db/events.py`` does, against 333,000 observers).
 Observer rows are deleted in one place only (a create refused after its rows were written,
 ``manager/commands.py``), which deletes their events itself.
 

@@ -1,5 +1,7 @@
-"""Observer history: append-only events written in the same transaction as the change they
-describe, so the history never claims what the rows do not (and vice versa)."""
+"""Observer history (``observer_events``): append-only events written in the same transaction
+as the change they describe, so the history never claims what the rows do not (and vice
+versa); read a page at a time, and deleted past the retention window
+(``manager/repairs/retention.py``)."""
 
 from __future__ import annotations
 
@@ -78,3 +80,23 @@ async def list_events(
     if after is not None:
         query = query.where(ObserverEvent.id > after)
     return list(await session.scalars(query.order_by(ObserverEvent.id).limit(limit)))
+
+
+# The table is append-only, so its ids follow time: the lowest ids are read through the
+# primary key (no index on ``at`` needed), up to the first one inside the window.
+_DELETE_OLDEST = text(
+    """
+    WITH oldest AS (SELECT id, at FROM observer_events ORDER BY id LIMIT :batch),
+         expired AS (
+             SELECT id FROM oldest
+             WHERE id < coalesce((SELECT min(id) FROM oldest WHERE at >= :cutoff), 9223372036854775807)
+         )
+    DELETE FROM observer_events WHERE id IN (SELECT id FROM expired)
+    """
+)
+
+
+async def delete_oldest(session: AsyncSession, cutoff: datetime, batch: int) -> int:
+    """Delete the events older than ``cutoff`` among the ``batch`` oldest; returns how many."""
+    result = await session.execute(_DELETE_OLDEST, {"batch": batch, "cutoff": cutoff})
+    return int(getattr(result, "rowcount", 0) or 0)
