@@ -1,5 +1,6 @@
-"""The statements about observer rows that the API's commands and reads and the repairs
-run; the state consumer's own unit of work is ``manager/state/rows.py``.
+"""The statements about observer rows that the API's commands and reads, the adoption rules
+and the repairs run (the broker's rebuild among them); the state consumer's own unit of work
+is ``manager/state/rows.py``.
 
 Lock order: a statement that locks observer rows locks them ``FOR NO KEY UPDATE`` in id
 order (``lock_by_ids``, or ``ORDER BY id ... SKIP LOCKED``), the order of every writer of
@@ -16,10 +17,10 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pydantic_core
-from sqlalchemy import delete, exists, func, or_, select, text, tuple_, update
+from sqlalchemy import CursorResult, delete, exists, func, or_, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -27,7 +28,6 @@ from manager.db.hosts import hosted_on
 from manager.db.models import (
     FINAL_STATUSES,
     AbandonedObserver,
-    AppliedStateMessage,
     EventType,
     Observer,
     ObserverEvent,
@@ -168,6 +168,13 @@ async def insert_created(session: AsyncSession, starts: Sequence[StartObserver])
     return created_at
 
 
+async def insert_adopted(session: AsyncSession, rows: list[dict[str, object]]) -> set[uuid.UUID]:
+    """Insert the rows of adopted observers; a create of the same name or id that committed
+    meanwhile wins. Returns the ids inserted."""
+    inserted = await session.scalars(insert(Observer).values(rows).on_conflict_do_nothing().returning(Observer.id))
+    return set(inserted)
+
+
 async def lock_pool(session: AsyncSession, pool: str) -> None:
     """Serialise the creates and restarts of a pool until the transaction ends, so that two
     cannot both take its last free worker."""
@@ -292,11 +299,21 @@ async def existing_ids(session: AsyncSession, ids: Sequence[uuid.UUID] | set[uui
     return set(await session.scalars(select(Observer.id).where(id_in(Observer.id, ids))))
 
 
+async def count_existing(session: AsyncSession, ids: set[uuid.UUID]) -> int:
+    """How many of ``ids`` have a row (cheaper than listing them when all do)."""
+    return int(await session.scalar(select(func.count()).where(id_in(Observer.id, ids))) or 0)
+
+
 async def abandoned_ids(session: AsyncSession, ids: Sequence[uuid.UUID]) -> set[uuid.UUID]:
     """Which of ``ids`` a create answered 503 for (``delete_unpublished``)."""
     return set(
         await session.scalars(select(AbandonedObserver.observer_id).where(id_in(AbandonedObserver.observer_id, ids)))
     )
+
+
+async def forget_abandoned(session: AsyncSession, before: datetime) -> None:
+    """Forget the abandoned creates (``delete_unpublished``) older than ``before``."""
+    await session.execute(delete(AbandonedObserver).where(AbandonedObserver.at < before))
 
 
 async def live_owners(session: AsyncSession, names: set[str]) -> dict[str, uuid.UUID]:
@@ -336,24 +353,47 @@ async def still_waiting(session: AsyncSession, ids: Sequence[uuid.UUID], unchang
     )
 
 
-# --- the state side's own tables -------------------------------------------------------------
+# --- the broker rebuilt from the database (``manager/repairs/rebuild.py``) ----------------------
+
+# Rows another writer holds are skipped, never waited for: the state consumer locks each
+# report's rows in id order, but a batch's rows are not in one id order overall, so waiting
+# while holding others deadlocks the two (docs/design.md, invariant 15; figures:
+# docs/bench-history.md, "2026-11-26: the slow machine"). The release loop ends when no row
+# matches: both statements must use this one predicate.
+_HOSTED = "status = 'Processing' OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL))"
+_RELEASE = text(
+    f"""
+    WITH released AS (
+        UPDATE observers AS o
+        SET status = CASE WHEN o.status = 'Processing' THEN 'Created'::observer_status ELSE o.status END,
+            service_id = NULL, host_session_id = NULL, modified_at = :now
+        FROM (SELECT id, service_id FROM observers WHERE {_HOSTED}
+              ORDER BY id FOR NO KEY UPDATE SKIP LOCKED) AS old
+        WHERE o.id = old.id
+        RETURNING o.id, old.service_id AS host
+    )
+    INSERT INTO observer_events (observer_id, at, event, from_service_id, detail)
+    SELECT id, :now, :event, host, :detail FROM released
+    """
+)
+_ANY_HOSTED = text(f"SELECT EXISTS (SELECT 1 FROM observers WHERE {_HOSTED})")
 
 
-async def forget_applied(session: AsyncSession, applied_before: datetime, abandoned_before: datetime) -> None:
-    """Forget applied state messages' ids older than ``applied_before`` (a batch at most) and
-    abandoned creates older than ``abandoned_before``."""
-    oldest = select(AppliedStateMessage.message_id).where(AppliedStateMessage.applied_at < applied_before).limit(10_000)
-    await session.execute(delete(AppliedStateMessage).where(AppliedStateMessage.message_id.in_(oldest)))
-    await session.execute(delete(AbandonedObserver).where(AbandonedObserver.at < abandoned_before))
+async def release_unlocked_hosts(session: AsyncSession, now: datetime, detail: str) -> int:
+    """Every hosted row no other writer holds loses its host (Processing → Created,
+    OnDeleting keeps its status), with a ``released`` event; returns how many."""
+    result = await session.execute(_RELEASE, {"now": now, "event": EventType.RELEASED.value, "detail": detail})
+    return cast("CursorResult[Any]", result).rowcount
 
 
-async def count_existing(session: AsyncSession, ids: set[uuid.UUID]) -> int:
-    """How many of ``ids`` have a row (cheaper than listing them when all do)."""
-    return int(await session.scalar(select(func.count()).where(id_in(Observer.id, ids))) or 0)
+async def any_hosted(session: AsyncSession) -> bool:
+    """Whether any row still has a host (``release_unlocked_hosts`` skipped it)."""
+    return bool(await session.scalar(_ANY_HOSTED))
 
 
-async def insert_adopted(session: AsyncSession, rows: list[dict[str, object]]) -> set[uuid.UUID]:
-    """Insert the rows of adopted observers; a create of the same name or id that committed
-    meanwhile wins. Returns the ids inserted."""
-    inserted = await session.scalars(insert(Observer).values(rows).on_conflict_do_nothing().returning(Observer.id))
-    return set(inserted)
+async def needing_a_start(session: AsyncSession, after: uuid.UUID | None, limit: int) -> list[Observer]:
+    """Up to ``limit`` Created and OnDeleting rows, in id order after ``after``."""
+    query = select(Observer).where(Observer.status.in_((S.CREATED, S.ON_DELETING)))
+    if after is not None:
+        query = query.where(Observer.id > after)
+    return list(await session.scalars(query.order_by(Observer.id).limit(limit)))

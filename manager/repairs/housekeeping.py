@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.db import observers
+from manager.db import applied, observers
 from manager.db.counts import fold_deltas
 from manager.repairs.base import Repair
 from manager.repairs.retention import BATCH as PRUNE_BATCH
@@ -64,8 +64,9 @@ class ForgetApplied(Repair):
             return
         now = datetime.now(UTC)
         async with self.sessions.begin() as session:
+            await applied.forget_applied(session, now - APPLIED_RETENTION)
             # A create answered 503 leaves its starts for minutes at most (a confirm late).
-            await observers.forget_applied(session, now - APPLIED_RETENTION, now - ABANDONED_RETENTION)
+            await observers.forget_abandoned(session, now - ABANDONED_RETENTION)
 
 
 class PruneHistory(Repair):

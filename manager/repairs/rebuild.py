@@ -28,14 +28,11 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import EventType, Observer, ObserverStatus, PendingStart
-from manager.db.sql import id_in
+from manager.db import observers
 from manager.repairs.base import Repair
 from manager.starts import start_message
 
@@ -45,29 +42,6 @@ _BATCH = 5_000
 _DETAIL = "the broker lost its data: released, its start published again"
 
 
-# Released in rounds that skip the rows another writer holds: the state consumer applies
-# many reports in one transaction, each locking its rows in id order, so the rows it holds are
-# not in one id order overall, and waiting for them while holding others deadlocks the two
-# (docs/design.md, invariant 15; figures: docs/bench-history.md, "2026-11-26: the slow
-# machine").
-# The release loop ends when no row matches: both statements must use this one predicate.
-_HOSTED = "status = 'Processing' OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL))"
-_RELEASE = text(
-    f"""
-    WITH released AS (
-        UPDATE observers AS o
-        SET status = CASE WHEN o.status = 'Processing' THEN 'Created'::observer_status ELSE o.status END,
-            service_id = NULL, host_session_id = NULL, modified_at = :now
-        FROM (SELECT id, service_id FROM observers WHERE {_HOSTED}
-              ORDER BY id FOR NO KEY UPDATE SKIP LOCKED) AS old
-        WHERE o.id = old.id
-        RETURNING o.id, old.service_id AS host
-    )
-    INSERT INTO observer_events (observer_id, at, event, from_service_id, detail)
-    SELECT id, :now, :event, host, :detail FROM released
-    """
-)
-_ANY_HOSTED = text(f"SELECT EXISTS (SELECT 1 FROM observers WHERE {_HOSTED})")
 _RELEASE_WAIT_S = 30.0  # for rows others hold; past it the next pass rebuilds again
 _RELEASE_POLL_S = 0.05
 
@@ -81,16 +55,13 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
     after: uuid.UUID | None = None
     while True:
         async with sessions() as session:
-            query = select(Observer).where(Observer.status.in_((ObserverStatus.CREATED, ObserverStatus.ON_DELETING)))
-            if after is not None:
-                query = query.where(Observer.id > after)
-            rows = list(await session.scalars(query.order_by(Observer.id).limit(_BATCH)))
+            rows = await observers.needing_a_start(session, after, _BATCH)
         if not rows:
             break
         await broker.publish_starts([start_message(obs) for obs in rows], rebuilding=True)
         ids = [obs.id for obs in rows]
         async with sessions.begin() as session:  # confirmed: nothing left for the pending-start repair
-            await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))
+            await observers.mark_published(session, ids)
         published += len(rows)
         after = rows[-1].id
     if count or published:
@@ -112,18 +83,16 @@ async def _release_hosted(sessions: async_sessionmaker[AsyncSession]) -> int:
     round, once that writer committed. Raises ``TimeoutError`` if some stay held
     past ``_RELEASE_WAIT_S``."""
     now = datetime.now(UTC)
-    params = {"now": now, "event": EventType.RELEASED.value, "detail": _DETAIL}
     released = 0
     deadline = time.monotonic() + _RELEASE_WAIT_S
     while True:
         async with sessions.begin() as session:
-            result = await session.execute(_RELEASE, params)
-        done = cast("CursorResult[Any]", result).rowcount
+            done = await observers.release_unlocked_hosts(session, now, _DETAIL)
         released += done
         if done:
             continue
         async with sessions() as session:
-            if not await session.scalar(_ANY_HOSTED):
+            if not await observers.any_hosted(session):
                 return released
         if time.monotonic() > deadline:
             raise TimeoutError(f"hosted observers stayed locked by other writers for {_RELEASE_WAIT_S:g}s")

@@ -41,10 +41,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
+from manager.db import applied
 from manager.db.errors import OutageLog, is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
 from manager.state.follow_ups import FollowUps
@@ -244,15 +244,6 @@ class StateConsumer:
 
 _ONCE_ONLY = (*OBSERVER_REPORT_TYPES, ObserversStarted, ReportBatch)
 
-_CLAIM = text(
-    """
-    INSERT INTO applied_state_messages (message_id)
-    SELECT unnest(CAST(:ids AS uuid[]))
-    ON CONFLICT DO NOTHING
-    RETURNING message_id
-    """
-)
-
 
 async def _first_time(session: AsyncSession, reports: Sequence[StateMessage]) -> list[StateMessage]:
     """The reports not applied before; records the observer reports' ids as applied (in the
@@ -261,7 +252,7 @@ async def _first_time(session: AsyncSession, reports: Sequence[StateMessage]) ->
     once = [r.message_id for r in reports if isinstance(r, _ONCE_ONLY)]
     if not once:
         return list(reports)
-    claimed = set((await session.execute(_CLAIM, {"ids": once})).scalars())
+    claimed = await applied.claim(session, once)
     fresh = [r for r in reports if not isinstance(r, _ONCE_ONLY) or r.message_id in claimed]
     if len(fresh) < len(reports):
         logger.warning("skipped %d state message(s) applied before (delivered again)", len(reports) - len(fresh))
