@@ -8,9 +8,9 @@ import asyncio
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from manager.db import services as service_rows
+from manager.db.engine import ping
 
 router = APIRouter(tags=["health"])
 
@@ -31,7 +31,7 @@ async def readyz(request: Request) -> JSONResponse:
     refused: list[tuple[str, str]] = []
     try:
         async with asyncio.timeout(_DATABASE_ANSWERS_WITHIN_S), request.app.state.read_sessions() as session:
-            await session.execute(text("SELECT 1"))
+            await ping(session)
             refused = await service_rows.refused_services(session)
         checks["database"] = "ok"
     except TimeoutError:

@@ -1,4 +1,4 @@
-"""Engine, session factory and the schema check done at start-up."""
+"""Engine, session factory, a ping, and the schema check done at start-up."""
 
 from __future__ import annotations
 
@@ -105,6 +105,11 @@ def decode_json(document: str) -> Any:
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def ping(session: AsyncSession) -> None:
+    """One round trip to the database (``/readyz``): raises if it does not answer."""
+    await session.execute(text("SELECT 1"))
 
 
 def head_revision(versions: Path = REPO_ROOT / "migrations" / "versions") -> str:

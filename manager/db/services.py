@@ -1,10 +1,11 @@
-"""The statements about service rows that the API, the commands and the kind catalog run;
-the state consumer's own writes are ``ServiceRows`` in ``manager/state/rows.py``. And
-``stats``, the one statement behind ``GET /api/stats``."""
+"""The statements about service rows that the API, the commands, the kind catalog and the
+repairs run; the state consumer's own writes are ``ServiceRows`` in ``manager/state/rows.py``.
+And ``stats``, the one statement behind ``GET /api/stats``."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, String, case, column, func, select, text
@@ -50,6 +51,19 @@ async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Ser
     if row is None:
         raise NotFound(f"no service with id {service_id}")
     return row[0], int(row[1])
+
+
+async def silent_since(
+    session: AsyncSession, heard_before: datetime
+) -> list[tuple[uuid.UUID, str, datetime, uuid.UUID | None]]:
+    """(id, name, last heartbeat, broker session) of the alive services not heard of since
+    ``heard_before`` (the liveness repair asks the broker about them)."""
+    result = await session.execute(
+        select(Service.id, Service.name, Service.last_heartbeat_at, Service.session_id).where(
+            Service.status == ServiceStatus.ALIVE, Service.last_heartbeat_at < heard_before
+        )
+    )
+    return list(result.tuples())
 
 
 async def pool_capacity(session: AsyncSession, pool: str) -> tuple[int, int]:

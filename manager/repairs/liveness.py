@@ -34,11 +34,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.models import Service, ServiceStatus
+from manager.db import services
 from manager.db.retry import retry_lost_races
 from manager.metrics import SERVICES_LATE, SERVICES_LOST
 from manager.repairs.base import Repair
@@ -83,14 +82,7 @@ class Liveness:
     async def judge(self) -> None:
         """One pass: ask the broker about every alive service whose heartbeats are late."""
         async with self.sessions() as session:
-            late = (
-                await session.execute(
-                    select(Service.id, Service.name, Service.last_heartbeat_at, Service.session_id).where(
-                        Service.status == ServiceStatus.ALIVE,
-                        Service.last_heartbeat_at < datetime.now(UTC) - self.silence,
-                    )
-                )
-            ).all()
+            late = await services.silent_since(session, datetime.now(UTC) - self.silence)
         self._forget_old_moves()
         if not late:
             self._late.clear()
