@@ -46,7 +46,7 @@ async def busiest_host(db: asyncpg.Connection) -> asyncpg.Record:
 ON_HOST = "id IN (SELECT observer_id FROM observer_hosts WHERE service_id = $1)"
 
 # How many observers the rows say the service $1 holds (Processing or OnDeleting, in any of
-# its sessions), from the counts the manager's triggers keep (``manager/state/digest.py``):
+# its sessions), from the counts the manager's triggers keep (``manager/db/digests.py``):
 # a poll reads a row or two. Polled through ``ON_HOST``, the last poll of a failover walked
 # an index entry of every row moved away (10,002 rows, 163 ms inside the failover's clock;
 # PostgreSQL's statement log), a third of a million at 1,000,000.

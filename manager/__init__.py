@@ -8,14 +8,14 @@ Where things are handled:
 * The state side, a child process of the API's (``state.supervisor`` from the API's side,
   ``state.process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
   them off the queue, ``state/rules`` decides each one, ``state/rows`` reads and writes the
-  rows, ``state/probation``, ``state/adoption``, ``state/digest``, ``state/follow_ups``);
+  rows, ``state/probation``, ``state/adoption``, ``state/follow_ups``);
   ``repairs/`` holds the periodic repairs, one file each, run by ``repairs/loop``;
   ``queue_waker`` keeps big start queues awake.
 * The broker: ``broker`` (the manager's connection: publishes, the state consumer) and
   ``broker_probes`` (questions asked on connections of their own); ``starts`` builds start
   messages.
 * ``db/``: the models, the engines, the error classification, and the SQL, one module per
-  subject (``db/observers``, ``db/services``, ``db/events`` for the history, ...): routes,
+  subject (``db/observers``, ``db/services``, ``db/events`` for the history, ``db/digests``, ...): routes,
   commands, rules and repairs call them; only ``state/rows`` (the state consumer's locked
   rows) writes its own. ``metrics`` serves ``/metrics``.
 """

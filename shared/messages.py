@@ -203,7 +203,7 @@ class ServiceDigest(Message):
 
 def digest_of(observer_ids: Iterable[uuid.UUID]) -> str:
     """The XOR of the ids' 128 bits, as 32 hex digits: independent of order, and the same
-    computed by PostgreSQL over the manager's rows (``manager/state/digest.py``). Random
+    computed by PostgreSQL over the manager's rows (``manager/db/digests.py``). Random
     (uuid4) ids make two different sets collide with probability about 2^-122."""
     acc = 0
     for observer_id in observer_ids:

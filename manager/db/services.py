@@ -12,10 +12,10 @@ from sqlalchemy import JSON, BigInteger, String, case, column, func, select, tex
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.counts import READ_SQL, live_in_pool_query
+from manager.db.digests import held_per_service
 from manager.db.leader import HOLDER_SQL
 from manager.db.models import LIVE_STATUSES, ObserverStatus, Service, ServiceStatus
 from manager.errors import NotFound
-from manager.state.digest import held_per_service
 
 
 async def list_services(session: AsyncSession, include_deleted: bool = True) -> list[tuple[Service, int]]:

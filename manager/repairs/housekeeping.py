@@ -12,11 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.db import applied, observers
 from manager.db.counts import fold_deltas
+from manager.db.digests import fold_digest_deltas
 from manager.repairs.base import Repair
 from manager.repairs.retention import BATCH as PRUNE_BATCH
 from manager.repairs.retention import EVERY_S as PRUNE_EVERY_S
 from manager.repairs.retention import prune_events
-from manager.state.digest import fold_digest_deltas
 from manager.state.probation import end_probations
 from manager.state.rows import ObserverRows
 
@@ -89,7 +89,7 @@ class PruneHistory(Repair):
 
 class FoldDeltas(Repair):
     """Fold the deltas the triggers appended into the observer counts (``db/counts``) and the
-    held digests (``state/digest``). Every reader sums the deltas not folded yet, so the fold
+    held digests (``db/digests``). Every reader sums the deltas not folded yet, so the fold
     only bounds how many rows they add up: a few per writing statement, a few hundred in 5 s
     of bulk creates."""
 

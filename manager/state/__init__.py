@@ -4,7 +4,7 @@
 ``supervisor`` the API process's handle on it (spawn, watch, restart, stop). Inside it,
 ``consumer`` takes the state queue's batches and ``rules`` applies each report; ``rows``
 writes a batch's observer rows back, ``follow_ups`` publishes what a batch decided,
-``probation``, ``adoption`` and ``digest`` are the rules' helpers.
+``probation`` and ``adoption`` are the rules' helpers (their SQL is in ``manager/db``).
 
 Importing this package must stay light: the supervisor is imported before FastAPI.
 """

@@ -30,12 +30,12 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db import observers
+from manager.db.digests import held_digest
 from manager.db.hosts import ids_on
 from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
 from manager.state.adoption import adopt
-from manager.state.digest import held_digest
 from manager.state.follow_ups import FollowUps
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, Row, ServiceRows

@@ -12,7 +12,7 @@ XOR of the ids that entered or left it (XOR undoes itself: a row that leaves and
 adds nothing) to ``held_digest_deltas``; the manager folds them into ``held_digests`` every
 sweep, and a digest is its ``held_digests`` row plus its pending deltas, read in one
 statement. A row is held when it is Processing or OnDeleting with a service and a session:
-the condition ``manager/state/digest.py`` compared over the rows.
+the condition ``manager/db/digests.py`` compared over the rows.
 
 Revision ID: 0008
 Revises: 0007

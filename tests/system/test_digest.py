@@ -9,8 +9,8 @@ import uuid
 
 from sqlalchemy import text
 
+from manager.db.digests import fold_digest_deltas, held_digest
 from manager.db.engine import make_engine, make_sessionmaker
-from manager.state.digest import fold_digest_deltas, held_digest
 from shared.messages import digest_of
 
 _INSERT = text(
