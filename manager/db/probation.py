@@ -1,14 +1,175 @@
-"""The statements of probation (``manager/state/probation.py`` holds the policy): the record
-of host deaths (``host_deaths``)."""
+"""The statements of probation (``manager/state/probation.py`` holds the policy): a host's
+death recorded (a ``host_deaths`` row, and ``host_lost`` for each observer it took a host
+from), the deaths counted within a window, and who has run cleanly long enough to leave."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Collection
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    Float,
+    SQLColumnExpression,
+    and_,
+    cast,
+    delete,
+    exists,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    true,
+    union,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
-from manager.db.models import HostDeath
+from manager.db.hosts import hosted_on
+from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus, Service
+from manager.db.sql import id_in
+from shared.messages import RetryPolicy
+
+_DEFAULT_RESET_AFTER_S = RetryPolicy().reset_after_s
+
+
+async def last_session(session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
+    """The broker session ``service_id`` last spoke from."""
+    return await session.scalar(select(Service.session_id).where(Service.id == service_id))
+
+
+async def record_death(
+    session: AsyncSession, service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None, now: datetime
+) -> int:
+    """A ``host_lost`` event at ``now`` for each observer the death took a host from
+    (``victims``), and the death's ``host_deaths`` row; returns how many events."""
+    # One statement, in the database: the victims of a host's death are a third of a million
+    # at 1,000,000, and reading their ids into the manager only to send them back as events
+    # cost the state process seconds of a failover's CPU, which is all taken.
+    victims = _victims(service_id, last_heard, died_in).subquery()
+    recorded = (
+        insert(ObserverEvent)
+        .from_select(
+            ["observer_id", "at", "event", "service_id"],
+            select(
+                victims.c.observer_id,
+                literal(now, ObserverEvent.at.type),
+                literal(EventType.HOST_LOST.value),
+                literal(service_id, ObserverEvent.service_id.type),
+            ).order_by(victims.c.observer_id),
+        )
+        .returning(ObserverEvent.observer_id)
+        .cte("recorded")
+    )
+    # Not locked: writing an event locks nothing of its observer (no foreign key, migration
+    # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (rows.py). Locked, the
+    # victims would make every start reported by the hosts taking them over wait for the
+    # record of the death that caused it (docs/design.md, invariant 7).
+    lost = await session.scalar(select(func.count()).select_from(recorded))
+    await session.execute(insert(HostDeath).values(service_id=service_id, at=now))
+    return lost or 0
+
+
+async def deaths_since(session: AsyncSession, since: datetime) -> int:
+    """The host deaths recorded after ``since`` whose hosts have not come back since."""
+    deaths = await session.scalar(
+        select(func.count())
+        .select_from(HostDeath)
+        .where(HostDeath.at > since, _not_back_since(HostDeath.service_id, HostDeath.at))
+    )
+    return deaths or 0
+
+
+async def victims(
+    session: AsyncSession, service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None
+) -> set[uuid.UUID]:
+    """The ids of the observers a death took a host from (``_victims``)."""
+    return set(await session.scalars(_victims(service_id, last_heard, died_in)))
+
+
+def _not_back_since(host: Any, died_at: Any) -> ColumnElement[bool]:
+    """The host of a death recorded at ``died_at`` has not spoken since: no heartbeat of its
+    id came later (one whose row is gone with the retention did not come back either). Judged
+    per death, not by the host's status now: in a flap of the whole fleet a host is lost
+    again while another's death is recorded, and the death being recorded is its host's
+    second under the same id."""
+    return ~exists().where(Service.id == host, Service.last_heartbeat_at > died_at)
+
+
+def _victims(service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None) -> CompoundSelect[uuid.UUID]:
+    """The observers a death of ``service_id`` in broker session ``died_in`` (the one it last
+    spoke from) took a host from: those moved away from that session since it was last heard
+    of (the broker hands its starts over as its connection drops, before the death is
+    judged) and those the rows still have in it.
+
+    By session, not only by time: a move is recorded when the new host reports it, and that
+    report can be applied after the old host, back from a partition under the same id, spoke
+    from its next session. Such a move (and a row not yet moved) belongs to the session
+    before, whose end the host survived; counted again here, one flap was two deaths
+    (``tests/system/test_probation_rules.py``). A session not said (None, on either side: a service
+    of an older version) matches any."""
+    return union(
+        select(ObserverEvent.observer_id).where(
+            ObserverEvent.event == EventType.MOVED.value,
+            ObserverEvent.from_service_id == service_id,
+            ObserverEvent.at >= last_heard,
+            _in_session(ObserverEvent.from_session_id, died_in),
+        ),
+        select(Observer.id).where(
+            hosted_on(service_id),
+            Observer.status == ObserverStatus.PROCESSING,
+            _in_session(Observer.host_session_id, died_in),
+        ),
+    )
+
+
+def _in_session(column: SQLColumnExpression[uuid.UUID | None], died_in: uuid.UUID | None) -> ColumnElement[bool]:
+    if died_in is None:
+        return true()
+    return or_(column.is_(None), column == died_in)
+
+
+async def losses_since_last_probation(
+    session: AsyncSession, victims: Collection[uuid.UUID], since: datetime, at_least: int
+) -> dict[uuid.UUID, int]:
+    """``host_lost`` events after ``since`` (the same window start as the count of deaths
+    that bounds them) and after the observer's last probation, per victim with at least
+    ``at_least`` of them."""
+    ended = aliased(ObserverEvent)
+    last_ended = (
+        select(func.max(ended.at))
+        .where(ended.observer_id == ObserverEvent.observer_id, ended.event == EventType.PROBATION_ENDED.value)
+        .scalar_subquery()
+    )
+    result = await session.execute(
+        select(ObserverEvent.observer_id, func.count())
+        .where(
+            ObserverEvent.event == EventType.HOST_LOST.value,
+            id_in(ObserverEvent.observer_id, victims),
+            _not_back_since(ObserverEvent.service_id, ObserverEvent.at),
+            ObserverEvent.at > since,
+            ObserverEvent.at > func.coalesce(last_ended, literal("-infinity").cast(ObserverEvent.at.type)),
+        )
+        .group_by(ObserverEvent.observer_id)
+        .having(func.count() >= at_least)
+    )
+    return {observer_id: count for observer_id, count in result.all()}
+
+
+def served(now: datetime) -> ColumnElement[bool]:
+    """Observers on probation that have run in a child, without a failure, for their retry
+    policy's ``reset_after_s`` (the same measure of "stable" their retries use)."""
+    reset_after = func.coalesce(cast(Observer.retry["reset_after_s"].astext, Float), _DEFAULT_RESET_AFTER_S)
+    return and_(
+        Observer.probation_since.is_not(None),
+        Observer.status == ObserverStatus.PROCESSING,
+        Observer.probation_clean_since.is_not(None),
+        Observer.probation_clean_since < now - func.make_interval(0, 0, 0, 0, 0, 0, reset_after),
+    )
 
 
 async def forget_deaths(session: AsyncSession, before: datetime) -> None:

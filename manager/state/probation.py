@@ -32,6 +32,7 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
 Why not a cleverer statistic (e.g. "was present at nearly every death in the fleet")? Any
 rule that fails an observer on correlation alone fails some healthy one in a long enough
 incident; probation costs a child process for a while, so it can afford to be wrong.
+The policy is here; its statements are in ``manager/db/probation.py``.
 The cost: a child is a whole interpreter (docs/design.md, "The observer runtime"), and
 until the host gets ``IsolateObservers`` (one state-queue round trip after the start report)
 a moved suspect runs in its host's process.
@@ -42,33 +43,12 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    CompoundSelect,
-    Float,
-    SQLColumnExpression,
-    and_,
-    cast,
-    exists,
-    func,
-    insert,
-    literal,
-    or_,
-    select,
-    true,
-    union,
-)
-from sqlalchemy.orm import aliased
-
-from manager.db.hosts import hosted_on
-from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus, Service
+from manager.db import probation as probation_db
+from manager.db.models import EventType, Observer, ObserverStatus
 from manager.db.sql import id_in
 from manager.state.rows import ObserverRows
-from shared.messages import RetryPolicy
 
-_DEFAULT_RESET_AFTER_S = RetryPolicy().reset_after_s
 _LIVE = (ObserverStatus.CREATED, ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
 
 
@@ -87,31 +67,8 @@ async def host_died(
     them started)."""
     session = rows.session
     await rows.flush()
-    died_in = await session.scalar(select(Service.session_id).where(Service.id == service_id))
-    # One statement, in the database: the victims of a host's death are a third of a million
-    # at 1,000,000, and reading their ids into the manager only to send them back as events
-    # cost the state process seconds of a failover's CPU, which is all taken.
-    victims = _victims(service_id, last_heard, died_in).subquery()
-    recorded = (
-        insert(ObserverEvent)
-        .from_select(
-            ["observer_id", "at", "event", "service_id"],
-            select(
-                victims.c.observer_id,
-                literal(now, ObserverEvent.at.type),
-                literal(EventType.HOST_LOST.value),
-                literal(service_id, ObserverEvent.service_id.type),
-            ).order_by(victims.c.observer_id),
-        )
-        .returning(ObserverEvent.observer_id)
-        .cte("recorded")
-    )
-    # Not locked: writing an event locks nothing of its observer (no foreign key, migration
-    # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (rows.py). Locked, the
-    # victims would make every start reported by the hosts taking them over wait for the
-    # record of the death that caused it (docs/design.md, invariant 7).
-    lost = await session.scalar(select(func.count()).select_from(recorded))
-    await session.execute(insert(HostDeath).values(service_id=service_id, at=now))
+    died_in = await probation_db.last_session(session, service_id)
+    lost = await probation_db.record_death(session, service_id, last_heard, died_in, now)
     if not lost or policy.after_host_deaths <= 0:
         return {}
     # An observer loses at most one host per death: while fewer hosts died in the window
@@ -119,15 +76,10 @@ async def host_died(
     # per victim: seconds for a whole host's share, docs/cost-curve.md) is not needed. That
     # is every death of a healthy fleet; the count runs when deaths cluster.
     since = now - timedelta(seconds=policy.window_s)
-    deaths = await session.scalar(
-        select(func.count())
-        .select_from(HostDeath)
-        .where(HostDeath.at > since, _not_back_since(HostDeath.service_id, HostDeath.at))
-    )
-    if (deaths or 0) < policy.after_host_deaths:
+    if await probation_db.deaths_since(session, since) < policy.after_host_deaths:
         return {}
-    ids = set(await session.scalars(_victims(service_id, last_heard, died_in)))
-    counts = await _deaths_since_last_probation(rows, ids, since, policy)
+    ids = await probation_db.victims(session, service_id, last_heard, died_in)
+    counts = await probation_db.losses_since_last_probation(session, ids, since, policy.after_host_deaths)
     if not counts:
         return {}
     isolate: dict[uuid.UUID, uuid.UUID] = {}
@@ -152,86 +104,11 @@ async def host_died(
     return isolate
 
 
-def _not_back_since(host: Any, died_at: Any) -> ColumnElement[bool]:
-    """The host of a death recorded at ``died_at`` has not spoken since: no heartbeat of its
-    id came later (one whose row is gone with the retention did not come back either). Judged
-    per death, not by the host's status now: in a flap of the whole fleet a host is lost
-    again while another's death is recorded, and the death being recorded is its host's
-    second under the same id."""
-    return ~exists().where(Service.id == host, Service.last_heartbeat_at > died_at)
-
-
-def _victims(service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None) -> CompoundSelect[uuid.UUID]:
-    """The observers a death of ``service_id`` in broker session ``died_in`` (the one it last
-    spoke from) took a host from: those moved away from that session since it was last heard
-    of (the broker hands its starts over as its connection drops, before the death is
-    judged) and those the rows still have in it.
-
-    By session, not only by time: a move is recorded when the new host reports it, and that
-    report can be applied after the old host, back from a partition under the same id, spoke
-    from its next session. Such a move (and a row not yet moved) belongs to the session
-    before, whose end the host survived; counted again here, one flap was two deaths
-    (``tests/system/test_probation_rules.py``). A session not said (None, on either side: a service
-    of an older version) matches any."""
-    return union(
-        select(ObserverEvent.observer_id).where(
-            ObserverEvent.event == EventType.MOVED.value,
-            ObserverEvent.from_service_id == service_id,
-            ObserverEvent.at >= last_heard,
-            _in_session(ObserverEvent.from_session_id, died_in),
-        ),
-        select(Observer.id).where(
-            hosted_on(service_id),
-            Observer.status == ObserverStatus.PROCESSING,
-            _in_session(Observer.host_session_id, died_in),
-        ),
-    )
-
-
-def _in_session(column: SQLColumnExpression[uuid.UUID | None], died_in: uuid.UUID | None) -> ColumnElement[bool]:
-    if died_in is None:
-        return true()
-    return or_(column.is_(None), column == died_in)
-
-
-async def _deaths_since_last_probation(
-    rows: ObserverRows, victims: set[uuid.UUID], since: datetime, policy: ProbationPolicy
-) -> dict[uuid.UUID, int]:
-    """``host_lost`` events after ``since`` (the same window start as the count of deaths
-    that bounds them) and after the observer's last probation, per victim at the threshold."""
-    ended = aliased(ObserverEvent)
-    last_ended = (
-        select(func.max(ended.at))
-        .where(ended.observer_id == ObserverEvent.observer_id, ended.event == EventType.PROBATION_ENDED.value)
-        .scalar_subquery()
-    )
-    result = await rows.session.execute(
-        select(ObserverEvent.observer_id, func.count())
-        .where(
-            ObserverEvent.event == EventType.HOST_LOST.value,
-            id_in(ObserverEvent.observer_id, victims),
-            _not_back_since(ObserverEvent.service_id, ObserverEvent.at),
-            ObserverEvent.at > since,
-            ObserverEvent.at > func.coalesce(last_ended, literal("-infinity").cast(ObserverEvent.at.type)),
-        )
-        .group_by(ObserverEvent.observer_id)
-        .having(func.count() >= policy.after_host_deaths)
-    )
-    return {observer_id: count for observer_id, count in result.all()}
-
-
 async def end_probations(rows: ObserverRows, now: datetime) -> list[uuid.UUID]:
     """Take off probation every observer that has run in a child, without a failure, for
     its retry policy's ``reset_after_s`` (the same measure of "stable" its retries use)."""
-    reset_after = func.coalesce(cast(Observer.retry["reset_after_s"].astext, Float), _DEFAULT_RESET_AFTER_S)
-    due = and_(
-        Observer.probation_since.is_not(None),
-        Observer.status == ObserverStatus.PROCESSING,
-        Observer.probation_clean_since.is_not(None),
-        Observer.probation_clean_since < now - func.make_interval(0, 0, 0, 0, 0, 0, reset_after),
-    )
     ended = []
-    for row in await rows.load(due):
+    for row in await rows.load(probation_db.served(now)):
         clean_s = (now - row.probation_clean_since).total_seconds() if row.probation_clean_since else 0.0
         row.probation_since, row.probation_clean_since = None, None
         rows.event(
