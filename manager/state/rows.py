@@ -18,6 +18,12 @@ ids alone need no flush.
 Services are read as plain ``ServiceRow`` objects too, and ``ServiceRows`` is the only
 writer of ``services`` on the state side (the consumer, and the liveness judgment that marks
 one lost); its writes are immediate (see there why).
+
+Its statements stay here rather than in ``manager/db``, by design: they are one unit of work
+(rows loaded locked, cached, changed in memory, written back at once), and keeping them
+together keeps the state side's lock order in one place. The other writers' statements are
+in ``manager/db`` (``db/observers.py`` takes the same order), and the rules pass conditions
+here with their in-memory twin (``matching``).
 """
 
 from __future__ import annotations
