@@ -7,8 +7,9 @@ Where things are handled:
   ``kinds`` validates a create's args against what the live services announce.
 * The state side, a child process of the API's (``state.supervisor`` from the API's side,
   ``state.process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
-  them off the queue, ``state/rules`` decides each one, ``state/rows`` reads and writes the
-  rows, ``state/probation``, ``state/adoption``, ``state/follow_ups``);
+  them off the queue, ``state/rules`` decides each one, with ``state/observer_reports``;
+  ``state/rows`` reads and writes the rows, ``state/probation``, ``state/adoption``,
+  ``state/follow_ups``);
   ``repairs/`` holds the periodic repairs, one file each, run by ``repairs/loop``;
   ``queue_waker`` keeps big start queues awake.
 * The broker: ``broker`` (the manager's connection: publishes, the state consumer) and

@@ -350,8 +350,8 @@ class BrokerLink:
         names one (``service_id``), straight to that service's own control queue.
 
         In a failover, each observer moved while the manager still counts its dead host alive
-        makes a stop aimed at that host (``rules._started``); broadcast, every survivor would
-        decode them all on its holding thread and throw them away (figures:
+        makes a stop aimed at that host (``observer_reports.started``); broadcast, every
+        survivor would decode them all on its holding thread and throw them away (figures:
         docs/cost-curve.md). Sent to the target's queue, a command for a host that is gone
         (its exclusive queue with it) is dropped by the broker. Both routes go over this one
         channel, so the commands a service gets keep the order they were published in."""

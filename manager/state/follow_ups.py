@@ -4,8 +4,8 @@ one broadcast per host, not one per observer).
 
 Stops and isolations are kept as ids per target and turned into messages once, in
 ``batched``: a failover decides a stop of the old host's copy for each observer it moves
-(``rules._started``), and building a pydantic stop (with its uuid4 and clock read) for each
-only to merge them again was a large share of the state process (figures:
+(``observer_reports.started``), and building a pydantic stop (with its uuid4 and clock
+read) for each only to merge them again was a large share of the state process (figures:
 docs/cost-curve.md).
 """
 

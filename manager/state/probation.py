@@ -16,8 +16,8 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
   memory overrun or a hang is its own, and counts under its retry policy like any failure of
   its body: only an observer that keeps crashing its own child ends ``Failed``;
 * a host that reports it started in its own process (a failover: the start message itself
-  still says ``async``) is told again (``rules._started``); a host with no free process slot
-  keeps it paused, its delivery held, until one frees;
+  still says ``async``) is told again (``observer_reports.started``); a host with no free
+  process slot keeps it paused, its delivery held, until one frees;
 * it leaves probation once it has run in a child for its retry policy's ``reset_after_s``
   without a failure (``end_probations``, a repair of the background loop);
 * a death counts only while its host has not come back. A service judged lost that speaks

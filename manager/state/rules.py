@@ -1,12 +1,14 @@
-"""The rules that turn service reports into the manager's truth (DESIGN.md, "Manager state
-machine"). Each ``apply_*`` runs inside the caller's transaction and returns the control
+"""The rules that turn service reports into the manager's truth (docs/design.md, invariant 4).
+``StateRules.apply`` is the one dispatcher (a ``match`` on the message): the service reports
+(born, heartbeat, goodbye, digest, inventory) are applied here, the observer reports in
+``observer_reports.py``. Each runs inside the caller's transaction and returns the control
 messages to publish *after* it commits.
 
 Every write is a compare-and-set (``UPDATE ... WHERE status ... AND service_id ...``) so the
 API and this consumer never overwrite each other, whatever order messages arrive in:
 * a start or failure applies only if its sender is the observer's host, or the observer
   has no live host; a late report from an old host is ignored (a requested stop may be
-  ended by any service that acked a copy, see ``_stopped``);
+  ended by any service that acked a copy, see ``observer_reports.stopped``);
 * a start reported for an observer that is being or has been stopped is answered with a
   stop targeted at that host;
 * a stop aimed at one copy names the broker session that holds it (``host_session_id``), so
@@ -35,8 +37,9 @@ from manager.db.hosts import ids_on
 from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
-from manager.state.adoption import adopt
+from manager.state import observer_reports
 from manager.state.follow_ups import FollowUps
+from manager.state.observer_reports import STOPPING_OR_GONE
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, Row, ServiceRows
 from shared.messages import (
@@ -61,7 +64,6 @@ from shared.messages import (
 logger = logging.getLogger(__name__)
 
 S = ObserverStatus
-STOPPING_OR_GONE = (S.ON_DELETING, S.DELETED, S.FAILED)
 # Service messages whose rules write the service without reading it first (``preload``).
 _WRITTEN_WITHOUT_READING = (ServiceHeartbeat, ServiceBorn, ServiceStopped)
 
@@ -107,9 +109,9 @@ class StateRules:
                 await self._apply_observer_report(session, message, now, out)
             case ObserversStarted():
                 for observer_id in message.observer_ids:
-                    await self._started(session, observer_id, message, now, out)
+                    await observer_reports.started(self, session, observer_id, message, now, out)
             case ObserversDescribed():
-                await self._described(session, message, now, out)
+                await observer_reports.described(self, session, message, now, out)
             case ReportBatch():
                 for report in message.reports:
                     await self._apply_observer_report(session, report, now, out)
@@ -120,35 +122,35 @@ class StateRules:
     ) -> None:
         match report:
             case ObserverStopped():
-                await self._stopped(session, report, now)
+                await observer_reports.stopped(self, session, report, now)
             case ObserverRetrying():
-                await self._retrying(session, report, now)
+                await observer_reports.retrying(self, session, report, now)
             case ObserverFailed():
-                await self._failed(session, report, now)
+                await observer_reports.failed(self, session, report, now)
             case ObserverIsolated():
-                await self._isolated(session, report, now)
+                await observer_reports.isolated(self, session, report, now)
 
     # --- services ------------------------------------------------------------------------
 
     async def _born(self, session: AsyncSession, m: ServiceBorn, now: datetime, out: FollowUps) -> None:
-        services = self._services_of(session)
+        services = self.services_of(session)
         for old in await services.namesakes(m.name, m.service_id):
             await services.delete(old.id, now)
             logger.info("service %s (%s) restarted as %s: old instance deleted", m.name, old.id, m.service_id)
             if old.status == ServiceStatus.ALIVE:
                 # It died without a word (a lost one was counted when judged lost).
-                isolate = await host_died(self._rows_of(session), old.id, old.last_heartbeat_at, now, self.probation)
+                isolate = await host_died(self.rows_of(session), old.id, old.last_heartbeat_at, now, self.probation)
                 for observer_id, host in isolate.items():
                     out.isolate(observer_id, host)
             await self._release_observers(session, old.id, now)
         await services.born(m, now)
 
     async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: FollowUps) -> None:
-        services = self._services_of(session)
+        services = self.services_of(session)
         if not await services.touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms, m.refused):
-            await self._introduce_if_unknown(session, m.service_id, out)
+            await self.introduce_if_unknown(session, m.service_id, out)
 
-    async def _introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: FollowUps) -> None:
+    async def introduce_if_unknown(self, session: AsyncSession, service_id: uuid.UUID, out: FollowUps) -> None:
         """A service speaks that has no row: its ServiceBorn was lost (dead-lettered while
         the database refused connections) or the database was restored from an older
         backup. Ask it to introduce itself again; until then its reports about observers
@@ -158,7 +160,7 @@ class StateRules:
         under its name while it lived: two services share a name (the default is the host
         name, so two on one host do). Its observers were released and would stay Created:
         it is asked to take a name of its own and introduce itself again."""
-        service = await self._services_of(session).get(service_id)
+        service = await self.services_of(session).get(service_id)
         if service is None:
             out.introduce(service_id)
         elif service.status == ServiceStatus.DELETED:
@@ -171,12 +173,12 @@ class StateRules:
             out.introduce(service_id, name_taken=True)
 
     async def _service_gone(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
-        await self._services_of(session).delete(service_id, now, running=0)
+        await self.services_of(session).delete(service_id, now, running=0)
         await self._release_observers(session, service_id, now)
 
     async def _release_observers(self, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
         """The host is gone: its observers wait, hostless, for a new start report."""
-        rows_of = self._rows_of(session)
+        rows_of = self.rows_of(session)
         for obs in await rows_of.hosted_by(service_id):
             obs.host(None)
             obs.modified_at = now
@@ -184,119 +186,12 @@ class StateRules:
                 obs.status = S.CREATED
             rows_of.event(obs.id, EventType.RELEASED, now, from_service_id=service_id)
 
-    # --- observers -------------------------------------------------------------------------
-
-    async def _started(
-        self,
-        session: AsyncSession,
-        observer_id: uuid.UUID,
-        m: ObserversStarted,
-        now: datetime,
-        out: FollowUps,
-    ) -> None:
-        """``observer_id`` started on ``m.service_id`` (in ``m.session_id``)."""
-        obs = await self._observer(session, observer_id)
-        if obs is None:
-            self.suspicions.unknown.setdefault(observer_id, (m.service_id, time.monotonic()))
-            return
-        if not await self._service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
-            logger.info("ignoring start of %s reported by dead or unknown service %s", observer_id, m.service_id)
-            await self._introduce_if_unknown(session, m.service_id, out)
-            return
-        if obs.status in STOPPING_OR_GONE:
-            out.stop(obs.id, m.service_id, f"observer is {obs.status.value}", m.session_id)
-            if obs.status == S.ON_DELETING:
-                obs.host(m.service_id, m.session_id)
-            return
-        host = obs.service_id
-        if host is not None and host != m.service_id and await self._service_in(session, host, (ServiceStatus.ALIVE,)):
-            if m.redelivered:
-                # Only the copy we knew of: the old host may hold a newer one by now.
-                out.stop(obs.id, host, "moved to another host", obs.host_session_id)
-            else:
-                out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
-                return
-        if host is not None and host != m.service_id:
-            self._rows_of(session).event(
-                obs.id,
-                EventType.MOVED,
-                now,
-                service_id=m.service_id,
-                from_service_id=host,
-                from_session_id=obs.host_session_id,
-            )
-            self.moved_from_at[host] = time.monotonic()
-        else:
-            self._rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
-        obs.status = S.PROCESSING
-        obs.host(m.service_id, m.session_id)
-        # A life's first start is its first attempt. A start elsewhere after its host died or
-        # left carries on that attempt: a move is not the observer's failure (those come as
-        # ObserverRetrying), and it leaves the indexed column as it was (migration 0011).
-        obs.attempts = max(obs.attempts, 1)
-        obs.modified_at = now
-        if obs.probation_since is not None:
-            if m.isolation == "process":
-                obs.probation_clean_since = now
-            else:  # a failover: the start message still says async
-                obs.probation_clean_since = None
-                out.isolate(obs.id, m.service_id)
-
-    async def _stopped(self, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:
-        # Any service may end a requested stop, not only the host we know of: the sender
-        # acked a copy of the start (maybe one the broker redelivered to it before we
-        # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
-        # (its start report or its host's inventory gets a targeted stop).
-        obs = await self._observer(session, m.observer_id)
-        if obs is not None and obs.status == S.ON_DELETING:
-            obs.status, obs.modified_at = S.DELETED, now
-            obs.host(await self._known_or_none(session, m.service_id))
-            self._rows_of(session).event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=m.reason)
-
-    async def _retrying(self, session: AsyncSession, m: ObserverRetrying, now: datetime) -> None:
-        obs = await self._observer(session, m.observer_id)
-        if obs is None or obs.status != S.PROCESSING or not await self._speaks_for(session, obs, m.service_id):
-            return
-        obs.attempts += 1
-        obs.last_error, obs.modified_at = m.error, now
-        if obs.probation_clean_since is not None:
-            obs.probation_clean_since = now  # its child failed: the clean run starts over
-        detail = f"attempt {m.attempt} in {m.delay_s:g}s after: {m.error}"
-        self._rows_of(session).event(obs.id, EventType.RETRYING, now, service_id=m.service_id, detail=detail)
-
-    async def _failed(self, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
-        obs = await self._observer(session, m.observer_id)
-        if obs is None or obs.status in (S.DELETED, S.FAILED) or not await self._speaks_for(session, obs, m.service_id):
-            return
-        obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
-        obs.last_error = m.reason
-        obs.host(await self._known_or_none(session, m.service_id))
-        obs.modified_at = now
-        event = EventType.FAILED if obs.status == S.FAILED else EventType.STOPPED
-        self._rows_of(session).event(obs.id, event, now, service_id=m.service_id, detail=m.reason)
-
-    async def _isolated(self, session: AsyncSession, m: ObserverIsolated, now: datetime) -> None:
-        """Its host runs it in a child process now: the clean run of its probation begins."""
-        obs = await self._observer(session, m.observer_id)
-        if obs is None or obs.status != S.PROCESSING or obs.service_id != m.service_id or obs.probation_since is None:
-            return
-        obs.probation_clean_since = now
-        self._rows_of(session).event(obs.id, EventType.ISOLATED, now, service_id=m.service_id)
-
-    async def _described(self, session: AsyncSession, m: ObserversDescribed, now: datetime, out: FollowUps) -> None:
-        if not await self._service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
-            await self._introduce_if_unknown(session, m.service_id, out)
-            return
-        for start in m.starts:
-            self.suspicions.unknown.pop(start.observer_id, None)
-        await adopt(session, self._rows_of(session), m, now, out)
-
     async def _digest(self, session: AsyncSession, m: ServiceDigest, now: datetime, out: FollowUps) -> None:
         """Compare a service's digest with the rows; ask for its whole inventory if they differ."""
-        if not await self._services_of(session).touch(m.service_id, now, m.count, m.session_id):
-            await self._introduce_if_unknown(session, m.service_id, out)
+        if not await self.services_of(session).touch(m.service_id, now, m.count, m.session_id):
+            await self.introduce_if_unknown(session, m.service_id, out)
             return
-        await self._rows_of(session).flush()  # the digest is read from the rows as changed so far
+        await self.rows_of(session).flush()  # the digest is read from the rows as changed so far
         count, digest = await held_digest(session, m.service_id, m.session_id)
         DIGESTS_COMPARED.inc()
         if (count, digest) != (m.count, m.digest):
@@ -312,8 +207,8 @@ class StateRules:
     async def _inventory(self, session: AsyncSession, m: ServiceInventory, now: datetime, out: FollowUps) -> None:
         """Reconcile what a service really runs. Only rows that disagree are loaded: in the
         steady state an inventory of 30,000 ids costs two index scans, no Python per id."""
-        if not await self._services_of(session).touch(m.service_id, now, len(m.observer_ids), m.session_id):
-            await self._introduce_if_unknown(session, m.service_id, out)
+        if not await self.services_of(session).touch(m.service_id, now, len(m.observer_ids), m.session_id):
+            await self.introduce_if_unknown(session, m.service_id, out)
             return
         sid = m.service_id
         listed = set(m.observer_ids)
@@ -337,7 +232,7 @@ class StateRules:
                 return not here or row.id in conflicts
             return (row.service_id == sid and row.status in held) or row.id in conflicts
 
-        rows = await self._rows_of(session).matching(
+        rows = await self.rows_of(session).matching(
             (id_in(Observer.id, listed) & ~running_here)
             | (held_here & ~id_in(Observer.id, listed))
             | id_in(Observer.id, conflicts),
@@ -364,7 +259,7 @@ class StateRules:
         if obs.status in STOPPING_OR_GONE:
             out.stop(obs.id, sid, f"observer is {obs.status.value}", m.session_id)
             return
-        if obs.service_id in (None, sid) or not await self._service_in(session, obs.service_id, (ServiceStatus.ALIVE,)):
+        if obs.service_id in (None, sid) or not await self.service_in(session, obs.service_id, (ServiceStatus.ALIVE,)):
             if obs.status != S.PROCESSING or obs.service_id != sid or obs.host_session_id != m.session_id:
                 obs.status, obs.modified_at = S.PROCESSING, now
                 obs.host(sid, m.session_id)
@@ -373,14 +268,7 @@ class StateRules:
         self.suspicions.conflicts[obs.id] = (sid, m.session_id)
         out.messages.append(InventoryRequest(service_id=obs.service_id))
 
-    async def _speaks_for(self, session: AsyncSession, obs: Row, service_id: uuid.UUID) -> bool:
-        """A report about an observer counts if it comes from its host, or if it has no
-        live host (the broker gave its start to the sender when the old host died)."""
-        if obs.service_id in (None, service_id):
-            return True
-        return not await self._service_in(session, obs.service_id, (ServiceStatus.ALIVE,))
-
-    async def _service_in(
+    async def service_in(
         self, session: AsyncSession, service_id: uuid.UUID | None, statuses: tuple[ServiceStatus, ...]
     ) -> bool:
         """Whether the service is known and in one of ``statuses``. A lost service may still
@@ -388,18 +276,13 @@ class StateRules:
         them when its connection really died."""
         if service_id is None:
             return False
-        service = await self._services_of(session).get(service_id)
+        service = await self.services_of(session).get(service_id)
         return service is not None and service.status in statuses
 
-    async def _known_or_none(self, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
-        """The id, if it may be written as an observer's host: only a known service (no foreign
-        key checks it since migration 0010; this does)."""
-        return service_id if await self._services_of(session).get(service_id) is not None else None
-
-    def _rows_of(self, session: AsyncSession) -> ObserverRows:
+    def rows_of(self, session: AsyncSession) -> ObserverRows:
         return self._transaction(session)[0]
 
-    def _services_of(self, session: AsyncSession) -> ServiceRows:
+    def services_of(self, session: AsyncSession) -> ServiceRows:
         return self._transaction(session)[1]
 
     def _transaction(self, session: AsyncSession) -> tuple[ObserverRows, ServiceRows]:
@@ -407,10 +290,6 @@ class StateRules:
         if self._rows is None or self._rows[0].session is not session:
             self._rows = ObserverRows(session), ServiceRows(session)
         return self._rows
-
-    async def _observer(self, session: AsyncSession, observer_id: uuid.UUID) -> Row | None:
-        """The observer's row, locked for the rest of the transaction."""
-        return await self._rows_of(session).get(observer_id)
 
     async def preload(self, session: AsyncSession, messages: list[StateMessage]) -> None:
         """Load, in one query each, every observer (locked) and service (not locked: see
@@ -439,4 +318,4 @@ class StateRules:
 
     async def flush(self, session: AsyncSession) -> None:
         """Write the changed rows; call before the transaction commits."""
-        await self._rows_of(session).flush()
+        await self.rows_of(session).flush()

@@ -1,0 +1,167 @@
+"""The rules of observer reports: an observer started (or moved), stopped, retrying, failed,
+isolated, and the starts a host describes to be adopted. ``StateRules`` (``rules.py``)
+dispatches each report here, inside its transaction and with its rows; the compare-and-set
+rules these follow are in its docstring."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from manager.db.models import EventType, ObserverStatus, ServiceStatus
+from manager.state.adoption import adopt
+from manager.state.follow_ups import FollowUps
+from manager.state.rows import Row
+from shared.messages import (
+    ObserverFailed,
+    ObserverIsolated,
+    ObserverRetrying,
+    ObserversDescribed,
+    ObserversStarted,
+    ObserverStopped,
+)
+
+if TYPE_CHECKING:
+    from manager.state.rules import StateRules
+
+logger = logging.getLogger(__name__)
+
+S = ObserverStatus
+STOPPING_OR_GONE = (S.ON_DELETING, S.DELETED, S.FAILED)
+
+
+async def started(
+    rules: StateRules,
+    session: AsyncSession,
+    observer_id: uuid.UUID,
+    m: ObserversStarted,
+    now: datetime,
+    out: FollowUps,
+) -> None:
+    """``observer_id`` started on ``m.service_id`` (in ``m.session_id``)."""
+    obs = await _observer(rules, session, observer_id)
+    if obs is None:
+        rules.suspicions.unknown.setdefault(observer_id, (m.service_id, time.monotonic()))
+        return
+    if not await rules.service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
+        logger.info("ignoring start of %s reported by dead or unknown service %s", observer_id, m.service_id)
+        await rules.introduce_if_unknown(session, m.service_id, out)
+        return
+    if obs.status in STOPPING_OR_GONE:
+        out.stop(obs.id, m.service_id, f"observer is {obs.status.value}", m.session_id)
+        if obs.status == S.ON_DELETING:
+            obs.host(m.service_id, m.session_id)
+        return
+    host = obs.service_id
+    if host is not None and host != m.service_id and await rules.service_in(session, host, (ServiceStatus.ALIVE,)):
+        if m.redelivered:
+            # Only the copy we knew of: the old host may hold a newer one by now.
+            out.stop(obs.id, host, "moved to another host", obs.host_session_id)
+        else:
+            out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
+            return
+    if host is not None and host != m.service_id:
+        rules.rows_of(session).event(
+            obs.id,
+            EventType.MOVED,
+            now,
+            service_id=m.service_id,
+            from_service_id=host,
+            from_session_id=obs.host_session_id,
+        )
+        rules.moved_from_at[host] = time.monotonic()
+    else:
+        rules.rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
+    obs.status = S.PROCESSING
+    obs.host(m.service_id, m.session_id)
+    # A life's first start is its first attempt. A start elsewhere after its host died or
+    # left carries on that attempt: a move is not the observer's failure (those come as
+    # ObserverRetrying), and it leaves the indexed column as it was (migration 0011).
+    obs.attempts = max(obs.attempts, 1)
+    obs.modified_at = now
+    if obs.probation_since is not None:
+        if m.isolation == "process":
+            obs.probation_clean_since = now
+        else:  # a failover: the start message still says async
+            obs.probation_clean_since = None
+            out.isolate(obs.id, m.service_id)
+
+
+async def stopped(rules: StateRules, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:
+    # Any service may end a requested stop, not only the host we know of: the sender
+    # acked a copy of the start (maybe one the broker redelivered to it before we
+    # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
+    # (its start report or its host's inventory gets a targeted stop).
+    obs = await _observer(rules, session, m.observer_id)
+    if obs is not None and obs.status == S.ON_DELETING:
+        obs.status, obs.modified_at = S.DELETED, now
+        obs.host(await _known_or_none(rules, session, m.service_id))
+        rules.rows_of(session).event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=m.reason)
+
+
+async def retrying(rules: StateRules, session: AsyncSession, m: ObserverRetrying, now: datetime) -> None:
+    obs = await _observer(rules, session, m.observer_id)
+    if obs is None or obs.status != S.PROCESSING or not await _speaks_for(rules, session, obs, m.service_id):
+        return
+    obs.attempts += 1
+    obs.last_error, obs.modified_at = m.error, now
+    if obs.probation_clean_since is not None:
+        obs.probation_clean_since = now  # its child failed: the clean run starts over
+    detail = f"attempt {m.attempt} in {m.delay_s:g}s after: {m.error}"
+    rules.rows_of(session).event(obs.id, EventType.RETRYING, now, service_id=m.service_id, detail=detail)
+
+
+async def failed(rules: StateRules, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
+    obs = await _observer(rules, session, m.observer_id)
+    if obs is None or obs.status in (S.DELETED, S.FAILED) or not await _speaks_for(rules, session, obs, m.service_id):
+        return
+    obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
+    obs.last_error = m.reason
+    obs.host(await _known_or_none(rules, session, m.service_id))
+    obs.modified_at = now
+    event = EventType.FAILED if obs.status == S.FAILED else EventType.STOPPED
+    rules.rows_of(session).event(obs.id, event, now, service_id=m.service_id, detail=m.reason)
+
+
+async def isolated(rules: StateRules, session: AsyncSession, m: ObserverIsolated, now: datetime) -> None:
+    """Its host runs it in a child process now: the clean run of its probation begins."""
+    obs = await _observer(rules, session, m.observer_id)
+    if obs is None or obs.status != S.PROCESSING or obs.service_id != m.service_id or obs.probation_since is None:
+        return
+    obs.probation_clean_since = now
+    rules.rows_of(session).event(obs.id, EventType.ISOLATED, now, service_id=m.service_id)
+
+
+async def described(
+    rules: StateRules, session: AsyncSession, m: ObserversDescribed, now: datetime, out: FollowUps
+) -> None:
+    if not await rules.service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
+        await rules.introduce_if_unknown(session, m.service_id, out)
+        return
+    for start in m.starts:
+        rules.suspicions.unknown.pop(start.observer_id, None)
+    await adopt(session, rules.rows_of(session), m, now, out)
+
+
+async def _speaks_for(rules: StateRules, session: AsyncSession, obs: Row, service_id: uuid.UUID) -> bool:
+    """A report about an observer counts if it comes from its host, or if it has no
+    live host (the broker gave its start to the sender when the old host died)."""
+    if obs.service_id in (None, service_id):
+        return True
+    return not await rules.service_in(session, obs.service_id, (ServiceStatus.ALIVE,))
+
+
+async def _known_or_none(rules: StateRules, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
+    """The id, if it may be written as an observer's host: only a known service (no foreign
+    key checks it since migration 0010; this does)."""
+    return service_id if await rules.services_of(session).get(service_id) is not None else None
+
+
+async def _observer(rules: StateRules, session: AsyncSession, observer_id: uuid.UUID) -> Row | None:
+    """The observer's row, locked for the rest of the transaction."""
+    return await rules.rows_of(session).get(observer_id)
