@@ -66,9 +66,9 @@ async def record_death(
         .cte("recorded")
     )
     # Not locked: writing an event locks nothing of its observer (no foreign key, migration
-    # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (rows.py). Locked, the
-    # victims would make every start reported by the hosts taking them over wait for the
-    # record of the death that caused it (docs/design.md, invariant 7).
+    # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (``state/rows.py``).
+    # Locked, the victims would make every start reported by the hosts taking them over wait
+    # for the record of the death that caused it (docs/design.md, invariant 7).
     lost = await session.scalar(select(func.count()).select_from(recorded))
     await session.execute(insert(HostDeath).values(service_id=service_id, at=now))
     return lost or 0
@@ -84,7 +84,7 @@ async def deaths_since(session: AsyncSession, since: datetime) -> int:
     return deaths or 0
 
 
-async def victims(
+async def victim_ids(
     session: AsyncSession, service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None
 ) -> set[uuid.UUID]:
     """The ids of the observers a death took a host from (``_victims``)."""

@@ -78,7 +78,7 @@ async def host_died(
     since = now - timedelta(seconds=policy.window_s)
     if await probation_db.deaths_since(session, since) < policy.after_host_deaths:
         return {}
-    ids = await probation_db.victims(session, service_id, last_heard, died_in)
+    ids = await probation_db.victim_ids(session, service_id, last_heard, died_in)
     counts = await probation_db.losses_since_last_probation(session, ids, since, policy.after_host_deaths)
     if not counts:
         return {}
