@@ -39,10 +39,13 @@ async def still_here(connection: AsyncConnection) -> None:
     await connection.execute(text("SELECT 1"))
 
 
-# The name of the session that holds the lock (the leader's name); no row when nobody does.
+# The name of the session that holds this database's lock (the leader's name); no row when
+# nobody does. An advisory lock belongs to its database: another deployment's manager on the
+# same server holds a lock of the same keys in its own.
 # The keys are constants, written into the text so that ``GET /api/stats`` can embed it.
 HOLDER_SQL = (
     "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
     f"WHERE l.locktype = 'advisory' AND l.classid = {_NAMESPACE} AND l.objid = {_STATE_SIDE} "
-    "AND l.objsubid = 2 AND l.granted LIMIT 1"
+    "AND l.objsubid = 2 AND l.granted "
+    "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) LIMIT 1"
 )

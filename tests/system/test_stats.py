@@ -72,6 +72,7 @@ async def test_stats_report_every_part_from_folded_counts_and_pending_deltas(
             "ticker": {"Processing": 6, "Deleted": 3},
         },
         "probation": 2,
+        "state_applied_by": None,  # no manager runs
     }
 
 
@@ -85,4 +86,5 @@ async def test_stats_of_an_empty_system(sessions: async_sessionmaker[AsyncSessio
         "capacity": {},
         "kinds": {},
         "probation": 0,
+        "state_applied_by": None,
     }
