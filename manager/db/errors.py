@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from asyncpg.exceptions import TargetServerAttributeNotMatched
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
@@ -127,10 +127,13 @@ class OutageLog:
     again: a WARNING per attempt would be a line a second per loop, thousands in an hour's
     outage. The attempts in between are DEBUG."""
 
-    def __init__(self, what: str, log: logging.Logger, every_s: float = 60.0) -> None:
+    def __init__(
+        self, what: str, log: logging.Logger, every_s: float = 60.0, on_failure: Callable[[], None] | None = None
+    ) -> None:
         self.what = what
         self.log = log
         self.every_s = every_s
+        self.on_failure = on_failure  # told of every failure (the leader lock checks itself at once)
         self._since: float | None = None  # monotonic time of the first failure, None while it works
         self._said_at = 0.0
         self._failures = 0
@@ -138,6 +141,8 @@ class OutageLog:
     def failed(self, error: BaseException) -> None:
         now = time.monotonic()
         self._failures += 1
+        if self.on_failure is not None:
+            self.on_failure()
         if self._since is None:
             self._since = self._said_at = now
             self.log.warning("%s: the database is unavailable or busy (%s); retrying", self.what, describe(error))

@@ -75,11 +75,17 @@ class Schedule:
 
 
 class RepairLoop:
-    def __init__(self, repairs: Sequence[Repair], broker: BrokerLink, interval_s: float) -> None:
+    def __init__(
+        self,
+        repairs: Sequence[Repair],
+        broker: BrokerLink,
+        interval_s: float,
+        on_database_error: Callable[[], None] | None = None,
+    ) -> None:
         self.repairs = repairs
         self.broker = broker
         self.interval_s = interval_s
-        self._database = OutageLog("background repairs", logger)
+        self._database = OutageLog("background repairs", logger, on_failure=on_database_error)
 
     async def run(self) -> None:
         schedule = Schedule(self.repairs)

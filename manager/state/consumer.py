@@ -37,7 +37,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from aio_pika.abc import AbstractIncomingMessage
@@ -77,6 +77,7 @@ class StateConsumer:
         broker: BrokerLink,
         rules: StateRules,
         max_batch: int = 1000,
+        on_database_error: Callable[[], None] | None = None,
     ) -> None:
         self.sessions = sessions
         self.broker = broker
@@ -88,7 +89,7 @@ class StateConsumer:
         # Committed batches whose follow-ups are not published (and deliveries not acked) yet.
         self._committed: asyncio.Queue[tuple[FollowUps, list[Delivery]]] = asyncio.Queue(_PUBLISH_AHEAD)
         self._publishing = False
-        self._database = OutageLog("applying state reports", logger)
+        self._database = OutageLog("applying state reports", logger, on_failure=on_database_error)
 
     def idle(self) -> bool:
         """Nothing received and not yet applied, published and acked."""

@@ -91,11 +91,12 @@ class StateSide:
         stale after another manager led."""
         settings = self.settings
         rules = StateRules(ProbationPolicy(settings.probation_after_host_deaths, settings.probation_window_s))
-        consumer = StateConsumer(self.sessions, self.broker, rules)
+        consumer = StateConsumer(self.sessions, self.broker, rules, on_database_error=self.lock.doubt)
         repairs = RepairLoop(
             state_side_repairs(settings, self.sessions, self.broker, rules, self.in_flight, consumer.idle),
             self.broker,
             settings.repair_interval_s,
+            on_database_error=self.lock.doubt,
         )
         waker = StartQueueWaker(settings, self.sessions, self.broker)
         work: asyncio.Future[Any] = asyncio.ensure_future(

@@ -63,8 +63,14 @@ def started_in(proc: Proc, observer_id: str) -> bool:
 
 
 def assert_outage_felt(manager: Proc) -> None:
-    """The state consumer met the outage and waited (rather than the test missing it)."""
-    assert "applying state reports: the database is unavailable or busy" in manager.text()
+    """The state side met the outage and waited (rather than the test missing it): its
+    consumer, or its leader lock, whose session the outage ended (the state side then stands
+    by, consuming nothing, until it holds the lock again)."""
+    said = manager.text()
+    assert (
+        "applying state reports: the database is unavailable or busy" in said
+        or "waiting to lead: the database is unavailable or busy" in said
+    ), said[-4000:]
 
 
 def test_reports_wait_while_the_database_refuses_connections(
@@ -180,11 +186,17 @@ def test_postgres_down_answers_503_and_the_manager_recovers(
     assert system.queue_counts(STATE_ERRORS)[0] == 0
     assert "dead-lettering" not in manager.text()
     # and the manager's log told the outage in a line when it began and one when it ended,
-    # per loop, not a line per attempt (each loop retried every second or faster)
+    # per loop, not a line per attempt (each loop retried every second or faster). The
+    # outage ended the leader lock's session: the state side stood by, its loops ended with
+    # their term, and it says when it leads again.
     said = manager.text()
     assert said.count("unavailable or busy") <= 4, said[-4000:]
-    for loop in ("applying state reports", "background repairs"):
-        assert f"{loop}: the database answers again after" in said, said[-4000:]
+    stood_by = "gave up the lead" in said
+    for loop in ("applying state reports", "background repairs", "waiting to lead"):
+        if f"{loop}: the database is unavailable" in said and (loop == "waiting to lead" or not stood_by):
+            assert f"{loop}: the database answers again after" in said, said[-4000:]
+    if stood_by:
+        assert said.rindex("now applies state reports") > said.rindex("gave up the lead"), said[-4000:]
 
 
 def test_requests_behind_a_locked_table_are_refused_in_time_and_served_once_it_is_free(system: System) -> None:
