@@ -202,23 +202,24 @@ def run_deployment(system: System, nodes: list[infra.RabbitNode], size: int) -> 
     return result
 
 
-async def _hold_and_close(url: str, queue: str, held: int) -> None:
+async def hold(url: str, queue: str, count: int, timeout_s: float) -> aio_pika.abc.AbstractConnection:
+    """A connection holding ``count`` starts of ``queue``, taken as a service takes them
+    (prefetch, ``HELD_FOR_GOOD``, no ack)."""
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
-    await channel.set_qos(prefetch_count=held)
+    await channel.set_qos(prefetch_count=count)
     got = 0
     all_held = asyncio.get_running_loop().create_future()
 
     async def take(_message: aio_pika.abc.AbstractIncomingMessage) -> None:
         nonlocal got
         got += 1
-        if got == held and not all_held.done():
+        if got == count and not all_held.done():
             all_held.set_result(None)
 
-    q = await channel.get_queue(queue, ensure=False)
-    await q.consume(take, arguments=topology.HELD_FOR_GOOD)
-    await asyncio.wait_for(all_held, 60)
-    await connection.close()
+    await (await channel.get_queue(queue, ensure=False)).consume(take, arguments=topology.HELD_FOR_GOOD)
+    await asyncio.wait_for(all_held, timeout_s)
+    return connection
 
 
 async def publish(channel: aio_pika.abc.AbstractChannel, queue: str, count: int) -> None:
@@ -241,21 +242,8 @@ async def memory_per_start(
     before = {n.node: broker_memory_kib(n) for n in nodes}
     disk_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
     await publish(channel, queue.name, count)
-    holder = await aio_pika.connect(url)
+    holder = await hold(url, queue.name, count, 300)
     try:
-        held = await holder.channel()
-        await held.set_qos(prefetch_count=count)
-        got = 0
-        all_held = asyncio.get_running_loop().create_future()
-
-        async def take(_message: aio_pika.abc.AbstractIncomingMessage) -> None:
-            nonlocal got
-            got += 1
-            if got == count and not all_held.done():
-                all_held.set_result(None)
-
-        await (await held.get_queue(queue.name, ensure=False)).consume(take, arguments=topology.HELD_FOR_GOOD)
-        await asyncio.wait_for(all_held, 300)
         after = {n.node: broker_memory_kib(n) for n in nodes}
         disk_after = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
     finally:
@@ -281,7 +269,7 @@ async def failovers(nodes: list[infra.RabbitNode], vhost: str, held: int, count:
         result.node_bytes_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
         began = time.monotonic()
         for i in range(count):
-            await _hold_and_close(urls[i % len(urls)], queue.name, held)
+            await (await hold(urls[i % len(urls)], queue.name, held, 60)).close()
         result.seconds = time.monotonic() - began
         result.node_bytes_after = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
         error = await channel.get_queue(topology.error_queue_name(queue.name), ensure=False)
