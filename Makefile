@@ -82,7 +82,7 @@ bench-scale: venv
 	$(PY) -m bench.scale $(SCALE_ARGS)
 
 # One node against the 3-node cluster in one run, and the broker's disk after 1,000 failovers
-# (issue 55; about 15 minutes). CLUSTER_ARGS="--size 3000 --failovers 100" for a quick look.
+# (issue 55; about 10 minutes here). CLUSTER_ARGS="--size 3000 --failovers 100" for a quick look.
 CLUSTER_ARGS ?=
 
 bench-cluster: venv
