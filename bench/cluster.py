@@ -42,10 +42,9 @@ from pathlib import Path
 
 import aio_pika
 import asyncpg
-import httpx
 
 from bench.broker_memory import broker_memory_kib
-from bench.fresh import busiest_host, held_by
+from bench.fresh import busiest_host, create_idle, fresh_system, held_by
 from bench.scale import RESULTS, SCALE_ENV
 from bench.scenarios import BULK
 from shared import topology
@@ -84,15 +83,6 @@ def folder_bytes(path: Path) -> int:
     return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
 
 
-def migrated(system: System) -> None:
-    subprocess.run(
-        [sys.executable, "-m", "alembic", "upgrade", "head"],
-        env={"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": system.database_url},
-        check=True,
-        capture_output=True,
-    )
-
-
 async def until(check: Callable[[], Awaitable[bool]]) -> None:
     while True:
         if await check():
@@ -112,15 +102,7 @@ async def create(system: System, size: int) -> float:
     db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
     try:
         began = time.monotonic()
-        async with httpx.AsyncClient(base_url=system.base_url, timeout=120) as http:
-            gate = asyncio.Semaphore(8)
-
-            async def send(start: int) -> None:
-                body = {"observers": [{"name": f"c-{i}", "kind": "idle"} for i in range(start, start + BULK)]}
-                async with gate:
-                    (await http.post("/api/observers/bulk", json=body)).raise_for_status()
-
-            await asyncio.gather(*(send(start) for start in range(0, size, BULK)))
+        await create_idle(system.base_url, size, "c-", BULK)
         await all_processing(db, size)
         return size / (time.monotonic() - began)
     finally:
@@ -295,14 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     for on_cluster in () if args.only == "failovers" else (False, True):
         tag = f"bench_cluster_{int(time.time())}"
         broker = nodes[0] if on_cluster else single
-        broker.add_vhost(tag)
-        postgres.create_database(tag)
-        system = System(amqp_url=broker.url_for(tag), database_url=postgres.url(tag), workdir=Path(f"/tmp/{tag}"))
-        system.workdir.mkdir()
+        system = fresh_system(broker, postgres, tag, "orch-cluster-")
         system.env |= SCALE_ENV
         if on_cluster:
             system.env |= {"ORCH_QUEUE_TYPE": "quorum", "ORCH_AMQP_URLS": ",".join(n.url_for(tag) for n in nodes)}
-        migrated(system)
         try:
             deployments.append(run_deployment(system, nodes if on_cluster else [], args.size))
         finally:

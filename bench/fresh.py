@@ -1,9 +1,10 @@
 """What every benchmark run starts from: a vhost and a database of its own, migrated, and
-the harness's ``System`` on them; which service to kill for a failover; and the cheap check
-the benchmarks poll while they wait."""
+the harness's ``System`` on them; idle observers created in bulk; which service to kill for
+a failover; and the cheap check the benchmarks poll while they wait."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import tempfile
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import httpx
 
 from tools import infra
 from tools.harness import System
@@ -29,6 +31,20 @@ def fresh_system(rabbit: infra.RabbitNode, postgres: infra.PostgresNode, tag: st
         capture_output=True,
     )
     return system
+
+
+async def create_idle(base_url: str, count: int, prefix: str, bulk: int = 1000) -> None:
+    """``count`` idle observers named ``<prefix><i>``, in bulk requests of ``bulk``, eight at
+    a time."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as http:
+        gate = asyncio.Semaphore(8)
+
+        async def send(start: int) -> None:
+            body = {"observers": [{"name": f"{prefix}{i}", "kind": "idle"} for i in range(start, start + bulk)]}
+            async with gate:
+                (await http.post("/api/observers/bulk", json=body)).raise_for_status()
+
+        await asyncio.gather(*(send(start) for start in range(0, count, bulk)))
 
 
 async def busiest_host(db: asyncpg.Connection) -> asyncpg.Record:

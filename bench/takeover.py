@@ -36,7 +36,7 @@ import asyncpg
 import httpx
 
 from bench import profile
-from bench.fresh import fresh_system, held_by
+from bench.fresh import create_idle, fresh_system, held_by
 from bench.scale import RESULTS, SCALE_ENV
 from bench.scenarios import BULK
 from tools import infra
@@ -104,15 +104,7 @@ async def run_one(system: System, rabbit: infra.RabbitNode, size: int, load: int
     giver = await asyncio.to_thread(system.start_service, "giver", size + 1_000, True)
     db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
     try:
-        async with httpx.AsyncClient(base_url=system.base_url, timeout=120) as http:
-            gate = asyncio.Semaphore(8)
-
-            async def send(start: int) -> None:
-                body = {"observers": [{"name": f"t{load}-{i}", "kind": "idle"} for i in range(start, start + BULK)]}
-                async with gate:
-                    (await http.post("/api/observers/bulk", json=body)).raise_for_status()
-
-            await asyncio.gather(*(send(start) for start in range(0, size, BULK)))
+        await create_idle(system.base_url, size, f"t{load}-", BULK)
         giver_id = await db.fetchval("SELECT id FROM services WHERE pid = $1 AND status = 'alive'", giver.popen.pid)
         await until_held(db, giver_id, size, every=0.5)
         port = free_port()

@@ -143,9 +143,15 @@ class BrokerLink:
         await self.ready.wait()
         assert self._connection is not None
         channel = await self._connection.channel()
-        await channel.set_qos(prefetch_count=self.settings.state_prefetch)
-        state = await topology.declare_state_queue(channel, self.settings.queue_type)
-        await state.consume(on_state)
+        try:
+            await channel.set_qos(prefetch_count=self.settings.state_prefetch)
+            state = await topology.declare_state_queue(channel, self.settings.queue_type)
+            await state.consume(on_state)
+        except BaseException:
+            # Tried again by the caller: an attempt that failed half-way leaves no channel open.
+            with contextlib.suppress(Exception):
+                await channel.close()
+            raise
         self._consuming = channel
         logger.info("consuming %s at %s", topology.STATE_QUEUE, self.nodes.describe())
 

@@ -6,7 +6,6 @@ API acknowledged is lost or applied twice."""
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import threading
@@ -19,9 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
 
-from manager.db.engine import make_engine
+from tests.system.test_two_managers import event_counts
 from tools import infra
 from tools.harness import REPO, System, free_port, wait_for
 from tools.infra.pg_pair import PgPair
@@ -115,19 +113,6 @@ def failover_system(
         print(system.logs())
 
 
-def _events(database_url: str) -> Counter[tuple[str, str]]:
-    async def read() -> Counter[tuple[str, str]]:
-        engine = make_engine(database_url)
-        try:
-            async with engine.connect() as connection:
-                rows = await connection.execute(text("SELECT observer_id::text, event FROM observer_events"))
-                return Counter((observer, event) for observer, event in rows.all())
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(read())
-
-
 def _state_process(system: System) -> str:
     assert system.manager is not None
     pid = system.manager.popen.pid
@@ -213,7 +198,7 @@ def test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice(failove
 
     # Nothing applied twice: one created and one started per observer (no service died, so
     # none moved), and one stopped per Deleted one.
-    events = _events(system.database_url)
+    events = event_counts(system.database_url)
     for observer, status in status_of.items():
         assert events[(observer, "created")] == 1, observer
         # A stop may have come before the start was reported: a Deleted one started at most once.

@@ -24,13 +24,16 @@ def _leader(system: System) -> str | None:
     return name
 
 
-def _events(database: str) -> list[tuple[str, str]]:
-    async def read() -> list[tuple[str, str]]:
-        engine = make_engine(database)
+def event_counts(database_url: str) -> Counter[tuple[str, str]]:
+    """(observer id, event) -> how many times the history has it: what a scan for things
+    applied twice reads."""
+
+    async def read() -> Counter[tuple[str, str]]:
+        engine = make_engine(database_url)
         try:
             async with engine.connect() as connection:
                 rows = await connection.execute(text("SELECT observer_id::text, event FROM observer_events"))
-                return [(observer, event) for observer, event in rows.all()]
+                return Counter((observer, event) for observer, event in rows.all())
         finally:
             await engine.dispose()
 
@@ -98,7 +101,7 @@ def test_two_managers_serve_the_api_one_leads_and_the_other_takes_over(system: S
             b.wait_status(observer, "Deleted")
 
         # Nothing applied twice: each observer was created, started and stopped once.
-        counts = Counter(_events(system.database_url))
+        counts = event_counts(system.database_url)
         for observer in first + after + stopped:
             assert counts[(observer, "created")] == 1, observer
             assert counts[(observer, "started")] == 1, observer
