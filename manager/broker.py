@@ -4,7 +4,7 @@ connections of their own), the only manager module that imports aio-pika.
 Uses a robust connection: unlike a service, the manager holds no deliveries that stand
 for running work, so re-consuming the state queue after a reconnect is exactly right.
 While the broker is unreachable, publishes raise ``BrokerUnavailable`` (the API answers
-503) and the connection is retried in the background.
+503) and the connection is retried in the background (``manager/broker_reconnect.py``).
 """
 
 from __future__ import annotations
@@ -19,23 +19,14 @@ import aio_pika
 import aiormq
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 from aiormq import spec
-from yarl import URL
 
 from manager.broker_probes import BrokerProbes
+from manager.broker_reconnect import RECONNECT_FIRST_S, Reconnects
 from shared import topology
-from shared.amqp_errors import (
-    ConnectionCancelled,
-    cancelled_calls_as_errors,
-    describe_close,
-    describe_connect_failure,
-    vhost_refused,
-    vhost_refused_text,
-)
-from shared.backoff import backoff_delay
+from shared.amqp_errors import ConnectionCancelled, cancelled_calls_as_errors
 from shared.batch_publish import BatchMessage, publish_batch
-from shared.broker_nodes import BrokerNodes, node_name
+from shared.broker_nodes import BrokerNodes
 from shared.errors import BrokerUnavailable
-from shared.logs import last_chatter
 from shared.messages import Message, StartObserver
 from shared.settings import ManagerSettings, amqp_url_with_heartbeat
 
@@ -49,11 +40,6 @@ _PUBLISH_TIMEOUT_S = 10.0
 # A batch of starts gets this much more per message: a busy broker's confirms of several bulk
 # creates outlast a flat deadline (figures: docs/design.md, "Where the time goes").
 _PUBLISH_TIMEOUT_PER_MESSAGE_S = 0.01
-# The interval between attempts to reconnect a lost connection (``BrokerLink._pace_reconnects``).
-_RECONNECT_FIRST_S = 0.2
-_RECONNECT_MAX_S = 5.0
-# While the broker stays unreachable, a line says so this often.
-_STILL_DOWN_EVERY_S = 60.0
 # How long a publish waits for the broker to lift a block (connection.blocked: a memory or
 # disk alarm) before the request is refused with a 503.
 _BLOCKED_WAIT_S = 1.0
@@ -92,23 +78,6 @@ async def _unless_blocked(connection: aiormq.abc.AbstractConnection, work: Corou
                 await task
 
 
-def reconnect_interval(attempts: int, spread: float | None = None) -> float:
-    """Seconds until the next attempt to reconnect, after ``attempts`` failed ones: the
-    services' backoff (``shared.backoff``) from ``_RECONNECT_FIRST_S`` to ``_RECONNECT_MAX_S``,
-    to a hundredth (aio-pika's log line for each attempt prints it as it is)."""
-    return round(backoff_delay(attempts, _RECONNECT_FIRST_S, _RECONNECT_MAX_S, spread), 2)
-
-
-def _reason(exc: BaseException | None, heartbeat_s: int) -> str:
-    """Why a connection closed, in a line: the broker's reply (``CONNECTION_FORCED - ...``),
-    the socket's error, or no frame for the heartbeat's grace (``describe_close``)."""
-    if exc is None:
-        return "no reason given"
-    if isinstance(exc, asyncio.CancelledError):
-        return describe_close(exc, heartbeat_s)
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 class BrokerLink:
     def __init__(self, settings: ManagerSettings) -> None:
         self.settings = settings
@@ -118,7 +87,6 @@ class BrokerLink:
         self._declared_pools: set[str] = set()
         self._declare_lock = asyncio.Lock()
         self._connect_task: asyncio.Task[None] | None = None
-        self._pacing: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
         # Set at each reconnection, for the state side's background loop to check the
         # broker for lost data at once rather than at its next pass (``manager/repairs/loop.py``).
@@ -127,11 +95,11 @@ class BrokerLink:
         # empty one (manager/repairs/rebuild.py checks the marker then).
         self.connects = 0
         self._marker_seen = 0  # ``connects`` when the rebuild marker was last seen
-        self._lost_at: float | None = None  # loop time the connection was lost, None while up
         # The node this link uses; the probes follow it (``shared/broker_nodes.py``).
         self.nodes = BrokerNodes(settings.broker_urls())
         # Liveness, the queue waker and the rebuild ask the broker on connections of their own.
         self.probes = BrokerProbes(settings, self.nodes)
+        self.reconnects = Reconnects(self.nodes, settings.amqp_heartbeat_s)
 
     def start(self) -> None:
         """Connect in the background (retrying)."""
@@ -164,27 +132,17 @@ class BrokerLink:
                 await channel.close()
 
     async def _connect_loop(self) -> None:
-        failures = 0
         while True:
             url = self.nodes.current
             try:
                 connection = await aio_pika.connect_robust(
                     amqp_url_with_heartbeat(url, self.settings.amqp_heartbeat_s),
                     client_properties={"connection_name": "manager"},
-                    reconnect_interval=_RECONNECT_FIRST_S,
+                    reconnect_interval=RECONNECT_FIRST_S,
                 )
                 break
             except Exception as e:  # noqa: BLE001 - any failure: retry
-                self.nodes.failed()
-                failures += 1
-                delay = reconnect_interval(failures)
-                logger.warning(
-                    "broker unreachable at %s (%s); retrying in %.1fs",
-                    node_name(url),
-                    describe_connect_failure(e, url),
-                    delay,
-                )
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self.reconnects.connect_failed(url, e))
         self._connection = connection
         connection.reconnect_callbacks.add(self._on_reconnect)
         connection.close_callbacks.add(self._on_connection_lost)
@@ -194,72 +152,17 @@ class BrokerLink:
         # Declared by every manager: the state backlog is read by a passive declare.
         await topology.declare_state_queue(self._pub, self.settings.queue_type)
         self.ready.set()
-        logger.info("connected to the broker at %s", self.nodes.describe())
+        self.reconnects.connected()
 
     def _on_reconnect(self, *_: object) -> None:
-        if self._lost_at is not None:
-            logger.info(
-                "reconnected to the broker after %.1fs, at %s",
-                asyncio.get_running_loop().time() - self._lost_at,
-                self.nodes.describe(),
-            )
-            self._lost_at = None
+        self.reconnects.connected()
         self.connects += 1
         self._declared_pools.clear()  # a new broker may lack them
         self.reconnected.set()
 
     def _on_connection_lost(self, _connection: object, reason: BaseException | None = None) -> None:
-        connection = self._connection
-        if connection is None or connection.close_called or self._pacing is not None:
-            return  # closed on purpose, or already being paced
-        # The one line an outage writes when it begins: aio-pika's and aiormq's own records of
-        # it (an ERROR and a traceback per attempt) are debug chatter (``shared.logs``).
-        logger.warning("lost the broker connection (%s); reconnecting", _reason(reason, self.settings.amqp_heartbeat_s))
-        self._lost_at = asyncio.get_running_loop().time()
-        self._pacing = asyncio.create_task(self._pace_reconnects(connection), name="broker-reconnect-pace")
-
-    async def _pace_reconnects(self, connection: AbstractRobustConnection) -> None:
-        """aio-pika retries a lost connection at a fixed ``reconnect_interval``: a long one
-        leaves the manager down up to that long after the broker is back (figures:
-        docs/bench-history.md, "2026-11-28, twelfth session"), a short one hammers the broker
-        and the log through a long outage. So each attempt waits longer, as a service's do
-        (``reconnect_interval``): a blip costs a fraction of a second, a long outage one
-        attempt every 2.5 to 5 s."""
-        loop = asyncio.get_running_loop()
-        lost_at = remind_at = loop.time()
-        attempts = 0
-        try:
-            while not connection.connected.is_set() and not connection.close_called:
-                down_for = loop.time() - lost_at
-                attempts += 1
-                interval = reconnect_interval(attempts)
-                connection.reconnect_interval = interval  # type: ignore[attr-defined]
-                if len(self.nodes.urls) > 1:
-                    # aio-pika reconnects to ``connection.url``: each attempt goes to the next
-                    # node of a cluster (the lost one most likely went away with its node). One
-                    # node: the URL aio-pika was given stays untouched.
-                    url = self.nodes.failed()
-                    connection.url = URL(amqp_url_with_heartbeat(url, self.settings.amqp_heartbeat_s))  # type: ignore[attr-defined]
-                if loop.time() - remind_at >= _STILL_DOWN_EVERY_S:
-                    remind_at = loop.time()
-                    logger.warning(
-                        "the broker is still unreachable after %.0fs; trying every %.1fs (the last attempt: %s)",
-                        down_for,
-                        interval,
-                        self._last_attempt(),
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(connection.connected.wait(), interval)
-        finally:
-            connection.reconnect_interval = _RECONNECT_FIRST_S  # type: ignore[attr-defined]
-            self._pacing = None
-
-    def _last_attempt(self) -> str:
-        """Why the last attempt to reconnect failed, as aio-pika logged it (shown at DEBUG)."""
-        said = last_chatter("aio_pika.robust_connection")
-        if said is None:
-            return "no answer yet"
-        return vhost_refused_text(self.nodes.current) if vhost_refused(said) else said
+        if self._connection is not None:
+            self.reconnects.lost(self._connection, reason)
 
     async def checked(self) -> bool:
         """Whether the broker of this connection was checked for lost data (and rebuilt)."""
@@ -283,8 +186,7 @@ class BrokerLink:
         self._marker_seen = connects
 
     async def close(self) -> None:
-        if self._pacing is not None:
-            self._pacing.cancel()
+        self.reconnects.close()
         await self.probes.close()
         if self._connect_task is not None:
             self._connect_task.cancel()

@@ -48,6 +48,7 @@ from shared.messages import (
     ServiceStopped,
     StopObservers,
 )
+from shared.outage import OutageLog
 from shared.settings import ServiceSettings, hostname
 
 logger = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class ObserverService:
             )
         self.settings = settings
         self.nodes = BrokerNodes(settings.broker_urls())
+        # Failed attempts to open a session, said when they begin, each minute, and when one works.
+        self.outage = OutageLog(logger, "cannot open a broker session", "broker session open again")
         self.service_id = uuid.uuid4()
         set_service_id(str(self.service_id))
         self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
@@ -160,10 +163,11 @@ class ObserverService:
                 if isinstance(e, BrokerRefused):
                     self.refusals.session_refused(e.hint)
                 else:
-                    logger.warning("%s; retrying in %.1fs", e, delay)
+                    self.outage.failed(str(e))
                 await _wait_any(self.shutdown, timeout=delay)
                 continue
             failures = 0
+            self.outage.worked()
             self.refusals.session_opened()
             self.session = session
             self._send_inventory()

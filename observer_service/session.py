@@ -157,11 +157,11 @@ class Session:
             )
         except Exception as e:
             hint = refusal(e, self.url)
-            why = hint or describe_connect_failure(e, self.url)
-            await self.close(f"open failed: {why}")
+            why = hint or f"{node_name(self.url)}: {describe_connect_failure(e, self.url)}"
+            await self.close(f"open failed: {why}", quiet=True)
             if hint is not None:
                 raise BrokerRefused(f"cannot open a broker session: {hint}", hint) from e
-            raise BrokerUnavailable(f"cannot open a broker session: {why}") from e
+            raise BrokerUnavailable(why) from e
         self._tasks = [asyncio.create_task(self._outbox_loop(outbox), name="outbox")]
         logger.info(
             "broker session open on %s (pools=%s, prefetch=%d)",
@@ -183,8 +183,12 @@ class Session:
         if self._to_main is not None:
             self._to_main.post(self.fail, reason, exc)
 
-    def fail(self, reason: str, exc: BaseException | None = None, *, expected: bool = False) -> None:
-        """Mark the session dead. Safe to call many times and from callbacks (main loop)."""
+    def fail(
+        self, reason: str, exc: BaseException | None = None, *, expected: bool = False, quiet: bool = False
+    ) -> None:
+        """Mark the session dead. Safe to call many times and from callbacks (main loop).
+        ``quiet``: a session that never opened, whose caller says the outage
+        (``shared.outage``), logs its end at DEBUG."""
         if self.closed.is_set():
             return
         self.lease.revoke()
@@ -192,15 +196,15 @@ class Session:
         if exc is not None and "acknowledgement" in str(exc) and "timed out" in str(exc):
             logger.error("%s (%s)", ACK_TIMEOUT_HINT, exc)
         elif expected:
-            logger.info("broker session closed: %s", reason)
+            logger.log(logging.DEBUG if quiet else logging.INFO, "broker session closed: %s", reason)
         else:
             logger.warning("broker session lost: %s", reason)
         if not expected:
             metrics.SESSIONS_LOST.inc()
         self.closed.set()
 
-    async def close(self, reason: str = "closing") -> None:
-        self.fail(reason, expected=True)
+    async def close(self, reason: str = "closing", *, quiet: bool = False) -> None:
+        self.fail(reason, expected=True, quiet=quiet)
         if self._events is not None:
             await self._events.close(self.close_reason or reason)
         for task in self._tasks:

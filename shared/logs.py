@@ -3,9 +3,10 @@
 ``ORCH_LOG_FORMAT=json`` writes one JSON object per line instead (python-json-logger), with
 ``role`` and, where known, ``service_id`` and ``observer_id`` as fields, for log pipelines.
 
-A broker restart is ordinary: our code says once, in its own words, that the connection was
-lost and that it is back (the service's "broker session lost: ..." and "cannot open a broker
-session ...; retrying", the manager's "lost the broker connection ..." and "reconnected ...").
+A broker restart is ordinary: our code says, in its own words, that the connection was lost,
+once a minute that it is still away, and that it is back (``shared.outage``: the service's
+"broker session lost: ..." and "cannot open a broker session (...); retrying", the manager's
+"the broker is unreachable (lost the connection: ...)" and "connected to the broker after ...").
 aiormq and aio-pika log the same events as well, as ERRORs with tracebacks, once per attempt
 to reconnect (docs/operations.md, "the broker down"). Those records (``_CHATTER``) are shown
 only with ``ORCH_LOG_LEVEL=DEBUG``; anything else the libraries log is kept as it is.

@@ -29,12 +29,13 @@ neither is a ``DBAPIError``.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterator
 
 from asyncpg.exceptions import TargetServerAttributeNotMatched
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from shared.outage import OutageLog
 
 # SQLSTATE classes: 08 connection exception, 53 insufficient resources (too many
 # connections, out of memory, disk full), 57 operator intervention (admin shutdown, cannot
@@ -121,50 +122,12 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
-class OutageLog:
-    """What a loop that retries the database says while it cannot: one line when it fails,
-    one a minute while it keeps failing (how long, how many attempts), one when it works
-    again: a WARNING per attempt would be a line a second per loop, thousands in an hour's
-    outage. The attempts in between are DEBUG."""
-
-    def __init__(
-        self, what: str, log: logging.Logger, every_s: float = 60.0, on_failure: Callable[[], None] | None = None
-    ) -> None:
-        self.what = what
-        self.log = log
-        self.every_s = every_s
-        self.on_failure = on_failure  # told of every failure (the leader lock checks itself at once)
-        self._since: float | None = None  # monotonic time of the first failure, None while it works
-        self._said_at = 0.0
-        self._failures = 0
-
-    def failed(self, error: BaseException) -> None:
-        now = time.monotonic()
-        self._failures += 1
-        if self.on_failure is not None:
-            self.on_failure()
-        if self._since is None:
-            self._since = self._said_at = now
-            self.log.warning("%s: the database is unavailable or busy (%s); retrying", self.what, describe(error))
-        elif now - self._said_at >= self.every_s:
-            self._said_at = now
-            self.log.warning(
-                "%s: the database is still unavailable or busy after %.0fs and %d attempts (%s); retrying",
-                self.what,
-                now - self._since,
-                self._failures,
-                describe(error),
-            )
-        else:
-            self.log.debug("%s: the database is unavailable or busy (%s)", self.what, describe(error))
-
-    def worked(self) -> None:
-        if self._since is None:
-            return
-        self.log.info(
-            "%s: the database answers again after %.0fs and %d failed attempt(s)",
-            self.what,
-            time.monotonic() - self._since,
-            self._failures,
-        )
-        self._since, self._failures = None, 0
+def database_outage(what: str, log: logging.Logger, on_failure: Callable[[], None] | None = None) -> OutageLog:
+    """How the loop doing ``what`` says the database is away (``shared.outage``); it passes
+    ``describe(error)`` for each failure."""
+    return OutageLog(
+        log,
+        f"{what}: the database is unavailable or busy",
+        f"{what}: the database answers again",
+        on_failure=on_failure,
+    )

@@ -3,7 +3,7 @@ once, in one line, what waiting cannot fix.
 
 A manager started before its PostgreSQL (a host booting, `docker compose up` without health
 ordering, an outage under way) waits for it, as for the broker, saying so as every loop says
-an outage (``OutageLog``: once when it begins, once a minute, once when it ends), and carries
+an outage (``shared.outage``: once when it begins, once a minute, once when it ends), and carries
 on once the database answers. What waiting cannot fix (a wrong password, a database or role
 that does not exist, a schema behind the migrations) is one CRITICAL line naming the setting
 to fix, and the process exits with status 2, as for a metrics port that is taken. Both sides
@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from manager.db.engine import SchemaOutdated, check_schema, make_engine
-from manager.db.errors import DATABASE_ERRORS, OutageLog, describe, is_transient
+from manager.db.errors import DATABASE_ERRORS, database_outage, describe, is_transient
 
 _RETRY_S = 1.0
 
@@ -33,7 +33,7 @@ async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -
     """``check_schema``, waiting while the database cannot be reached or is busy. Raises
     ``DatabaseRefused`` for a deterministic refusal, ``SchemaOutdated`` for a schema that is
     not at the migrations' head."""
-    outage = OutageLog(what, log)
+    outage = database_outage(what, log)
     while True:
         try:
             await check_schema(engine)
@@ -46,7 +46,7 @@ async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -
                     f"cannot use the database at {url} ({describe(e)}): fix ORCH_DATABASE_URL "
                     "(user, password, database name) or the database's roles"
                 ) from e
-            outage.failed(e)
+            outage.failed(describe(e))
             await asyncio.sleep(_RETRY_S)
             continue
         outage.worked()

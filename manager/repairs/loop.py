@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db.errors import OutageLog, is_transient
+from manager.db.errors import database_outage, describe, is_transient
 from manager.repairs.base import Repair
 from manager.repairs.housekeeping import EndProbations, FoldDeltas, ForgetApplied, PruneHistory
 from manager.repairs.liveness import JudgeHeartbeats
@@ -85,7 +85,7 @@ class RepairLoop:
         self.repairs = repairs
         self.broker = broker
         self.interval_s = interval_s
-        self._database = OutageLog("background repairs", logger, on_failure=on_database_error)
+        self._database = database_outage("background repairs", logger, on_database_error)
 
     async def run(self) -> None:
         schedule = Schedule(self.repairs)
@@ -112,7 +112,7 @@ class RepairLoop:
                         continue
                     # Unreachable or a lost race: the other repairs need the database too, so
                     # wait for the next pass; a line when it begins, not a traceback per repair.
-                    self._database.failed(e)
+                    self._database.failed(describe(e))
                     break
             else:
                 # A whole pass without a database failure: the repair that failed last pass

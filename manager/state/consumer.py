@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db import applied
-from manager.db.errors import OutageLog, is_transient
+from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
 from manager.state.follow_ups import FollowUps
 from manager.state.rules import StateRules
@@ -89,7 +89,7 @@ class StateConsumer:
         # Committed batches whose follow-ups are not published (and deliveries not acked) yet.
         self._committed: asyncio.Queue[tuple[FollowUps, list[Delivery]]] = asyncio.Queue(_PUBLISH_AHEAD)
         self._publishing = False
-        self._database = OutageLog("applying state reports", logger, on_failure=on_database_error)
+        self._database = database_outage("applying state reports", logger, on_database_error)
 
     def idle(self) -> bool:
         """Nothing received and not yet applied, published and acked."""
@@ -216,7 +216,7 @@ class StateConsumer:
             except Exception as e:
                 if not is_transient(e):
                     raise
-                self._database.failed(e)  # said once, and once a minute, not per attempt
+                self._database.failed(describe(e))  # said once, and once a minute, not per attempt
                 await asyncio.sleep(_DB_RETRY_S)
 
     async def _publish(self, follow_ups: FollowUps) -> None:

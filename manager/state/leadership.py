@@ -29,7 +29,7 @@ import logging
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from manager.db import leader
-from manager.db.errors import OutageLog, describe, is_transient
+from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import STATE_LEADER
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class LeaderLock:
         self.name = name
         self.timeout_s = timeout_s
         self._connection: AsyncConnection | None = None
-        self._database = OutageLog("waiting to lead", logger)
+        self._database = database_outage("waiting to lead", logger)
         self._doubted = asyncio.Event()
 
     async def acquire(self) -> None:
@@ -60,7 +60,7 @@ class LeaderLock:
                 await self._drop()
                 if not is_transient(e):
                     raise
-                self._database.failed(e)
+                self._database.failed(describe(e))
             else:
                 self._database.worked()
                 if not said_standby:

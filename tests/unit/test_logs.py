@@ -50,7 +50,7 @@ def test_library_connection_chatter_is_shown_only_at_debug(capsys: pytest.Captur
         assert "WARNING [unit] aio_pika.tools: Callback" in shown and "ACCESS_REFUSED" in shown, shown
         assert "ERROR [unit] aiormq.connection: Unexpected frame 'a frame'" in shown, shown
         assert "ERROR [unit] aio_pika.tools: Callback '<OneShotCallback: cb=ours>' error: KeyError" in shown, shown
-        # what was kept from the log can still be quoted (the manager's "still unreachable")
+        # what was kept from the log can still be quoted (the manager's reminder that the broker is still away)
         assert last_chatter("aiormq.connection") == "Unexpected connection close from remote 'CONNECTION_FORCED'"
 
         configure_logging("DEBUG", "unit")  # configured again: still one filter per logger

@@ -1,9 +1,9 @@
-"""``manager.broker``: a lost broker connection is retried soon at first and seldom in a long
+"""``manager.broker_reconnect``: a lost broker connection is retried soon at first and seldom in a long
 outage, as a service retries (``shared.backoff``)."""
 
 from __future__ import annotations
 
-from manager.broker import reconnect_interval
+from manager.broker_reconnect import reconnect_interval
 
 
 def test_a_lost_broker_connection_is_retried_soon_at_first_and_seldom_in_a_long_outage() -> None:
