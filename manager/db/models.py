@@ -158,7 +158,6 @@ class EventType(enum.StrEnum):
     FAILED = "failed"
     RELEASED = "released"  # its host went away; waits for a new host
     HOST_LOST = "host_lost"  # its host (service_id) died while running it
-    QUARANTINED = "quarantined"  # no longer written (probation replaced it); kept for old history
     PROBATION = "probation"  # its hosts died too often while it ran: runs in a child process
     ISOLATED = "isolated"  # its host runs it in a child process now (probation)
     PROBATION_ENDED = "probation_ended"  # ran cleanly in a child for its reset_after_s
