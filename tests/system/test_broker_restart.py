@@ -116,7 +116,11 @@ def test_a_manager_cut_off_from_the_broker_keeps_its_state_side_and_heals(
         # that the manager gives its connections up with calls still waiting on them
         sides = 2 if state_process == "true" else 1  # each has a connection of its own
         network.cut(direction)
-        wait_for(lambda: manager.text().count("the broker is unreachable (lost the connection") >= sides, 60, "the manager to give up")
+        wait_for(
+            lambda: manager.text().count("the broker is unreachable (lost the connection") >= sides,
+            60,
+            "the manager to give up",
+        )
         during = system.post("/api/observers", {"name": "during-cut", "kind": "ticker"})
         assert during.status_code == 503 and "broker" in during.json()["detail"], during.text
         network.heal()
