@@ -43,6 +43,10 @@ REBUILD_MARKER = "orch.manager.marker"
 LEASE_QUEUE = "orch.lease"
 
 QueueType = Literal["classic", "quorum"]
+# A quorum queue drops a start returned this many times: 20 by default since 4.0, and a host's
+# death counts. -1 lifts the limit on 4.x but, on 3.10, dead-letters a start at its first
+# return; the largest 32-bit value is no limit in practice on every series.
+NO_DELIVERY_LIMIT = 2**31 - 1
 # A consume argument wins over every policy and setting on a quorum queue (4.3); ten years.
 HELD_FOR_GOOD: dict[str, Any] = {"x-consumer-timeout": 315_360_000_000}
 
@@ -107,7 +111,7 @@ async def declare_start_queue(channel: AbstractChannel, pool: str, queue_type: Q
 def start_queue_arguments(pool: str, queue_type: QueueType = "classic") -> dict[str, Any]:
     args = _dead_letter_args(start_queue_name(pool)) | _typed(queue_type)
     if queue_type == "quorum":
-        args["x-delivery-limit"] = -1
+        args["x-delivery-limit"] = NO_DELIVERY_LIMIT
     return args
 
 

@@ -1,0 +1,108 @@
+"""The broker facts placement rests on (docs/design.md, "Even load"), on classic and quorum
+start queues of every supported series (``make test-broker``):
+
+* a start goes to the consumer of the highest ``x-priority`` that has prefetch credit left;
+  lower ones get starts only while every higher one is full;
+* a consumer cancelled and consumed again on the same channel, with a new priority, keeps
+  every delivery it held: they stay unacked, can still be acked by their tag, and one handed
+  back goes to the consumer whose priority is now the highest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aio_pika
+import pytest
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
+
+from shared import topology
+from tools import infra
+
+
+@pytest.fixture
+async def connection(rabbit: infra.RabbitNode, vhost: str) -> AsyncIterator[AbstractConnection]:
+    conn = await aio_pika.connect(rabbit.url_for(vhost))
+    yield conn
+    await conn.close()
+
+
+class Holder:
+    """A service's start consumer, reduced: prefetch 10, a priority, deliveries kept unacked."""
+
+    def __init__(self, channel: AbstractChannel, queue: AbstractQueue, arguments: dict[str, Any]) -> None:
+        self.channel, self.queue, self.arguments = channel, queue, arguments
+        self.held: list[AbstractIncomingMessage] = []
+        self.tag: str | None = None
+
+    @classmethod
+    async def open(cls, connection: AbstractConnection, queue_name: str, queue_type: topology.QueueType) -> Holder:
+        channel = await connection.channel()
+        await channel.set_qos(prefetch_count=10)
+        arguments = topology.HELD_FOR_GOOD if queue_type == "quorum" else {}  # as the services consume
+        return cls(channel, await channel.get_queue(queue_name, ensure=False), arguments)
+
+    async def consume(self, priority: int) -> None:
+        async def hold(message: AbstractIncomingMessage) -> None:
+            self.held.append(message)
+
+        self.tag = await self.queue.consume(hold, arguments={**self.arguments, "x-priority": priority})
+
+    async def reconsume(self, priority: int) -> None:
+        assert self.tag is not None
+        await self.queue.cancel(self.tag)
+        await self.consume(priority)
+
+
+async def _until(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
+async def _ready(channel: AbstractChannel, queue: str) -> int:
+    declared = await channel.declare_queue(queue, passive=True)
+    return int(declared.declaration_result.message_count or 0)
+
+
+async def _publish(connection: AbstractConnection, queue: str, n: int) -> None:
+    channel = await connection.channel()
+    for _ in range(n):
+        await channel.default_exchange.publish(aio_pika.Message(b"start"), routing_key=queue)
+    await channel.close()
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_starts_go_to_the_highest_priority_with_credit_and_a_reconsume_keeps_what_it_holds(
+    connection: AbstractConnection, queue_type: topology.QueueType
+) -> None:
+    declare = await connection.channel()
+    await topology.declare_common(declare, queue_type)
+    queue = await topology.declare_start_queue(declare, f"prio-{queue_type}", queue_type)
+    high = await Holder.open(connection, queue.name, queue_type)
+    low = await Holder.open(connection, queue.name, queue_type)
+    await high.consume(priority=5)
+    await low.consume(priority=1)
+
+    # The high one takes all it may hold before the low one gets any
+    await _publish(connection, queue.name, 15)
+    await _until(lambda: len(high.held) + len(low.held) == 15, "15 deliveries")
+    assert (len(high.held), len(low.held)) == (10, 5)
+
+    # Consumed again below the other, it keeps its ten: none goes back to the queue
+    await high.reconsume(priority=0)
+    await asyncio.sleep(0.5)
+    assert len(high.held) == 10 and await _ready(declare, queue.name) == 0
+    await _publish(connection, queue.name, 3)
+    await _until(lambda: len(low.held) == 8, "the new starts at the now higher consumer")
+    assert len(high.held) == 10
+
+    # Its old deliveries are still its own: acked by tag, or handed back to the higher one
+    await high.held[0].ack()
+    await high.held[1].nack(requeue=True)
+    await _until(lambda: len(low.held) == 9, "the handed-back start at the higher consumer")
+    assert len(high.held) == 10 and not high.channel.is_closed and not low.channel.is_closed
+    assert await _ready(declare, queue.name) == 0
