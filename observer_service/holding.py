@@ -2,7 +2,8 @@
 
 What makes this host the owner of its observers lives here, and nothing bulky:
 * the start channels: channels that consume the pools' start queues (manual ack, one consumer each,
-  ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool);
+  ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool), under the
+  consumer priority or cordon the manager placed this service at (``start_consumers.py``);
 * ``work``: this instance's exclusive control queue, whose presence tells the manager the
   connection lives (``manager/repairs/liveness.py``);
 * ``lease``: the lease round trips. They travel on the connection that holds the
@@ -42,6 +43,7 @@ from observer_service import metrics
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
 from observer_service.start_channel import as_start_channel
+from observer_service.start_consumers import Placement, StartConsumers
 from shared import topology
 from shared.amqp_errors import describe_close, refusal
 from shared.errors import DecodeError
@@ -74,6 +76,7 @@ class HoldingConnection:
         fail: FailHandler,
         queue_type: topology.QueueType = "classic",
         give_up_s: float = 15.0,
+        placement: Placement | None = None,
     ) -> None:
         self.lease = lease
         self._heartbeat_s = heartbeat_s
@@ -87,8 +90,7 @@ class HoldingConnection:
         self._fail = fail
         self._connection: AbstractConnection | None = None
         self._lease_channel: AbstractChannel | None = None
-        self._start_channels: list[AbstractChannel] = []
-        self._start_consumers: list[tuple[DeliveryChannel, str]] = []
+        self.starts = StartConsumers(self._quorum, placement or Placement())
         self._on_start: StartHandler | None = None
         self._on_control: ControlHandler | None = None
         self._on_refused: RefusedHandler | None = None
@@ -224,11 +226,9 @@ class HoldingConnection:
     async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
         channel = await self._channel()
         raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
-        self._start_channels.append(channel)
         await channel.set_qos(prefetch_count=prefetch)
         self._watch_cancels(raw, queue)
-        tag = await raw.consume(queue, topology.HELD_FOR_GOOD if self._quorum else {})
-        self._start_consumers.append((raw, tag))
+        await self.starts.hold(channel, raw, queue)
 
     def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum
@@ -249,22 +249,15 @@ class HoldingConnection:
 
         channel.on_consumer_cancel_callbacks.add(cancelled)
 
-    async def stop_consuming(self) -> None:
-        for raw, tag in self._start_consumers:
-            with contextlib.suppress(Exception):
-                await raw.basic_cancel(tag)
-        self._start_consumers.clear()
-
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle
         posted before: an ack of a stopped observer must not be turned into a requeue."""
         await self._send_settles()
-        channels, self._start_channels = self._start_channels, []
-        for channel in channels:
-            channel.close_callbacks.discard(self._on_closed)  # closed on purpose: the session lives on
-        for channel in channels:
-            with contextlib.suppress(Exception):
-                await channel.close()
+
+        def on_purpose(channel: AbstractChannel) -> None:
+            channel.close_callbacks.discard(self._on_closed)  # the session lives on
+
+        await self.starts.close_channels(on_purpose)
 
     # --- deliveries and commands: to the main loop ---------------------------------------
 

@@ -33,6 +33,7 @@ from shared.kinds import LoadedKind
 from shared.messages import (
     ObserverFailed,
     ObserverIsolated,
+    ObserversHandedOver,
     ObserverStopped,
     StopObservers,
     decode_start,
@@ -66,7 +67,7 @@ class Runner:
         self.stop_memory = StopMemory(settings.stopped_ids_ttl_s)
         self._background: set[asyncio.Task[None]] = set()
         self.gc = GcPolicy()
-        self.inbox = Inbox(outbox, self.gc, self._admit, self._spawn)
+        self.inbox = Inbox(outbox, self.gc, self._admit, self.spawn)
         self.start_log = StartLog()
 
     # --- start -------------------------------------------------------------------------
@@ -94,7 +95,7 @@ class Runner:
         if self.stop_memory.eats(start.observer_id, start.life):
             logger.info("observer %s was stopped before its start arrived: acking the start", oid)
             report = ObserverStopped(observer_id=oid, service_id=self.service_id, reason="stopped before start")
-            self._spawn(ack_once_confirmed(session, channel, tag, self.outbox.put_confirmed(report)))
+            self.spawn(ack_once_confirmed(session, channel, tag, self.outbox.put_confirmed(report)))
             return
         current = self.running.get(oid)
         if current is not None and current.session is session:
@@ -113,7 +114,7 @@ class Runner:
                 ", ".join(sorted(self.kinds)),
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
+            self.spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
             return
         if (start.isolation or loaded.kind.isolation) == "process" and self.children() >= self.settings.process_slots:
             logger.warning(
@@ -122,7 +123,7 @@ class Runner:
                 self.settings.process_slots,
                 _REQUEUE_AFTER_S,
             )
-            self._spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
+            self.spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
             return
         try:
             args = loaded.kind.parse_args(start.args)
@@ -165,7 +166,10 @@ class Runner:
 
     def on_stop(self, stop: StopObservers) -> None:
         """Start stopping what ``stop`` names (``stop_many``), in the background."""
-        self._spawn(self.stop_many(stop.observer_ids, stop.service_id, stop.reason, stop.session_id, stop.lives))
+        if stop.hand_over:
+            self.spawn(self.hand_over(stop.observer_ids, stop.session_id, stop.reason))
+        else:
+            self.spawn(self.stop_many(stop.observer_ids, stop.service_id, stop.reason, stop.session_id, stop.lives))
 
     async def stop_many(
         self,
@@ -216,6 +220,34 @@ class Runner:
                 await asyncio.sleep(0)  # let heartbeats and the lease through during a big stop
         self.gc.ended(len(ending), len(self.running))
         logger.info("%d observer(s) stopped (%s)", len(ending), reason)
+
+    async def hand_over(self, observer_ids: list[uuid.UUID], session_id: uuid.UUID | None, reason: str) -> None:
+        """End these observers here, then give their starts back to the queue for another
+        service (the balancer, a drain): ended first, so two copies never run at once."""
+        ending = [
+            running
+            for observer_id in dict.fromkeys(observer_ids)
+            if (running := self.running.get(observer_id)) is not None
+            and running.ended_by is None
+            and (session_id is None or running.session.id == session_id)
+        ]
+        for running in ending:
+            running.ended_by = "handed over"
+        await self._end(ending)
+        by_session: dict[Session, list[uuid.UUID]] = {}
+        for i, running in enumerate(ending):
+            await settle(running.session.requeue(running.channel, running.tag))
+            by_session.setdefault(running.session, []).append(running.observer_id)
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        for session, ids in by_session.items():
+            report = ObserversHandedOver(
+                service_id=self.service_id, session_id=session.id, observer_ids=ids, reason=reason
+            )
+            self.outbox.put(report, session)  # true only while that session lives
+        if ending:
+            self.gc.ended(len(ending), len(self.running))
+            logger.info("handed %d observer(s) over (%s)", len(ending), reason)
 
     async def fence(self, session: Session) -> list[uuid.UUID]:
         """Cancel every observer started from a session that died. Their deliveries cannot
@@ -269,7 +301,7 @@ class Runner:
                 self.outbox.put(ObserverIsolated(observer_id=observer_id, service_id=self.service_id), running.session)
                 continue
             running.isolating = True
-            self._spawn(self._isolate(running, reason))
+            self.spawn(self._isolate(running, reason))
 
     async def _isolate(self, running: Running, reason: str) -> None:
         oid = running.observer_id
@@ -367,9 +399,10 @@ class Runner:
             ObserverFailed(observer_id=running.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS])
         )
         # Dead-lettered to the pool's error queue: kept for inspection, never run again.
-        self._spawn(settle(running.session.reject(running.channel, running.tag)))
+        self.spawn(settle(running.session.reject(running.channel, running.tag)))
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background, kept referenced until it ends."""
         task = asyncio.create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -27,6 +27,7 @@ from observer_service.outbox import Outbox
 from observer_service.refusals import Refusals
 from observer_service.runner import Runner
 from observer_service.session import Session
+from observer_service.start_consumers import Placement
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
 from shared.backoff import backoff_delay
@@ -46,6 +47,7 @@ from shared.messages import (
     ServiceHeartbeat,
     ServiceInventory,
     ServiceStopped,
+    SetPlacement,
     StopObservers,
 )
 from shared.outage import OutageLog
@@ -78,6 +80,7 @@ class ObserverService:
             )
         self.settings = settings
         self.nodes = BrokerNodes(settings.broker_urls())
+        self.placement = Placement()  # how it takes new starts, as the manager last said
         # Failed attempts to open a session, said when they begin, each minute, and when one works.
         self.outage = OutageLog(logger, "cannot open a broker session", "broker session open again")
         self.service_id = uuid.uuid4()
@@ -153,6 +156,7 @@ class ObserverService:
                     self._on_control,
                     self.refusals.pool,
                     self.outbox,
+                    self.placement,
                 )
             except BrokerUnavailable as e:
                 failures += 1
@@ -230,6 +234,8 @@ class ObserverService:
         match command:
             case StopObservers():
                 self.runner.on_stop(command)
+            case SetPlacement():
+                self._place(Placement(command.priority, command.cordoned))
             case InventoryRequest():
                 self._send_inventory()
             case IsolateObservers():
@@ -238,6 +244,16 @@ class ObserverService:
                 self._describe(command.observer_ids)
             case IntroduceRequest():
                 self._introduce(name_taken=command.name_taken)
+
+    def _place(self, placement: Placement) -> None:
+        """Take new starts under ``placement``: this session at once, every later one from its
+        open (``start_consumers.py``)."""
+        if placement.cordoned != self.placement.cordoned:
+            logger.info("cordoned: no new starts here" if placement.cordoned else "uncordoned: taking starts again")
+        self.placement = placement
+        session = self.session
+        if session is not None:
+            self.runner.spawn(session.place(placement))
 
     def _introduce(self, *, name_taken: bool) -> None:
         """Our ServiceBorn never reached the manager's database (or the database was restored
@@ -291,6 +307,8 @@ class ObserverService:
                         running=len(self.runner.running),
                         loop_lag_ms=round(lag, 3),
                         refused=self.refusals.summary(),
+                        priority=self.placement.priority,
+                        cordoned=self.placement.cordoned,
                     )
                 )
 

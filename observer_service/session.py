@@ -49,6 +49,7 @@ from observer_service.holding import (
 from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, pack
+from observer_service.start_consumers import Placement
 from shared import topology
 from shared.amqp_errors import describe_close, describe_connect_failure, refusal
 from shared.broker_nodes import node_name
@@ -112,12 +113,18 @@ class Session:
     # --- lifecycle -------------------------------------------------------------------
 
     async def open(
-        self, on_start: StartHandler, on_control: ControlHandler, on_refused: RefusedHandler, outbox: Outbox
+        self,
+        on_start: StartHandler,
+        on_control: ControlHandler,
+        on_refused: RefusedHandler,
+        outbox: Outbox,
+        placement: Placement,
     ) -> None:
         """All called on this (the main) loop: ``on_start`` per start delivery, in order,
         ``on_control`` per control command, already acked (a malformed one is dead-lettered
         and never reaches it), and ``on_refused`` with what the broker refuses about a
-        pool's start queue (``holding.RefusedHandler``)."""
+        pool's start queue (``holding.RefusedHandler``). The start queues are consumed under
+        ``placement`` (``start_consumers.py``)."""
         heartbeat = self.settings.amqp_heartbeat_s
         name = f"observer-service {self.settings.service_name}"
         try:
@@ -140,6 +147,7 @@ class Session:
                 self._fail_from_hold,
                 self.settings.queue_type,
                 self.settings.lease_give_up_s,
+                placement,
             )
             chunks = prefetch_chunks(self.settings.workers_count, HOLD_PER_CHANNEL)
             holds = [(pool, chunks) for pool in self.settings.pools]
@@ -222,9 +230,19 @@ class Session:
             await self._thread.stop()
 
     async def stop_consuming(self) -> None:
-        """Cancel the start consumers: no new observers, the held deliveries stay ours."""
+        """Cancel the start consumers for good: no new observers, the held deliveries stay ours."""
         if self._thread is not None and self._holding is not None:
-            await self._thread.call(self._holding.stop_consuming())
+            await self._thread.call(self._holding.starts.stop())
+
+    async def place(self, placement: Placement) -> None:
+        """Take new starts under ``placement`` from now on (a new consumer priority, or a
+        cordon); a session that cannot consume again is failed like any broken session."""
+        if self._thread is None or self._holding is None or self.closed.is_set():
+            return
+        try:
+            await self._thread.call(self._holding.starts.place(placement))
+        except Exception as e:  # noqa: BLE001 - the channel or connection is gone
+            self.fail(f"consuming the start queues again failed: {e!r}", e)
 
     # --- settling start deliveries --------------------------------------------------------
     # Each is handed to the holding thread in order and sent there; the caller does not

@@ -3,12 +3,15 @@
 Three streams (see ``shared.topology``):
 * start queue of a pool: ``StartObserver`` (manager → any service of the pool);
 * control fanout (manager → every service; one naming a service is for that one only):
-  ``ControlMessage``: stops (``StopObservers``), ``InventoryRequest``,
-  ``IsolateObservers``, ``IntroduceRequest`` and ``DescribeRequest``;
+  ``ControlMessage``: stops and hand-overs (``StopObservers``), ``SetPlacement``,
+  ``InventoryRequest``, ``IsolateObservers``, ``IntroduceRequest`` and ``DescribeRequest``;
 * state queue (service → manager): ``StateMessage``: the service's life (``ServiceBorn``,
   ``ServiceHeartbeat``, ``ServiceStopped``), what it runs (``ServiceInventory``,
   ``ServiceDigest``, ``ObserversDescribed``) and observer reports, usually packed in a
-  ``ReportBatch`` (``ObserversStarted`` for a run of starts).
+  ``ReportBatch`` (``ObserversStarted`` for a run of starts, ``ObserversHandedOver``).
+
+One module holds every contract on the wire, so the whole protocol reads in one place: that is
+why it is longer than the others.
 
 Every model is frozen and forbids unknown fields, so a malformed or foreign body fails
 ``decode_*`` with ``DecodeError`` and is dead-lettered by the consumer.
@@ -125,6 +128,18 @@ class DescribeRequest(Message):
     observer_ids: list[uuid.UUID]
 
 
+class SetPlacement(Message):
+    """How the named service takes new starts from now on (docs/design.md, "Even load"): it
+    consumes its pools' start queues with consumer priority ``priority`` (the broker gives each
+    start to the highest priority with a free worker), or not at all while ``cordoned`` (a
+    drain). The manager's balancer sends it whenever a heartbeat reports something else."""
+
+    type: Literal["SetPlacement"] = "SetPlacement"
+    service_id: uuid.UUID
+    priority: int = Field(default=0, ge=-100, le=100)
+    cordoned: bool = False
+
+
 class InventoryRequest(Message):
     """Ask services (all, or the one named) to send their inventory now."""
 
@@ -173,6 +188,9 @@ class ServiceHeartbeat(Message):
     # What the broker refuses this service for good now (a pool's start queue it cannot
     # consume, and why: ``observer_service/refusals.py``); None: nothing.
     refused: str | None = None
+    # The placement it consumes under (``SetPlacement``).
+    priority: int = 0
+    cordoned: bool = False
 
 
 class ServiceStopped(Message):
@@ -228,6 +246,18 @@ class ObserversStarted(Message):
     redelivered: bool = False
     isolation: Isolation = "async"
     observer_ids: list[uuid.UUID] = Field(min_length=1)
+
+
+class ObserversHandedOver(Message):
+    """Observers this service ended and whose starts it gave back to their queues for another
+    service to run (a ``StopObservers`` with ``hand_over``: the balancer evening the load, or a
+    drain)."""
+
+    type: Literal["ObserversHandedOver"] = "ObserversHandedOver"
+    service_id: uuid.UUID
+    session_id: uuid.UUID
+    observer_ids: list[uuid.UUID] = Field(min_length=1)
+    reason: str
 
 
 class ObserversDescribed(Message):
@@ -306,11 +336,16 @@ class StopObservers(Message):
     # The life of each observer stopped, in the order of ``observer_ids``; None on a stop
     # aimed at one service's copy, which names the session instead.
     lives: list[int] | None = None
+    # With ``service_id``: end them there and give their starts back to the queue, for another
+    # service to run (``ObserversHandedOver``), instead of acking them.
+    hand_over: bool = False
 
     @model_validator(mode="after")
     def _lives_match(self) -> StopObservers:
         if self.lives is not None and len(self.lives) != len(self.observer_ids):
             raise ValueError("lives must list one life per observer id")
+        if self.hand_over and self.service_id is None:
+            raise ValueError("a hand-over names the service that holds the observers")
         return self
 
 
@@ -344,6 +379,7 @@ StateMessage = Annotated[
     | ServiceInventory
     | ServiceDigest
     | ObserversStarted
+    | ObserversHandedOver
     | ObserverStopped
     | ObserverRetrying
     | ObserverFailed
@@ -353,7 +389,7 @@ StateMessage = Annotated[
     Field(discriminator="type"),
 ]
 ControlMessage = Annotated[
-    StopObservers | InventoryRequest | IsolateObservers | IntroduceRequest | DescribeRequest,
+    StopObservers | SetPlacement | InventoryRequest | IsolateObservers | IntroduceRequest | DescribeRequest,
     Field(discriminator="type"),
 ]
 

@@ -21,6 +21,7 @@ from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.session import Session
 from observer_service.settle import settle
+from observer_service.start_consumers import Placement
 from shared import topology
 from shared.messages import ControlMessage
 from shared.settings import ServiceSettings
@@ -103,7 +104,7 @@ async def _ready(channel: AbstractChannel, queue: str) -> int:
 
 async def test_ack_requeue_and_reject_settle_the_delivery_they_name(session: Session, channel: AbstractChannel) -> None:
     received = Received()
-    await session.open(received, _ignore, _ignore_refusal, Outbox())
+    await session.open(received, _ignore, _ignore_refusal, Outbox(), Placement())
     await _publish(channel, b"acked", b"requeued", b"rejected", b"held")
     await received.until(4)
     assert all(not redelivered for _, _, _, redelivered in received.starts)
@@ -132,7 +133,7 @@ async def test_ack_requeue_and_reject_settle_the_delivery_they_name(session: Ses
 
 async def test_no_start_arrives_once_the_consumers_are_cancelled(session: Session, channel: AbstractChannel) -> None:
     received = Received()
-    await session.open(received, _ignore, _ignore_refusal, Outbox())
+    await session.open(received, _ignore, _ignore_refusal, Outbox(), Placement())
     await _publish(channel, b"first")
     await received.until(1)
     await session.stop_consuming()
