@@ -173,6 +173,7 @@ def create(
     ] = None,
     isolation: Annotated[Isolation | None, typer.Option(help="default: the kind's own")] = None,
     memory_limit_mb: Annotated[float | None, typer.Option(help="process isolation: kill above this RSS")] = None,
+    rebalance: Annotated[bool, typer.Option(help="--no-rebalance: never moved to even the load")] = True,
 ) -> None:
     """Create an observer."""
     state = _state(ctx)
@@ -182,6 +183,7 @@ def create(
         "retry": _json_object(retry_json, "--retry-json") if retry_json is not None else None,
         "isolation": isolation.value if isolation else None,
         "memory_limit_mb": memory_limit_mb,
+        "rebalance": None if rebalance else False,
     }
     body |= {k: v for k, v in optional.items() if v is not None}  # absent = the API's default
     observer = state.client.post("/api/observers", body)
@@ -314,6 +316,28 @@ def services(ctx: typer.Context) -> None:
         return _print_json(body)
     out.print(render.services_table(body))
     return None
+
+
+@app.command()
+def drain(ctx: typer.Context, service: Annotated[str, typer.Argument(metavar="NAME|ID")]) -> None:
+    """Stop a service taking new starts and hand its observers to the others, at a bounded
+    rate; `orchestrator services` shows how it goes ("drained": it may be stopped)."""
+    _set_draining(ctx, service, "drain")
+
+
+@app.command()
+def uncordon(ctx: typer.Context, service: Annotated[str, typer.Argument(metavar="NAME|ID")]) -> None:
+    """End a drain: the service takes new starts again."""
+    _set_draining(ctx, service, "uncordon")
+
+
+def _set_draining(ctx: typer.Context, service: str, action: str) -> None:
+    state = _state(ctx)
+    body = state.client.post(f"/api/services/{_service_id(state.client, service)}/{action}")
+    if state.json_output:
+        _print_json(body)
+    else:
+        out.print(Text(f"{body['name']}: {body['drain_note'] or 'takes new starts'}"))
 
 
 @app.command()

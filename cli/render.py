@@ -159,18 +159,25 @@ def services_table(services: list[JSON]) -> Table:
     for s in services:
         table.add_row(
             cell(s["name"], "bold"),
-            status_cell(s["status"]),
+            status_cell("draining" if s.get("draining") else s["status"]),
             cell(short_id(s["id"])),
             cell(s.get("host")),
             cell(s.get("pid")),
             cell(", ".join(s.get("pools") or [])),
-            cell(f"{s.get('running', 0)}/{s.get('workers_count', 0)}"),
+            cell(
+                f"{s.get('running', 0)}/{s.get('workers_count', 0)}"
+                + (f" ({s['drain_note']})" if s.get("draining") else "")
+            ),
             cell(s.get("process_slots")),
             cell(f"{s.get('loop_lag_ms', 0):.0f} ms"),
             cell(f"{s.get('heartbeat_age_s', 0):.1f}s ago"),
             cell(", ".join(s.get("kinds") or [])),
         )
     return table
+
+
+def _drain_note(service: JSON) -> str:
+    return f" ({service.get('drain_note') or 'draining'})" if service.get("draining") else ""
 
 
 def stats_view(stats: JSON) -> RenderableType:

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.admission import Admission
 from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
-from manager.db import observers, services
+from manager.db import balance, observers, services
 from manager.db.errors import describe, is_transient
 from manager.db.events import NewEvent, insert_events
 from manager.db.models import (
@@ -32,6 +32,7 @@ from manager.db.models import (
     Observer,
     ObserverStatus,
     PendingStart,
+    Service,
 )
 from manager.db.retry import retry_lost_races
 from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
@@ -110,7 +111,8 @@ class ObserverCommands:
 
         starts = [build_start(uuid.uuid4(), s, policy(s.retry)) for s in specs]
         ids = [s.observer_id for s in starts]
-        created_at = await self._insert(starts)
+        pinned = {start.observer_id for start, spec in zip(starts, specs, strict=True) if not spec.rebalance}
+        created_at = await self._insert(starts, pinned)
         self.in_flight.update(ids)
         try:
             await self.broker.publish_starts(starts)
@@ -133,13 +135,13 @@ class ObserverCommands:
             logger.warning("%d start(s) published but still marked pending: %s", len(ids), describe(e))
         # The rows as inserted: nothing else can have changed them before their start was
         # confirmed, and reading 1,000 rows back cost more than the insert.
-        return [_created_row(s, created_at) for s in starts]
+        return [_created_row(s, created_at, s.observer_id in pinned) for s in starts]
 
     async def _load_catalog(self) -> KindCatalog:
         async with self.sessions() as session:
             return await KindCatalog.load(session)
 
-    async def _insert(self, starts: list[StartObserver]) -> datetime:
+    async def _insert(self, starts: list[StartObserver], pinned: set[uuid.UUID]) -> datetime:
         """Insert the rows (Created), their pending starts and their history in one round
         trip; returns their ``created_at``. Capacity is checked under a per-pool lock."""
         pools = Counter(s.pool for s in starts)
@@ -149,7 +151,10 @@ class ObserverCommands:
                 for pool in sorted(pools):
                     await observers.lock_pool(session, pool)
                     await self._check_capacity(session, pool, pools[pool])
-                return await observers.insert_created(session, starts)
+                created_at = await observers.insert_created(session, starts)
+                if pinned:
+                    await observers.pin(session, pinned)
+                return created_at
 
         try:
             return await retry_lost_races(transaction, "create")
@@ -296,6 +301,16 @@ class ObserverCommands:
             unknown=[i for i in wanted if i not in found],
         )
 
+    # --- services --------------------------------------------------------------------------
+
+    async def set_draining(self, service_id: uuid.UUID, draining: bool) -> tuple[Service, int]:
+        """Drain a service (no new starts; the balancer hands its observers over) or let it
+        take starts again; the service as it stands then."""
+        async with self.sessions.begin() as session:
+            await balance.set_draining(session, service_id, draining)
+        async with self.sessions() as session:
+            return await services.get_service(session, service_id)
+
 
 @dataclass(frozen=True, slots=True)
 class CreatedObserver:
@@ -316,13 +331,14 @@ class CreatedObserver:
     last_error: str | None = None
     probation_since: datetime | None = None
     probation_clean_since: datetime | None = None
+    pinned: bool = False
 
     @property
     def modified_at(self) -> datetime:
         return self.created_at
 
 
-def _created_row(start: StartObserver, created_at: datetime) -> CreatedObserver:
+def _created_row(start: StartObserver, created_at: datetime, pinned: bool) -> CreatedObserver:
     return CreatedObserver(
         start.observer_id,
         start.name,
@@ -333,6 +349,7 @@ def _created_row(start: StartObserver, created_at: datetime) -> CreatedObserver:
         start.isolation,
         start.memory_limit_mb,
         created_at,
+        pinned=pinned,
     )
 
 

@@ -41,6 +41,7 @@ class NewObserver:
     retry: dict[str, Any] | None = None
     isolation: str | None = None
     memory_limit_mb: float | None = None
+    rebalance: bool = True  # False: pinned, never moved to even the load
 
 
 @dataclass

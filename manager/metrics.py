@@ -69,6 +69,17 @@ STATE_LEADER = Gauge(
     registry=STATE_REGISTRY,
 )
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
+HANDOVERS = Counter(
+    "orch_handovers",
+    "Observers the balancer asked a service to hand over, by reason (`even load`, `drain`)",
+    ["reason"],
+    registry=STATE_REGISTRY,
+)
+FLEET_IMBALANCE = Gauge(
+    "orch_fleet_imbalance",
+    "The largest deviation of a service's observers from its fair share of its pool, as a fraction of that share",
+    registry=STATE_REGISTRY,
+)
 API_REFUSED_BUSY = Counter(
     "orch_api_refused_busy", "Creates and stops refused with 503 (ORCH_API_IN_FLIGHT reached)", registry=REGISTRY
 )

@@ -2,7 +2,9 @@
 fields' descriptions here).
 
 Each process builds its settings once through a cached getter; tests start real
-processes with their own environment instead of patching these objects.
+processes with their own environment instead of patching these objects. Every setting of
+every process is here, each beside its default and its description: that is why the module
+is longer than the others.
 """
 
 from __future__ import annotations
@@ -269,6 +271,17 @@ class ManagerSettings(CommonSettings):
         description="history (`observer_events`) older than this is deleted in batches (`0` keeps it for ever)",
     )
     repair_interval_s: float = Field(default=1.0, gt=0, description="period of the background repairs")
+    balance_tolerance: float = Field(
+        default=0.1,
+        ge=0,
+        description="a service more than this fraction above or below its fair share (by capacity) of its pool "
+        'gets observers handed to or from it (docs/design.md, "Even load")',
+    )
+    balance_moves_per_s: float = Field(
+        default=100.0,
+        ge=0,
+        description="observers handed over per second at most, to even the load or drain (0: never)",
+    )
     state_prefetch: int = Field(default=2000, ge=1, le=65535, description="state messages in flight to the manager")
     start_queue_keep_awake_from: int = Field(
         default=100_000,

@@ -38,6 +38,9 @@ FAST_ENV = {
     "ORCH_PENDING_START_AFTER_S": "5",
     "ORCH_REPAIR_INTERVAL_S": "0.5",
     "ORCH_LOG_LEVEL": "INFO",
+    # Observers stay where the broker put them unless a test turns the balancer on
+    # (tests/system/test_balance.py): most tests place them on purpose.
+    "ORCH_BALANCE_MOVES_PER_S": "0",
 }
 
 

@@ -35,7 +35,14 @@ async def create_observer(body: ObserverCreate, commands: CommandsDep) -> Observ
 
 def _spec(body: ObserverCreate) -> NewObserver:
     return NewObserver(
-        body.name, body.kind, body.args, body.pool, body.retry_fields(), body.isolation, body.memory_limit_mb
+        body.name,
+        body.kind,
+        body.args,
+        body.pool,
+        body.retry_fields(),
+        body.isolation,
+        body.memory_limit_mb,
+        body.rebalance,
     )
 
 

@@ -46,6 +46,9 @@ class ObserverCreate(BaseModel):
     memory_limit_mb: float | None = Field(
         default=None, gt=0, le=1_048_576, description="isolation 'process' only: kill and restart above this RSS"
     )
+    rebalance: bool = Field(
+        default=True, description="false: never moved to even the load (pinned); draining its host still moves it"
+    )
 
     @field_validator("args")
     @classmethod
@@ -86,6 +89,7 @@ class ObserverOut(BaseModel):
     isolation: Isolation | None
     memory_limit_mb: float | None
     probation: Probation | None = None
+    rebalance: bool = Field(default=True, description="false: pinned, never moved to even the load")
     created_at: datetime
     modified_at: datetime
 
@@ -110,6 +114,7 @@ class ObserverOut(BaseModel):
             probation=None
             if obs.probation_since is None
             else Probation.model_construct(since=obs.probation_since, isolated_since=obs.probation_clean_since),
+            rebalance=not obs.pinned,
             created_at=obs.created_at,
             modified_at=obs.modified_at,
         )
@@ -172,6 +177,10 @@ class ServiceOut(BaseModel):
     # What the broker refuses this service for good (a pool's start queue it cannot consume,
     # and what to change); null: nothing. An alive service with this set is not well.
     refused: str | None = None
+    # Being drained (``POST /api/services/{id}/drain``): it takes no new starts and hands its
+    # observers over; ``drain_note`` says how far ("drained", or what it waits for).
+    draining: bool = False
+    drain_note: str | None = None
     heartbeat_age_s: float
     last_heartbeat_at: datetime
     created_at: datetime
@@ -193,6 +202,8 @@ class ServiceOut(BaseModel):
             running=running,
             loop_lag_ms=svc.loop_lag_ms,
             refused=svc.refused,
+            draining=svc.draining,
+            drain_note=svc.drain_note,
             heartbeat_age_s=round((datetime.now(UTC) - svc.last_heartbeat_at).total_seconds(), 3),
             last_heartbeat_at=svc.last_heartbeat_at,
             created_at=svc.created_at,

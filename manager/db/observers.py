@@ -168,6 +168,11 @@ async def insert_created(session: AsyncSession, starts: Sequence[StartObserver])
     return created_at
 
 
+async def pin(session: AsyncSession, ids: set[uuid.UUID]) -> None:
+    """Mark new rows as never moved to even the load (``"rebalance": false``)."""
+    await session.execute(update(Observer).where(id_in(Observer.id, sorted(ids))).values(pinned=True))
+
+
 async def insert_adopted(session: AsyncSession, rows: list[dict[str, object]]) -> set[uuid.UUID]:
     """Insert the rows of adopted observers; a create of the same name or id that committed
     meanwhile wins. Returns the ids inserted."""

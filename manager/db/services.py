@@ -67,11 +67,11 @@ async def silent_since(
 
 
 async def pool_capacity(session: AsyncSession, pool: str) -> tuple[int, int]:
-    """(workers of the alive services that serve ``pool``, live observers in it), in one
-    round trip: creates of a pool wait for each other while this runs."""
+    """(workers of the alive services that serve ``pool`` and are not being drained, live
+    observers in it), in one round trip: creates of a pool wait for each other while this runs."""
     total_workers = (
         select(func.coalesce(func.sum(Service.workers_count), 0))
-        .where(Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool]))
+        .where(Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool]), Service.draining.is_(False))
         .scalar_subquery()
     )
     total, used = (await session.execute(select(total_workers, live_in_pool_query(pool)))).one()

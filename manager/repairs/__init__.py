@@ -10,7 +10,8 @@ a period, ``run``), run in order by the one loop in ``loop.py``:
 * ``lost_starts``: rows waiting for a start that is in no queue get it published again;
 * ``unknown``: observers running with no row are described by their host, to adopt them;
 * ``housekeeping``: probations ended, applied-message ids forgotten, history pruned
-  (``retention``), the triggers' deltas folded.
+  (``retention``), the triggers' deltas folded;
+* ``balance``: the load evened and drains carried out (``manager/balance/``).
 
 ``manager/queue_waker.py`` is not a repair: it keeps big start queues awake at its own pace.
 """

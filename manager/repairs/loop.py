@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db.errors import database_outage, describe, is_transient
+from manager.repairs.balance import Balance
 from manager.repairs.base import Repair
 from manager.repairs.housekeeping import EndProbations, FoldDeltas, ForgetApplied, PruneHistory
 from manager.repairs.liveness import JudgeHeartbeats
@@ -56,6 +57,7 @@ def state_side_repairs(
         ForgetApplied(sessions, lambda: heartbeats.backlog_drained),
         PruneHistory(sessions, settings.events_retention_days),
         FoldDeltas(sessions),
+        Balance(settings, sessions, broker, rules),
     ]
 
 

@@ -22,6 +22,7 @@ from shared.messages import (
     ObserverIsolated,
     ObserverRetrying,
     ObserversDescribed,
+    ObserversHandedOver,
     ObserversStarted,
     ObserverStopped,
 )
@@ -33,6 +34,13 @@ logger = logging.getLogger(__name__)
 
 S = ObserverStatus
 STOPPING_OR_GONE = (S.ON_DELETING, S.DELETED, S.FAILED)
+
+
+async def started_all(
+    rules: StateRules, session: AsyncSession, m: ObserversStarted, now: datetime, out: FollowUps
+) -> None:
+    for observer_id in m.observer_ids:
+        await started(rules, session, observer_id, m, now, out)
 
 
 async def started(
@@ -58,25 +66,20 @@ async def started(
             obs.host(m.service_id, m.session_id)
         return
     host = obs.service_id
-    if host is not None and host != m.service_id and await rules.service_in(session, host, (ServiceStatus.ALIVE,)):
-        if m.redelivered:
-            # Only the copy we knew of: the old host may hold a newer one by now.
-            out.stop(obs.id, host, "moved to another host", obs.host_session_id)
-        else:
-            out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
-            return
-    if host is not None and host != m.service_id:
+    handover = rules.handovers.landed(obs.id) if m.redelivered else None
+    if handover is not None and handover.source != m.service_id and host in (None, handover.source):
+        # The balancer had its host hand it over (the broker redelivered its start): the old
+        # host ended it before giving it back, so it needs no stop.
         rules.rows_of(session).event(
             obs.id,
-            EventType.MOVED,
+            EventType.REBALANCED,
             now,
             service_id=m.service_id,
-            from_service_id=host,
-            from_session_id=obs.host_session_id,
+            from_service_id=handover.source,
+            detail=handover.reason,
         )
-        rules.moved_from_at[host] = time.monotonic()
-    else:
-        rules.rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
+    elif not await _record_start(rules, session, obs, m, now, out):
+        return
     obs.status = S.PROCESSING
     obs.host(m.service_id, m.session_id)
     # A life's first start is its first attempt. A start elsewhere after its host died or
@@ -90,6 +93,51 @@ async def started(
         else:  # a failover: the start message still says async
             obs.probation_clean_since = None
             out.isolate(obs.id, m.service_id)
+
+
+async def _record_start(
+    rules: StateRules, session: AsyncSession, obs: Row, m: ObserversStarted, now: datetime, out: FollowUps
+) -> bool:
+    """Record a start as a first start or a move from its old host (stopped there if that
+    host lives); False for a second copy, which is stopped instead."""
+    host = obs.service_id
+    if host is not None and host != m.service_id and await rules.service_in(session, host, (ServiceStatus.ALIVE,)):
+        if m.redelivered:
+            # Only the copy we knew of: the old host may hold a newer one by now.
+            out.stop(obs.id, host, "moved to another host", obs.host_session_id)
+        else:
+            out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
+            return False
+    if host is not None and host != m.service_id:
+        rules.rows_of(session).event(
+            obs.id,
+            EventType.MOVED,
+            now,
+            service_id=m.service_id,
+            from_service_id=host,
+            from_session_id=obs.host_session_id,
+        )
+        rules.moved_from_at[host] = time.monotonic()
+    else:
+        rules.rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
+    return True
+
+
+async def handed_over(rules: StateRules, session: AsyncSession, m: ObserversHandedOver, now: datetime) -> None:
+    """Their host ended them and gave their starts back to the queue: they wait, hostless,
+    for the start report of the service the broker gives each to (which records the move).
+    A row that already names another host, or a newer copy, is past this."""
+    rows = rules.rows_of(session)
+    for observer_id in m.observer_ids:
+        obs = await _observer(rules, session, observer_id)
+        if obs is None or obs.service_id != m.service_id or obs.host_session_id not in (None, m.session_id):
+            continue
+        obs.host(None)
+        obs.modified_at = now
+        if obs.status == S.PROCESSING:
+            obs.status = S.CREATED
+        if rules.handovers.of(obs.id) is None:  # not the balancer's: no start will say rebalanced
+            rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=m.reason)
 
 
 async def stopped(rules: StateRules, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:

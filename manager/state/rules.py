@@ -31,6 +31,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.balance.handovers import Handovers
 from manager.db import observers
 from manager.db.digests import held_digest
 from manager.db.hosts import ids_on
@@ -50,6 +51,7 @@ from shared.messages import (
     ObserverReport,
     ObserverRetrying,
     ObserversDescribed,
+    ObserversHandedOver,
     ObserversStarted,
     ObserverStopped,
     ReportBatch,
@@ -89,6 +91,10 @@ class StateRules:
         # When a takeover from each host was last applied (monotonic seconds): while a dead
         # host's share is still moving, its death waits (``manager/repairs/liveness.py``).
         self.moved_from_at: dict[uuid.UUID, float] = {}
+        # The hand-overs the balancer asked for, and the placement each service's last
+        # heartbeat said it consumes under (``manager/repairs/balance.py``).
+        self.handovers = Handovers()
+        self.placements: dict[uuid.UUID, tuple[int, bool]] = {}
         # The rows of the transaction being applied (set by ``preload``).
         self._rows: tuple[ObserverRows, ServiceRows] | None = None
 
@@ -108,8 +114,9 @@ class StateRules:
             case ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
                 await self._apply_observer_report(session, message, now, out)
             case ObserversStarted():
-                for observer_id in message.observer_ids:
-                    await observer_reports.started(self, session, observer_id, message, now, out)
+                await observer_reports.started_all(self, session, message, now, out)
+            case ObserversHandedOver():
+                await observer_reports.handed_over(self, session, message, now)
             case ObserversDescribed():
                 await observer_reports.described(self, session, message, now, out)
             case ReportBatch():
@@ -147,6 +154,7 @@ class StateRules:
 
     async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: FollowUps) -> None:
         services = self.services_of(session)
+        self.placements[m.service_id] = (m.priority, m.cordoned)
         if not await services.touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms, m.refused):
             await self.introduce_if_unknown(session, m.service_id, out)
 
@@ -305,7 +313,7 @@ class StateRules:
         observer_ids: set[uuid.UUID] = set()
         service_ids: set[uuid.UUID] = set()
         for message in messages:
-            if isinstance(message, ObserversStarted):
+            if isinstance(message, ObserversStarted | ObserversHandedOver):
                 observer_ids.update(message.observer_ids)
             reports = message.reports if isinstance(message, ReportBatch) else [message]
             for report in reports:

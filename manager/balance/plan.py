@@ -1,0 +1,137 @@
+"""What the balancer decides in one round, from the fleet as the rows say it (pure logic).
+
+Each service's fair share of a pool is its capacity times the pool's load factor (observers
+over workers of the services that take starts); shares are relative to capacity, so services
+of different sizes are even when equally full. A service more than ``tolerance`` above its
+share is *over*, below is *under*. The decisions:
+
+* placement: under services consume at priority 2, even ones at 1, over ones at 0 (the broker
+  gives each start to the highest priority with a free worker, so new creates and every
+  observer handed over go to the emptiest first); draining services are cordoned;
+* moves: over services hand observers over, down to their share, no more than the under ones
+  lack and than the round's budget allows; a service whose last hand-over has not landed yet
+  waits (it would be counted twice);
+* drains: a draining service hands everything over as fast as the budget and the free
+  workers of the others allow, and says so when there are none.
+
+Only moves that make the fleet more even are made: a source ends no lower than its share
+rounded up, a destination no higher than its share rounded down.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+
+UNDER, EVEN, OVER = 2, 1, 0  # consumer priorities
+
+
+@dataclass(frozen=True)
+class Member:
+    """One alive service as the balancer sees it."""
+
+    id: uuid.UUID
+    name: str
+    capacity: int  # workers
+    running: int  # observers the rows say it hosts
+    pools: tuple[str, ...]
+    draining: bool = False
+    busy: bool = False  # its last hand-over has not landed yet
+
+
+@dataclass(frozen=True)
+class Move:
+    source: uuid.UUID
+    pool: str
+    count: int
+    reason: str  # "even load" or "drain"
+
+
+@dataclass
+class Plan:
+    priorities: dict[uuid.UUID, int] = field(default_factory=dict)
+    cordoned: set[uuid.UUID] = field(default_factory=set)
+    moves: list[Move] = field(default_factory=list)
+    drain_notes: dict[uuid.UUID, str] = field(default_factory=dict)
+    imbalance: float = 0.0  # the largest deviation from a share, as a fraction of that share
+    # Each service's deviation from its share in the pool where it is furthest from it, which
+    # decides its priority (one per service, however many pools it serves).
+    deviations: dict[uuid.UUID, float] = field(default_factory=dict)
+
+
+def plan(members: list[Member], tolerance: float, budget: int) -> Plan:
+    """One round's decisions; ``budget`` bounds the observers moved in it."""
+    out = Plan()
+    takers = [m for m in members if not m.draining]
+    for m in members:
+        if m.draining:
+            out.cordoned.add(m.id)
+        else:
+            out.priorities[m.id] = EVEN
+    for pool in sorted({p for m in members for p in m.pools}):
+        in_pool = [m for m in takers if pool in m.pools]
+        budget -= _drain(out, pool, in_pool, [m for m in members if m.draining and pool in m.pools], budget)
+        budget -= _even(out, pool, in_pool, tolerance, budget)
+    return out
+
+
+def shares(members: list[Member]) -> dict[uuid.UUID, float]:
+    """Each member's fair share of what they run together, in proportion to capacity."""
+    capacity = sum(m.capacity for m in members)
+    running = sum(m.running for m in members)
+    factor = running / capacity if capacity else 0.0
+    return {m.id: m.capacity * factor for m in members}
+
+
+def _even(out: Plan, pool: str, members: list[Member], tolerance: float, budget: int) -> int:
+    if len(members) < 2:
+        return 0
+    share = shares(members)
+    excess: dict[uuid.UUID, int] = {}
+    lack = 0
+    for m in members:
+        fair = share[m.id]
+        deviation = (m.running - fair) / fair if fair > 0 else 0.0
+        out.imbalance = max(out.imbalance, abs(deviation))
+        furthest = abs(deviation) >= abs(out.deviations.get(m.id, 0.0))
+        if furthest:
+            out.deviations[m.id] = deviation
+        if m.running > fair * (1 + tolerance) and m.running - math.ceil(fair) >= 1:
+            excess[m.id] = m.running - math.ceil(fair)
+            if furthest:
+                out.priorities[m.id] = OVER
+        elif m.running < fair * (1 - tolerance) and math.floor(fair) - m.running >= 1:
+            lack += math.floor(fair) - m.running
+            if furthest:
+                out.priorities[m.id] = UNDER
+        elif furthest:
+            out.priorities[m.id] = EVEN
+    left = min(lack, max(budget, 0))
+    moved = 0
+    for m in sorted(members, key=lambda m: -excess.get(m.id, 0)):
+        count = min(excess.get(m.id, 0), left - moved)
+        if count > 0 and not m.busy:
+            out.moves.append(Move(m.id, pool, count, "even load"))
+            moved += count
+    return moved
+
+
+def _drain(out: Plan, pool: str, takers: list[Member], draining: list[Member], budget: int) -> int:
+    free = sum(max(m.capacity - m.running, 0) for m in takers)
+    moved = 0
+    for m in draining:
+        if m.running == 0:
+            out.drain_notes.setdefault(m.id, "drained")
+            continue
+        count = min(m.running, free - moved, max(budget - moved, 0))
+        if free - moved <= 0:
+            out.drain_notes[m.id] = (
+                f"waiting: the other services of pool {pool} have no free worker ({m.running} observer(s) left)"
+            )
+        else:
+            out.drain_notes[m.id] = f"handing over: {m.running} observer(s) left"
+        if count > 0 and not m.busy:
+            out.moves.append(Move(m.id, pool, count, "drain"))
+            moved += count
+    return moved

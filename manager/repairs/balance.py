@@ -1,0 +1,112 @@
+"""The balancer: each round it evens the load of the fleet and drains what an operator asked
+to drain (docs/design.md, "Even load"), by the decisions of ``manager/balance/plan.py``.
+
+* It tells each service its placement (``SetPlacement``: a consumer priority, or a cordon)
+  whenever that changes, and again while the service's heartbeats report another one.
+* It asks over and draining services to hand observers over (``StopObservers`` with
+  ``hand_over``): each ends its copy first, then gives the start back to its queue, and the
+  broker gives it to the highest priority with a free worker, so an observer never runs
+  twice and is not running only for the moment the broker takes to deliver it again.
+* A round that changed a placement moves nothing: the services consume under the new
+  priorities first, or the starts would go where the old ones point.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.balance import plan as planning
+from manager.broker import BrokerLink
+from manager.db import balance
+from manager.metrics import FLEET_IMBALANCE, HANDOVERS
+from manager.repairs.base import Repair
+from manager.state.rules import StateRules
+from shared.messages import STOPS_PER_MESSAGE, SetPlacement, StopObservers
+from shared.settings import ManagerSettings
+
+logger = logging.getLogger(__name__)
+
+_RESEND_AFTER_S = 10.0  # a placement a service's heartbeats do not confirm is sent again
+
+
+class Balance(Repair):
+    name = "balance"
+
+    def __init__(
+        self,
+        settings: ManagerSettings,
+        sessions: async_sessionmaker[AsyncSession],
+        broker: BrokerLink,
+        rules: StateRules,
+    ) -> None:
+        self.sessions = sessions
+        self.broker = broker
+        self.rules = rules
+        self.tolerance = settings.balance_tolerance
+        self.moves_per_s = settings.balance_moves_per_s
+        self.period_s = settings.repair_interval_s
+        self._sent: dict[uuid.UUID, tuple[tuple[int, bool], float]] = {}  # placement, when
+
+    async def run(self) -> None:
+        async with self.sessions.begin() as session:
+            fleet, notes = await balance.members(session, self.rules.handovers.busy())
+        budget = math.ceil(self.moves_per_s * self.period_s)
+        decided = planning.plan(fleet, self.tolerance, budget)
+        FLEET_IMBALANCE.set(decided.imbalance)
+        placed = await self._place(fleet, decided)
+        changed = {i: note for i, note in decided.drain_notes.items() if notes.get(i) != note}
+        if changed:
+            async with self.sessions.begin() as session:
+                await balance.set_drain_notes(session, changed)
+        if placed:
+            return
+        names = {m.id: m.name for m in fleet}
+        for move in decided.moves:
+            await self._hand_over(move, names[move.source])
+
+    async def _place(self, fleet: list[planning.Member], decided: planning.Plan) -> bool:
+        """Send each placement that changed, or that heartbeats still contradict after a
+        while; True if one changed (the round then moves nothing)."""
+        changed = False
+        now = time.monotonic()
+        alive = {m.id for m in fleet}
+        self._sent = {i: sent for i, sent in self._sent.items() if i in alive}
+        for m in fleet:
+            want = (decided.priorities.get(m.id, planning.EVEN), m.id in decided.cordoned)
+            sent = self._sent.get(m.id)
+            if sent is not None and sent[0] == want:
+                if self.rules.placements.get(m.id, want) == want or now - sent[1] < _RESEND_AFTER_S:
+                    continue
+            else:
+                changed = True
+            await self.broker.publish_control(SetPlacement(service_id=m.id, priority=want[0], cordoned=want[1]))
+            self._sent[m.id] = (want, now)
+        return changed
+
+    async def _hand_over(self, move: planning.Move, name: str) -> None:
+        async with self.sessions.begin() as session:
+            chosen = await balance.movable(session, move.source, move.pool, move.count, drain=move.reason == "drain")
+        by_session: dict[uuid.UUID | None, list[uuid.UUID]] = {}
+        for observer_id, session_id in chosen:
+            by_session.setdefault(session_id, []).append(observer_id)
+        for session_id, ids in by_session.items():
+            for i in range(0, len(ids), STOPS_PER_MESSAGE):
+                part = ids[i : i + STOPS_PER_MESSAGE]
+                self.rules.handovers.asked(move.source, part, move.reason)
+                await self.broker.publish_control(
+                    StopObservers(
+                        observer_ids=part,
+                        service_id=move.source,
+                        session_id=session_id,
+                        reason=move.reason,
+                        hand_over=True,
+                    )
+                )
+        if chosen:
+            HANDOVERS.labels(move.reason).inc(len(chosen))
+            logger.info("%s: %s hands %d observer(s) of pool %s over", move.reason, name, len(chosen), move.pool)

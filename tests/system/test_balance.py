@@ -1,0 +1,151 @@
+"""Even load and drains (issue 56; docs/design.md, "Even load"), with real services.
+
+The balancer is off in the other tests (``ORCH_BALANCE_MOVES_PER_S=0`` in the harness, so
+they keep observers where they put them); here it runs at its default pace.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.system.test_fencing import assert_never_on_two_hosts
+from tools.harness import System, metric, probe_args, wait_for
+
+
+@pytest.fixture(autouse=True)
+def balanced(system: System) -> None:
+    """Every process of these tests runs with the balancer on, at its default pace."""
+    system.env["ORCH_BALANCE_MOVES_PER_S"] = "100"
+
+
+def loads(system: System) -> dict[str, int]:
+    """Processing observers per alive service name, as the observers' rows say."""
+    alive = {s["id"]: s["name"] for s in system.services() if s["status"] == "alive"}
+    counts = collections.Counter(alive.get(o["service_id"], "?") for o in system.observers(status="Processing"))
+    return {name: counts.get(name, 0) for name in alive.values()} | ({"?": counts["?"]} if counts["?"] else {})
+
+
+def within(counts: dict[str, int], total: int, tolerance: float = 0.1) -> bool:
+    """Every service within ``tolerance`` of the mean (equal capacities), all ``total`` placed."""
+    mean = total / len(counts)
+    return sum(counts.values()) == total and all(abs(n - mean) <= tolerance * mean for n in counts.values())
+
+
+def bulk(system: System, prefix: str, count: int, **fields: Any) -> list[str]:
+    specs = [{"name": f"{prefix}-{i}", "kind": "ticker", "args": {"interval_s": 5}} | fields for i in range(count)]
+    response = system.post("/api/observers/bulk", {"observers": specs})
+    assert response.status_code == 201, response.text
+    return [o["id"] for o in response.json()["items"]]
+
+
+def test_a_rolling_restart_ends_even(system: System) -> None:
+    # Given 600 tickers on three services of 1,000 workers
+    system.start_manager()
+    procs = {name: system.start_service(name, workers=1000) for name in ("s1", "s2", "s3")}
+    bulk(system, "t", 600)
+    wait_for(lambda: sum(loads(system).values()) == 600, 60, "600 Processing")
+
+    # When each is restarted in turn, as a deploy does (SIGTERM, then the same name again)
+    for name in ("s1", "s2", "s3"):
+        assert procs[name].terminate() == 0
+        procs[name] = system.start_service(name, workers=1000)
+        wait_for(lambda: sum(loads(system).values()) == 600, 60, f"600 Processing after {name}'s restart")
+
+    # Then within a minute every service is within 10 % of the mean, and stays so
+    wait_for(lambda: within(loads(system), 600), 60, f"even load (now {loads(system)})")
+    time.sleep(3)
+    assert within(loads(system), 600), loads(system)
+    moved = system.get("/metrics").text
+    assert 'orch_handovers_total{reason="even load"}' in moved, moved
+    history = system.get(f"/api/observers/{system.observers(status='Processing')[0]['id']}/events").json()
+    assert all(e["event"] != "failed" for e in history), history
+
+
+def test_a_joining_service_gets_its_share_and_pinned_observers_stay(with_test_plugin: System, tmp_path: Path) -> None:
+    system = with_test_plugin
+    ticks = tmp_path / "ticks.log"
+    system.start_manager()
+    first = system.start_service("first", workers=200)
+    pinned = [system.create(f"pin-{i}", kind="probe", args=probe_args(ticks, 0.2), rebalance=False) for i in range(20)]
+    loose = [system.create(f"free-{i}", kind="probe", args=probe_args(ticks, 0.2)) for i in range(40)]
+    assert all(not o["rebalance"] for o in pinned) and all(o["rebalance"] for o in loose)
+    wait_for(lambda: loads(system) == {"first": 60}, 30, "60 Processing on the first service")
+
+    # A service joins: it gets its share (30 of 60), all of it from the 40 that may move
+    system.start_service("second", workers=200)
+    wait_for(lambda: loads(system) == {"first": 30, "second": 30}, 60, f"an even split (now {loads(system)})")
+    first_id = next(s["id"] for s in system.services() if s["name"] == "first" and s["status"] == "alive")
+    assert all(system.observer(o["id"])["service_id"] == first_id for o in pinned)
+    moved = [o for o in loose if system.observer(o["id"])["service_id"] != first_id]
+    assert len(moved) == 30
+    events = system.get(f"/api/observers/{moved[0]['id']}/events").json()
+    rebalanced = [e for e in events if e["event"] == "rebalanced"]
+    assert rebalanced and rebalanced[-1]["from_service_id"] == first_id, events
+
+    # No observer ever ran on two hosts at once, and each moved one ticks on its new host
+    time.sleep(1.5)
+    assert assert_never_on_two_hosts(ticks) >= 30
+    assert first.alive()
+    assert metric(system, "orch_fleet_imbalance") <= 0.1
+
+
+def test_a_drained_service_hands_everything_over_then_stops_moving_nothing(
+    with_test_plugin: System, tmp_path: Path
+) -> None:
+    system = with_test_plugin
+    ticks = tmp_path / "ticks.log"
+    system.start_manager()
+    leaving = system.start_service("leaving", workers=100)
+    ids = [system.create(f"d-{i}", kind="probe", args=probe_args(ticks, 0.5))["id"] for i in range(100)]
+    wait_for(lambda: loads(system) == {"leaving": 100}, 30, "100 Processing on the service to drain")
+    for name in ("stay-1", "stay-2"):
+        system.start_service(name, workers=100)
+    leaving_id = next(s["id"] for s in system.services() if s["name"] == "leaving")
+
+    # Drained: it takes no new starts and hands all 100 over
+    response = system.post(f"/api/services/{leaving_id}/drain", {})
+    assert response.status_code == 202 and response.json()["draining"], response.text
+    wait_for(lambda: system.get(f"/api/services/{leaving_id}").json()["drain_note"] == "drained", 60, "drained")
+    counts = loads(system)
+    assert counts["leaving"] == 0 and counts["stay-1"] + counts["stay-2"] == 100, counts
+    late = system.create("after-drain")  # new creates go elsewhere
+    assert system.wait_status(late["id"], "Processing")["service_id"] != leaving_id
+
+    # Then a SIGTERM moves nothing, and no observer ever ran on two hosts at once
+    assert leaving.terminate() == 0
+    assert "handing 0 observer(s) over" in leaving.text(), leaving.text()[-3000:]
+    assert all(system.observer(i)["status"] == "Processing" for i in ids)
+    time.sleep(1)
+    assert_never_on_two_hosts(ticks)
+
+
+def test_a_drain_without_room_elsewhere_says_so_and_loses_nothing(system: System) -> None:
+    system.start_manager()
+    system.start_service("big", workers=50)
+    ids = bulk(system, "r", 40)
+    wait_for(lambda: loads(system) == {"big": 40}, 30, "40 Processing")
+    system.start_service("small", workers=10)
+    big_id = next(s["id"] for s in system.services() if s["name"] == "big")
+
+    assert system.post(f"/api/services/{big_id}/drain", {}).status_code == 202
+    # The small one fills up; the rest wait on the drained service, which says why
+    wait_for(lambda: loads(system).get("small") == 10, 60, f"the small service full (now {loads(system)})")
+
+    def drain_note() -> str:
+        note: str = system.get(f"/api/services/{big_id}").json()["drain_note"] or ""
+        return note
+
+    wait_for(lambda: drain_note().startswith("waiting"), 30, "the drain to say it waits")
+    note = drain_note()
+    assert "no free worker" in note and "30 observer(s) left" in note, note
+    assert all(system.observer(i)["status"] == "Processing" for i in ids)
+    assert loads(system) == {"big": 30, "small": 10}
+
+    # Uncordoned, it takes starts again and the drain note is gone
+    back = system.post(f"/api/services/{big_id}/uncordon", {})
+    assert back.status_code == 200 and not back.json()["draining"] and back.json()["drain_note"] is None
