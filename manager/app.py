@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from manager.admission import Admission
-from manager.api import dashboard, health, kinds, metrics, observers, services
+from manager.api import dashboard, health, history, kinds, metrics, observers, services
 from manager.api.auth import require_token, warn_if_open
 from manager.api.limits import BodySizeLimit
 from manager.broker import BrokerLink
@@ -30,6 +30,7 @@ from manager.commands import ObserverCommands
 from manager.db.engine import check_schema, make_engine, make_sessionmaker
 from manager.db.errors import DATABASE_ERRORS, describe, is_transient
 from manager.errors import RETRY_AFTER_S, ManagerError
+from manager.history.sampler import Sampler
 from manager.metrics import STATE_REGISTRY
 from manager.state.process import StateSide
 from manager.state.supervisor import StateSupervisor
@@ -117,6 +118,8 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
         app.state.read_sessions = make_sessionmaker(read_engine)
         app.state.broker = broker
         app.state.commands = commands
+        app.state.history = Sampler(app.state.read_sessions, settings.history_sample_s)
+        sampling = asyncio.create_task(app.state.history.run(), name="history")
         child: StateSupervisor | None = None
         task: asyncio.Task[None] | None = None
         if settings.state_process:
@@ -138,6 +141,9 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
         try:
             yield
         finally:
+            sampling.cancel()
+            with contextlib.suppress(BaseException):
+                await sampling
             if child is not None:
                 await child.stop()
             if task is not None:
@@ -160,6 +166,7 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
     app.include_router(observers.router, dependencies=protected)
     app.include_router(services.router, dependencies=protected)
     app.include_router(kinds.router, dependencies=protected)
+    app.include_router(history.router, dependencies=protected)
 
     @app.exception_handler(ManagerError)
     async def _domain_error(_: Request, exc: ManagerError) -> JSONResponse:

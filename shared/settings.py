@@ -315,6 +315,13 @@ class ManagerSettings(CommonSettings):
         "(cut off, frozen) is given up 5 s later by the API's own clock, connecting included",
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    history_sample_s: float = Field(
+        default=5.0,
+        ge=0.5,
+        le=60.0,
+        description="the dashboard's charts: every this long the API samples the counts, the alive services and "
+        "the failovers into a ring of the last hour kept in memory (`GET /api/history`)",
+    )
     # The default retry policy of new observers (a create request may override any field).
     retry_max_attempts: int = Field(
         default=5, ge=0, description="default retry policy: runs in a row before Failed (`0` = forever)"
