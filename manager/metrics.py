@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.counts import observer_counts
 from manager.db.services import stats
+from manager.db.stopping import oldest_stop_age_s
 
 REGISTRY = CollectorRegistry()
 
@@ -24,6 +25,11 @@ CAPACITY_FREE = Gauge(
 PROBATION = Gauge(
     "orch_observers_on_probation",
     "Live observers on probation (run in a child process because their hosts died too often)",
+    registry=REGISTRY,
+)
+STOPPING_OLDEST = Gauge(
+    "orch_observers_stopping_oldest_seconds",
+    "How long the oldest stop still OnDeleting has waited (0: none waits); services end a stop in seconds",
     registry=REGISTRY,
 )
 STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
@@ -114,6 +120,7 @@ async def render(session: AsyncSession, state_backlog: int | None) -> bytes:
     for pool, capacity in summary["capacity"].items():
         CAPACITY.labels(pool).set(capacity["total"])
         CAPACITY_FREE.labels(pool).set(capacity["free"])
+    STOPPING_OLDEST.set(await oldest_stop_age_s(session))
     if state_backlog is not None:
         STATE_BACKLOG.set(state_backlog)
     return generate_latest(REGISTRY)

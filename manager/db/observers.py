@@ -271,7 +271,9 @@ async def mark_stopping(
     lives = [life for _, s, life in rows if s in STOPPABLE]
     if to_stop:
         await session.execute(
-            update(Observer).where(id_in(Observer.id, to_stop)).values(status=S.ON_DELETING, modified_at=now)
+            update(Observer)
+            .where(id_in(Observer.id, to_stop))
+            .values(status=S.ON_DELETING, modified_at=now, stop_requested_at=now)
         )
     return found, to_stop, lives
 
