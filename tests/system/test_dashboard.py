@@ -5,6 +5,7 @@ prompt; and not one request leaving 127.0.0.1."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -200,6 +201,8 @@ def test_a_token_is_asked_for_kept_and_used(system: System, watched: Watched) ->
     page = watched.page
     page.goto(system.base_url + "/")
 
+    # The charts' history is read like the rest of the API: with a token
+    assert httpx.get(system.base_url + "/api/history", timeout=10).status_code == 401
     # The API answers 401: the page asks for a token instead of showing stale nothing
     form = page.get_by_test_id("token-form")
     expect(form).to_be_visible()
@@ -244,4 +247,43 @@ def test_a_failed_observer_shows_its_error_and_is_restarted_from_its_row(system:
     detail = page.get_by_test_id("observer-detail")
     expect(detail.get_by_test_id("observer-last-error")).to_contain_text("dashboard boom")
     expect(detail.get_by_test_id("event-name")).to_contain_text(["created", "started", "failed", "restarted"])
+    watched.assert_clean()
+
+
+def test_the_last_hours_charts_draw_what_happened(system: System, watched: Watched, tmp_path: Path) -> None:
+    # Given a manager sampling every second, a service, and observers created and stopped
+    system.start_manager(ORCH_HISTORY_SAMPLE_S="1")
+    system.start_service("svc-a", workers=4)
+    prefix = unique("chart")
+    created = [system.create(f"{prefix}-{i}", args={"interval_s": 1}) for i in range(3)]
+    for o in created:
+        system.wait_status(o["id"], "Processing")
+    assert system.delete(f"/api/observers/{created[0]['id']}").status_code == 202
+    system.wait_status(created[0]["id"], "Deleted")
+
+    # When the dashboard is open
+    page = watched.page
+    page.goto(system.base_url + "/")
+    charts = page.get_by_test_id("history")
+
+    # Then each chart is an SVG line through the samples, at the values the API counted
+    processing = charts.locator('[data-testid="chart-observers"] path[data-series="Processing"]')
+    expect(processing).to_have_attribute("data-last", "2")
+    expect(processing).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+( L[\d.]+,[\d.]+)+$"))
+    points = int(processing.get_attribute("data-points") or 0)
+    assert points >= 2, points
+    deleted = charts.locator('[data-testid="chart-observers"] path[data-series="Deleted"]')
+    expect(deleted).to_have_attribute("data-last", "1")
+    rates = charts.get_by_test_id("chart-rates")
+    expect(rates.locator('path[data-series="created"]')).to_have_attribute("data-sum", "3")
+    # (a minute's count is a flat segment: one minute of data is still a visible line)
+    expect(rates.locator('path[data-series="created"]')).to_have_attribute("d", re.compile(r"^M[\d.]+,[\d.]+ L"))
+    expect(rates.locator('path[data-series="stopped"]')).to_have_attribute("data-sum", "1")
+    failovers = charts.locator('[data-testid="chart-failovers"] path[data-series="failovers"]')
+    expect(failovers).to_have_attribute("data-sum", "0")
+    # (the load is the service's heartbeat: 2 of its 4 workers busy)
+    load = charts.locator('[data-testid="chart-load"] path[data-series="svc-a"]')
+    expect(load).to_have_attribute("data-last", "50")
+    expect(charts.locator("#legend-load")).to_contain_text("svc-a")
+    screenshot(page, tmp_path, "dashboard-history.png")
     watched.assert_clean()

@@ -7,6 +7,7 @@
 
 import { api, ApiError, getToken, query, setToken } from "./api.js";
 import { setText } from "./dom.js";
+import { loadHistory } from "./history.js";
 import { renderArgs } from "./schemaform.js";
 import * as views from "./views.js";
 
@@ -65,7 +66,7 @@ async function poll() {
 async function refresh() {
   const jobs = [loadServices()];
   if (state.detailId) jobs.push(loadDetail(state.detailId));
-  else jobs.push(loadStats(), loadObservers());
+  else jobs.push(loadStats(), loadObservers(), loadHistory());
   if (Date.now() - state.kindsAt > KINDS_EVERY_MS) jobs.push(loadKinds());
   const failures = (await Promise.allSettled(jobs)).filter((r) => r.status === "rejected").map((r) => r.reason);
   const auth = failures.find((e) => e instanceof ApiError && e.needsToken);
