@@ -41,10 +41,10 @@ def test_the_history_follows_creates_stops_failovers_and_load(system: System) ->
         system.wait_status(o["id"], "Deleted")
 
     # Then the history counts them, per status and per minute, and each service's load
-    def settled() -> dict[str, Any] | None:
+    def settled() -> dict[str, Any]:  # {} (falsy) until it holds
         h = history(system)
         ok = last(h["observers"]["Processing"]) == 4 and sum(h["per_minute"]["stopped"]) == 2
-        return h if ok else None
+        return h if ok else {}
 
     h = wait_for(settled, 20, "the history to show 4 Processing and 2 stopped")
     assert h["period_s"] == 1.0 and h["window_s"] == 3600
@@ -65,15 +65,18 @@ def test_the_history_follows_creates_stops_failovers_and_load(system: System) ->
     # When the service holding some of them is killed, the other takes them over
     assert held_by_victim, "the round robin gave svc-a none of them"
     victim.kill9()
-    for o in held_by_victim:
-        wait_for(lambda o=o: system.observer(o["id"])["service_name"] == "svc-b", 60, "the takeover")
+
+    def taken_over() -> bool:
+        return all(system.observer(o["id"])["service_name"] == "svc-b" for o in held_by_victim)
+
+    wait_for(taken_over, 60, "the takeover")
 
     # Then the history counts one failover per observer it held, and svc-a drops out of the load
-    def failovers() -> dict[str, Any] | None:
+    def failovers() -> dict[str, Any]:
         h = history(system)
         loads = {s["name"]: s for s in h["services"]}
         done = sum(h["per_minute"]["failovers"]) == len(held_by_victim) and last(loads["svc-a"]["running"]) is None
-        return h if done else None
+        return h if done else {}
 
     h = wait_for(failovers, 60, f"{len(held_by_victim)} failovers in the history and svc-a not alive")
     assert last(h["observers"]["Processing"]) == 4
