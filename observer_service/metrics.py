@@ -9,7 +9,11 @@ REGISTRY = CollectorRegistry()
 
 RUNNING = Gauge("orch_service_observers_running", "Observers running on this service", registry=REGISTRY)
 CHILDREN = Gauge("orch_service_observer_processes", "Observers running in child processes", registry=REGISTRY)
-LOOP_LAG = Gauge("orch_service_loop_lag_ms", "Worst event-loop lag of the last heartbeat period", registry=REGISTRY)
+# In seconds, Prometheus's base unit: promtool refuses abbreviated units such as _ms
+# (tests/system/test_alerts.py). The heartbeat and /api/services keep their milliseconds.
+LOOP_LAG = Gauge(
+    "orch_service_loop_lag_seconds", "Worst event-loop lag of the last heartbeat period", registry=REGISTRY
+)
 RESTARTS = Counter("orch_service_observer_restarts", "Observer bodies restarted in place", registry=REGISTRY)
 FAILURES = Counter("orch_service_observer_failures", "Observers that failed for good here", registry=REGISTRY)
 EMITS = Counter("orch_service_emits", "Events published by observers", registry=REGISTRY)

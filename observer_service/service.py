@@ -297,7 +297,7 @@ class ObserverService:
         while True:
             await asyncio.sleep(self.settings.heartbeat_s)
             lag = self.watchdog.take_lag()
-            metrics.LOOP_LAG.set(lag)
+            metrics.LOOP_LAG.set(lag / 1000)
             session = self.session
             if session is not None and not session.closed.is_set():
                 self.outbox.put(

@@ -90,7 +90,7 @@ def test_metrics_of_the_manager_and_of_a_service(system: System) -> None:
 
     wait_for(lambda: "orch_service_emits_total 0.0" not in service_metrics(), 20, "emits")
     text = service_metrics()
-    assert "orch_service_observers_running 1.0" in text and "orch_service_loop_lag_ms" in text
+    assert "orch_service_observers_running 1.0" in text and "orch_service_loop_lag_seconds" in text
     assert "orch_service_observer_restarts_total 0.0" in text
 
 
