@@ -14,6 +14,7 @@ CLI (``__main__``)::
     python -m tools.infra status   # print running / not running (exit status 3 if not both up)
     python -m tools.infra env      # print <base>/env
     python -m tools.infra destroy  # stop both and delete all their data
+    python -m tools.infra promtool check rules FILE  # Debian's promtool, unpacked on first use
 
 Modules: ``system`` (commands, processes, ports, files), ``packages`` (Debian packages),
 ``brokers`` (the supported RabbitMQ series and where each runs), ``rabbitmq``
@@ -21,7 +22,8 @@ Modules: ``system`` (commands, processes, ports, files), ``packages`` (Debian pa
 the others, with nftables), ``postgres`` (``PostgresNode``), ``pg_pair`` (a primary and its
 streaming replica, for the failover test), ``conflicts`` (who holds a node name or a port we
 need), ``state`` (ports and passwords in ``infra.json``, the env file, the lock), ``stack``
-(``up`` / ``down`` / ``status`` / ``destroy`` of both).
+(``up`` / ``down`` / ``status`` / ``destroy`` of both), ``promtool`` (Debian's promtool for
+the checks of ``deploy/prometheus/``).
 
 Layout of the base folder::
 
@@ -34,6 +36,7 @@ Layout of the base folder::
                         ports, the shared cookie) and n1/, n2/, ... (each a RabbitNode.base)
     brokers/<suite>/    a Debian root with that release's rabbitmq-server (4.0: trixie,
                         4.3: sid), made once by debootstrap and reused
+    promtool/           Debian's prometheus package unpacked (usr/bin/promtool only is used)
     postgres/pg/        PostgresNode: data/, run/ (unix socket), log/postgres.log; owned by the
                         ``postgres`` user; a symlink to /var/tmp/orch-pg-<hash>/ when the
                         ``postgres`` user cannot reach the base folder

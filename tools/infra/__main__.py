@@ -1,12 +1,14 @@
-"""``python3 -m tools.infra up|down|status|env|destroy`` (see the package docstring)."""
+"""``python3 -m tools.infra up|down|status|env|destroy|promtool`` (see the package docstring)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from tools.infra.promtool import ensure_promtool
 from tools.infra.stack import destroy, down, status, up
 from tools.infra.state import BASE_ENV_VAR, DEFAULT_BASE, env_file, resolve_base
 from tools.infra.system import InfraError
@@ -29,7 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands.add_parser("status", help="print whether each runs (exit 3 unless both run)")
     commands.add_parser("env", help="print <base>/env")
     commands.add_parser("destroy", help="stop both and delete all their data")
-    args = parser.parse_args(argv)
+    promtool = commands.add_parser("promtool", help="run Debian's promtool (unpacked under <base> on first use)")
+    promtool.add_argument("args", nargs=argparse.REMAINDER, help="promtool's own arguments")
+    # promtool's own options (``--version``) are passed on, not taken for ours.
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "promtool":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     base = resolve_base(args.base)
     try:
         if args.command == "up":
@@ -47,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(env.read_text())
         elif args.command == "destroy":
             destroy(base)
+        elif args.command == "promtool":
+            binary = ensure_promtool(base)
+            os.execv(binary, [str(binary), *args.args, *extra])
     except InfraError as exc:
         print(f"[infra] error: {exc}", file=sys.stderr)
         return 1
