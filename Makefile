@@ -14,7 +14,7 @@ export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check bench bench-quick bench-versions bench-scale bench-cluster ci clean
+.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check alerts-check bench bench-quick bench-versions bench-scale bench-cluster ci clean
 
 venv: $(VENV)/.installed
 
@@ -91,7 +91,20 @@ bench-cluster: venv
 compose-check: venv
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml compose.cluster.yaml
 
-ci: lint compose-check test bench-quick
+# The monitoring files of deploy/ (about 15 s): promtool (Debian's prometheus package, unpacked
+# under .run/promtool on first use: tools/infra/promtool.py) checks the example configuration,
+# the alert rules and their unit tests (deploy/prometheus/alerts.test.yml); then
+# tests/system/test_alerts.py runs `promtool check metrics` on a real manager's and service's
+# /metrics and finds there every metric the rules and the Grafana dashboard query.
+PROMTOOL := python3 -m tools.infra promtool
+
+alerts-check: venv infra-up
+	$(PROMTOOL) check config deploy/prometheus/prometheus.yml
+	$(PROMTOOL) check rules deploy/prometheus/alerts.yml
+	$(PROMTOOL) test rules deploy/prometheus/alerts.test.yml
+	$(PY) -m pytest $(PYTEST_ARGS) tests/system/test_alerts.py
+
+ci: lint compose-check alerts-check test bench-quick
 
 clean: infra-down
 	rm -rf $(VENV)
