@@ -22,10 +22,10 @@ class ServiceLoadSeries(BaseModel):
 
 class PerMinute(BaseModel):
     at: list[float] = Field(description="start of each minute (Unix seconds)")
-    created: list[float] = Field(description="observers created in that minute")
-    stopped: list[float] = Field(description="observers that reached Deleted")
-    failed: list[float] = Field(description="observers that reached Failed")
-    failovers: list[float] = Field(description="observers taken over by another service (`moved` events)")
+    created: list[int] = Field(description="observers created in that minute")
+    stopped: list[int] = Field(description="observers that reached Deleted")
+    failed: list[int] = Field(description="observers that reached Failed")
+    failovers: list[int] = Field(description="observers taken over by another service (`moved` events)")
 
 
 class HistoryOut(BaseModel):

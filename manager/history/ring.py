@@ -47,12 +47,12 @@ class Sample:
 RATES = ("created", "stopped", "failed", "failovers")
 
 
-def per_minute(samples: Sequence[Sample]) -> dict[str, list[float]]:
+def per_minute(samples: Sequence[Sample]) -> dict[str, list[int]]:
     """Events per wall-clock minute: each step's increase of a total goes to the minute its
     later sample falls in. A total that went down (a Failed observer restarted, an abandoned
     create's row deleted) counts as no increase rather than a negative rate."""
-    minutes: list[float] = []
-    sums: dict[str, list[float]] = {name: [] for name in RATES}
+    minutes: list[int] = []
+    sums: dict[str, list[int]] = {name: [] for name in RATES}
     for before, after in itertools.pairwise(samples):
         minute = math.floor(after.at / 60) * 60
         if not minutes or minutes[-1] != minute:
