@@ -3,8 +3,8 @@
 
 In the API process rather than the state side, so every manager (the leader and those
 standing by) draws the same charts from the same database. A failed read (the database
-down) is a gap, logged once per outage: the next sample's totals carry what happened
-meanwhile.
+down) is a gap, said as every loop says an outage (``shared.outage``): the next sample's
+totals carry what happened meanwhile.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.db.errors import DATABASE_ERRORS, describe
+from manager.db.errors import DATABASE_ERRORS, database_outage, describe
 from manager.db.history import SampleRead, read_sample
 from manager.db.models import ObserverStatus
 from manager.history.moves import MoveCounter
@@ -29,7 +29,6 @@ class Sampler:
         self.sessions = sessions
         self.history = History(period_s, (s.value for s in ObserverStatus))
         self.moves = MoveCounter()
-        self._failing = False
 
     def take(self, read: SampleRead, now: float) -> Sample:
         """A sample from a read (pure but for the move counter's state)."""
@@ -52,17 +51,13 @@ class Sampler:
         self.history.add(self.take(read, time.time()))
 
     async def run(self) -> None:
+        outage = database_outage("history", logger)
         while True:
             started = time.monotonic()
             try:
                 await self.sample_once()
-                if self._failing:
-                    logger.info("history: sampling again")
-                self._failing = False
+                outage.worked()
             except DATABASE_ERRORS as exc:
-                if not self._failing:
-                    logger.warning(
-                        "history: cannot sample (%s); the charts have a gap until the database answers", describe(exc)
-                    )
-                self._failing = True
+                # A gap in the charts until the database answers; the next totals carry it.
+                outage.failed(describe(exc))
             await asyncio.sleep(max(0.0, self.history.period_s - (time.monotonic() - started)))
