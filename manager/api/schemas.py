@@ -228,6 +228,11 @@ class Stats(BaseModel):
         description="the manager that applies state reports and runs the repairs (the leader, by "
         "`ORCH_MANAGER_NAME`); null while none does",
     )
+    imbalance: float = Field(
+        default=0.0,
+        description="the largest deviation of an alive service's observers from its fair share (by capacity) of "
+        "its pool, as a fraction of that share: 0 is even; the balancer acts beyond ORCH_BALANCE_TOLERANCE",
+    )
 
 
 class EventOut(BaseModel):

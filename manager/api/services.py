@@ -8,7 +8,8 @@ from fastapi import APIRouter, status
 
 from manager.api.deps import CommandsDep, SessionDep
 from manager.api.schemas import ERRORS, ServiceOut, Stats
-from manager.db import services
+from manager.balance.plan import imbalance
+from manager.db import balance, services
 
 router = APIRouter(prefix="/api", tags=["services"], responses=ERRORS)
 
@@ -40,4 +41,5 @@ async def uncordon_service(service_id: uuid.UUID, commands: CommandsDep) -> Serv
 
 @router.get("/stats", response_model=Stats)
 async def get_stats(session: SessionDep) -> Stats:
-    return Stats.model_validate(await services.stats(session))
+    fleet, _ = await balance.members(session, set())
+    return Stats.model_validate(await services.stats(session) | {"imbalance": round(imbalance(fleet), 4)})

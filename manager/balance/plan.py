@@ -76,6 +76,12 @@ def plan(members: list[Member], tolerance: float, budget: int) -> Plan:
     return out
 
 
+def imbalance(members: list[Member], tolerance: float = 0.1) -> float:
+    """The largest deviation of a service from its fair share of a pool, as a fraction of that
+    share (0: even), among the services that take starts."""
+    return plan(members, tolerance, 0).imbalance
+
+
 def shares(members: list[Member]) -> dict[uuid.UUID, float]:
     """Each member's fair share of what they run together, in proportion to capacity."""
     capacity = sum(m.capacity for m in members)

@@ -76,7 +76,7 @@ async def started(
             now,
             service_id=m.service_id,
             from_service_id=handover.source,
-            detail=handover.reason,
+            detail=f"{handover.reason}; started here {time.monotonic() - handover.at:.3f} s after it was asked",
         )
     elif not await _record_start(rules, session, obs, m, now, out):
         return

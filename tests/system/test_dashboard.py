@@ -287,3 +287,24 @@ def test_the_last_hours_charts_draw_what_happened(system: System, watched: Watch
     expect(charts.locator("#legend-load")).to_contain_text("svc-a")
     screenshot(page, tmp_path, "dashboard-history.png")
     watched.assert_clean()
+
+
+def test_a_draining_service_and_the_imbalance_are_shown(system: System, watched: Watched) -> None:
+    system.start_manager()
+    system.start_service("busy", workers=10)
+    system.start_service("spare", workers=10)
+    for i in range(4):
+        system.create(unique(f"imb{i}"))
+    spare = system.service_by_name("spare")
+    assert spare is not None
+    assert system.post(f"/api/services/{spare['id']}/drain", {}).status_code == 202
+
+    page = watched.page
+    page.goto(system.base_url + "/")
+    row = page.locator('[data-testid="service-row"][data-name="spare"]')
+    expect(row.get_by_test_id("service-status")).to_have_text(re.compile(r"^draining: "))
+    expect(page.locator('[data-testid="service-row"][data-name="busy"]').get_by_test_id("service-status")).to_have_text(
+        "alive"
+    )
+    expect(page.get_by_test_id("imbalance")).to_have_text(re.compile(r"^\d+ %$"))
+    watched.assert_clean()

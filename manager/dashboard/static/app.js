@@ -90,6 +90,7 @@ async function loadStats() {
   state.stats = await api("GET", "/api/stats");
   views.renderStatusCounts(state.stats, pickStatus);
   views.renderCapacity(state.stats);
+  views.renderImbalance(state.stats);
   views.renderKindCounts(state.stats);
 }
 

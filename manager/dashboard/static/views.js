@@ -26,6 +26,12 @@ export function renderStatusCounts(stats, onPick) {
   for (const button of box.children) setText(button.querySelector("b"), stats.observers?.[button.dataset.status] ?? 0);
 }
 
+export function renderImbalance(stats) {
+  const percent = Math.round(100 * (stats.imbalance ?? 0));
+  setText($("imbalance"), `${percent} %`);
+  setAttr($("imbalance"), "title", "the largest deviation of a service from its fair share of its pool");
+}
+
 export function renderCapacity(stats) {
   const pools = Object.entries(stats.capacity ?? {}).map(([pool, cap]) => ({ pool, ...cap }));
   syncRows($("capacity-body"), pools, (p) => p.pool,
@@ -87,8 +93,9 @@ function updateServiceRow(row, s) {
   updateLoad(c[7].firstChild, s.running, s.workers_count);
   setText(c[8], `${formatAge(s.heartbeat_age_s)} ago`);
   setText(c[9], `${Number(s.loop_lag_ms ?? 0).toFixed(1)} ms`);
-  setText(c[10], s.status);
-  setAttr(c[10], "class", `svc-${s.status}`);
+  // A drained service is alive but takes no new starts: say so, and how far the drain is.
+  setText(c[10], s.draining ? `draining: ${s.drain_note ?? ""}` : s.status);
+  setAttr(c[10], "class", s.draining ? "svc-draining" : `svc-${s.status}`);
 }
 
 // ---------------------------------------------------------------- observers (GET /api/observers)
