@@ -14,16 +14,19 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager import schedule
 from manager.admission import Admission
 from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
-from manager.db import balance, observers, services
+from manager.db import balance, creates, observers, services
+from manager.db import schedule as schedule_rows
+from manager.db.creates import NewSchedule
 from manager.db.errors import describe, is_transient
 from manager.db.events import NewEvent, insert_events
 from manager.db.models import (
@@ -49,6 +52,7 @@ class StopResult:
     stopping: list[uuid.UUID]  # now (or already) OnDeleting
     final: list[uuid.UUID]  # already Deleted or Failed
     unknown: list[uuid.UUID]
+    cancelled: list[uuid.UUID]  # were Scheduled: now Deleted, never started
 
 
 class ObserverCommands:
@@ -110,15 +114,24 @@ class ObserverCommands:
             return policies[key]
 
         starts = [build_start(uuid.uuid4(), s, policy(s.retry)) for s in specs]
-        ids = [s.observer_id for s in starts]
+        now = datetime.now(UTC)
+        schedules = [schedule.plan(s.start_at, s.stop_at, s.run_for_s, now) for s in specs]
         pinned = {start.observer_id for start, spec in zip(starts, specs, strict=True) if not spec.rebalance}
-        created_at = await self._insert(starts, pinned)
+        created_at = await self._insert(starts, schedules, pinned)
+        rows = [_created_row(s, p, created_at, s.observer_id in pinned) for s, p in zip(starts, schedules, strict=True)]
+        # Scheduled rows have no start yet: the leader's scheduler publishes it when due.
+        starts = [s for s, p in zip(starts, schedules, strict=True) if p.start_at is None]
+        ids = [s.observer_id for s in starts]
+        if not starts:
+            return rows
         self.in_flight.update(ids)
         try:
             await self.broker.publish_starts(starts)
         except BrokerUnavailable as e:
             # Some starts may have been published: found running, they are stopped, not adopted.
-            await self._transaction("deleting the unpublished observers", observers.delete_unpublished, ids)
+            # All of the request goes, Scheduled rows too: a create is all or nothing.
+            every = [r.id for r in rows]
+            await self._transaction("deleting the unpublished observers", observers.delete_unpublished, every)
             raise Unavailable(
                 f"the message broker is unreachable or overloaded, nothing was created; retry later ({e})"
             ) from e
@@ -135,13 +148,15 @@ class ObserverCommands:
             logger.warning("%d start(s) published but still marked pending: %s", len(ids), describe(e))
         # The rows as inserted: nothing else can have changed them before their start was
         # confirmed, and reading 1,000 rows back cost more than the insert.
-        return [_created_row(s, created_at, s.observer_id in pinned) for s in starts]
+        return rows
 
     async def _load_catalog(self) -> KindCatalog:
         async with self.sessions() as session:
             return await KindCatalog.load(session)
 
-    async def _insert(self, starts: list[StartObserver], pinned: set[uuid.UUID]) -> datetime:
+    async def _insert(
+        self, starts: list[StartObserver], schedules: list[NewSchedule], pinned: set[uuid.UUID]
+    ) -> datetime:
         """Insert the rows (Created), their pending starts and their history in one round
         trip; returns their ``created_at``. Capacity is checked under a per-pool lock."""
         pools = Counter(s.pool for s in starts)
@@ -151,7 +166,7 @@ class ObserverCommands:
                 for pool in sorted(pools):
                     await observers.lock_pool(session, pool)
                     await self._check_capacity(session, pool, pools[pool])
-                created_at = await observers.insert_created(session, starts)
+                created_at = await creates.insert_created(session, starts, schedules)
                 if pinned:
                     await observers.pin(session, pinned)
                 return created_at
@@ -281,25 +296,44 @@ class ObserverCommands:
             # (If the broker goes away after the rows changed, the re-stop loop broadcasts.)
             raise Unavailable("the message broker is unreachable, nothing was stopped; retry later")
 
-        async def transaction() -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID], list[int]]:
+        async def transaction() -> observers.Stopping:
             async with self.sessions.begin() as session:
                 now = datetime.now(UTC)
-                found, to_stop, lives = await observers.mark_stopping(session, wanted, now)
-                await insert_events(session, [NewEvent(i, EventType.STOP_REQUESTED, now) for i in to_stop])
-                return found, to_stop, lives
+                done = await observers.mark_stopping(session, wanted, now)
+                events = [NewEvent(i, EventType.STOP_REQUESTED, now) for i in done.to_stop]
+                events += [
+                    NewEvent(i, EventType.CANCELLED, now, detail="stopped before its start_at") for i in done.cancelled
+                ]
+                await insert_events(session, events)
+                return done
 
-        found, to_stop, lives = await retry_lost_races(transaction, "stop")
-        for message in stop_messages(to_stop, "stop requested", lives=lives):
+        done = await retry_lost_races(transaction, "stop")
+        found = done.found
+        for message in stop_messages(done.to_stop, "stop requested", lives=done.lives):
             try:
                 await self.broker.publish_control(message)
             except BrokerUnavailable as e:
                 # The rows say OnDeleting: the re-stop loop broadcasts again when the broker is back.
                 logger.warning("%d stop(s) not broadcast yet: %s", len(message.observer_ids), e)
         return StopResult(
-            stopping=[i for i, s in found.items() if s not in FINAL_STATUSES],
+            stopping=[i for i, s in found.items() if s not in FINAL_STATUSES and s != ObserverStatus.SCHEDULED],
             final=[i for i, s in found.items() if s in FINAL_STATUSES],
             unknown=[i for i in wanted if i not in found],
+            cancelled=done.cancelled,
         )
+
+    # --- reschedule ------------------------------------------------------------------------
+
+    async def reschedule(self, observer_id: uuid.UUID, start_at: datetime) -> Observer:
+        """A Scheduled observer's new start time (a past one: it starts at the scheduler's
+        next pass). ``Conflict`` once it is no longer Scheduled."""
+
+        async def transaction() -> Observer:
+            async with self.sessions.begin() as session:
+                await schedule_rows.reschedule(session, observer_id, start_at, datetime.now(UTC))
+                return await session.get_one(Observer, observer_id, populate_existing=True)
+
+        return await retry_lost_races(transaction, "reschedule")
 
     # --- services --------------------------------------------------------------------------
 
@@ -326,6 +360,8 @@ class CreatedObserver:
     memory_limit_mb: float | None
     created_at: datetime
     status: ObserverStatus = ObserverStatus.CREATED
+    start_at: datetime | None = None
+    stop_at: datetime | None = None
     service_id: uuid.UUID | None = None
     attempts: int = 0
     last_error: str | None = None
@@ -338,7 +374,11 @@ class CreatedObserver:
         return self.created_at
 
 
-def _created_row(start: StartObserver, created_at: datetime, pinned: bool) -> CreatedObserver:
+def _created_row(start: StartObserver, plan: NewSchedule, created_at: datetime, pinned: bool) -> CreatedObserver:
+    scheduled = plan.start_at is not None
+    stop_at = plan.stop_at
+    if stop_at is None and plan.run_for_s is not None and not scheduled:
+        stop_at = created_at + timedelta(seconds=plan.run_for_s)  # as the insert computes it
     return CreatedObserver(
         start.observer_id,
         start.name,
@@ -349,6 +389,9 @@ def _created_row(start: StartObserver, created_at: datetime, pinned: bool) -> Cr
         start.isolation,
         start.memory_limit_mb,
         created_at,
+        ObserverStatus.SCHEDULED if scheduled else ObserverStatus.CREATED,
+        plan.start_at,
+        stop_at,
         pinned=pinned,
     )
 

@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -41,6 +42,10 @@ class NewObserver:
     retry: dict[str, Any] | None = None
     isolation: str | None = None
     memory_limit_mb: float | None = None
+    # The schedule (``manager/schedule.py``): already checked by the API's schema.
+    start_at: datetime | None = None
+    stop_at: datetime | None = None
+    run_for_s: float | None = None
     rebalance: bool = True  # False: pinned, never moved to even the load
 
 

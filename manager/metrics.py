@@ -74,6 +74,12 @@ STATE_LEADER = Gauge(
     "1 while this manager applies state reports and runs the repairs (the leader), 0 while it stands by",
     registry=STATE_REGISTRY,
 )
+SCHEDULED_STARTS = Counter(
+    "orch_scheduled_starts", "Scheduled observers started at their start_at", registry=STATE_REGISTRY
+)
+SCHEDULED_EXPIRED = Counter(
+    "orch_scheduled_expired", "Observers stopped at their stop_at (or run_for_s)", registry=STATE_REGISTRY
+)
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
 HANDOVERS = Counter(
     "orch_handovers",

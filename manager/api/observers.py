@@ -18,6 +18,7 @@ from manager.api.schemas import (
     ObserverList,
     ObserverOut,
     ObserverPage,
+    Reschedule,
 )
 from manager.db import observers
 from manager.db.events import list_events
@@ -42,6 +43,9 @@ def _spec(body: ObserverCreate) -> NewObserver:
         body.retry_fields(),
         body.isolation,
         body.memory_limit_mb,
+        body.start_at,
+        body.stop_at,
+        body.run_for_s,
         body.rebalance,
     )
 
@@ -57,7 +61,9 @@ async def create_observers(body: BulkCreate, commands: CommandsDep) -> ObserverL
 async def stop_observers(body: BulkStop, commands: CommandsDep) -> BulkStopResult:
     """Stop up to 10,000 observers at once. Unknown and already final ids are listed, not refused."""
     result = await commands.stop_many(body.ids)
-    return BulkStopResult(stopping=result.stopping, final=result.final, unknown=result.unknown)
+    return BulkStopResult(
+        stopping=result.stopping, final=result.final, unknown=result.unknown, cancelled=result.cancelled
+    )
 
 
 @router.get("", response_model=ObserverPage)
@@ -105,4 +111,11 @@ async def restart_observer(observer_id: uuid.UUID, commands: CommandsDep) -> Obs
 
 @router.delete("/{observer_id}", status_code=status.HTTP_202_ACCEPTED, response_model=ObserverOut)
 async def stop_observer(observer_id: uuid.UUID, commands: CommandsDep) -> ObserverOut:
+    """OnDeleting; a Scheduled observer becomes Deleted at once (nothing was started)."""
     return ObserverOut.of(await commands.stop(observer_id))
+
+
+@router.patch("/{observer_id}", response_model=ObserverOut)
+async def reschedule_observer(observer_id: uuid.UUID, body: Reschedule, commands: CommandsDep) -> ObserverOut:
+    """Move a Scheduled observer's start_at (409 once it is no longer Scheduled)."""
+    return ObserverOut.of(await commands.reschedule(observer_id, body.start_at))

@@ -8,8 +8,9 @@ from functools import lru_cache
 from typing import Any, cast
 
 import pydantic_core
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from manager import schedule
 from manager.api.limits import MAX_ARGS_BYTES
 from manager.commands import CreatedObserver
 from manager.db.models import Observer, ObserverEvent, ObserverStatus, Service, ServiceStatus
@@ -49,6 +50,26 @@ class ObserverCreate(BaseModel):
     rebalance: bool = Field(
         default=True, description="false: never moved to even the load (pinned); draining its host still moves it"
     )
+    start_at: datetime | None = Field(
+        default=None,
+        description="RFC 3339 with an offset: Scheduled until then, then started (a past time starts now)",
+    )
+    stop_at: datetime | None = Field(default=None, description="RFC 3339 with an offset: stopped then (`expired`)")
+    run_for_s: float | None = Field(
+        default=None, gt=0, le=86_400 * 366, description="stopped this long after it starts; not with stop_at"
+    )
+
+    @field_validator("start_at", "stop_at")
+    @classmethod
+    def _with_offset(cls, value: datetime | None, info: Any) -> datetime | None:
+        return schedule.aware(value, info.field_name)
+
+    @model_validator(mode="after")
+    def _schedule(self) -> ObserverCreate:
+        found = schedule.problems(self.start_at, self.stop_at, self.run_for_s, datetime.now(UTC))
+        if found:
+            raise ValueError("; ".join(found))
+        return self
 
     @field_validator("args")
     @classmethod
@@ -89,6 +110,8 @@ class ObserverOut(BaseModel):
     isolation: Isolation | None
     memory_limit_mb: float | None
     probation: Probation | None = None
+    start_at: datetime | None = Field(default=None, description="when a Scheduled observer starts")
+    stop_at: datetime | None = Field(default=None, description="when it is stopped (`expired`)")
     rebalance: bool = Field(default=True, description="false: pinned, never moved to even the load")
     created_at: datetime
     modified_at: datetime
@@ -114,6 +137,8 @@ class ObserverOut(BaseModel):
             probation=None
             if obs.probation_since is None
             else Probation.model_construct(since=obs.probation_since, isolated_since=obs.probation_clean_since),
+            start_at=obs.start_at,
+            stop_at=obs.stop_at,
             rebalance=not obs.pinned,
             created_at=obs.created_at,
             modified_at=obs.modified_at,
@@ -154,6 +179,22 @@ class BulkStopResult(BaseModel):
     stopping: list[uuid.UUID] = Field(description="now (or already) OnDeleting")
     final: list[uuid.UUID] = Field(description="already Deleted or Failed: nothing to stop")
     unknown: list[uuid.UUID]
+    cancelled: list[uuid.UUID] = Field(default_factory=list, description="were Scheduled: now Deleted, never started")
+
+
+class Reschedule(BaseModel):
+    """A Scheduled observer's new start time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_at: datetime = Field(description="RFC 3339 with an offset; a past time starts it at once")
+
+    @field_validator("start_at")
+    @classmethod
+    def _with_offset(cls, value: datetime) -> datetime:
+        checked = schedule.aware(value, "start_at")
+        assert checked is not None
+        return checked
 
 
 class ObserverPage(BaseModel):
@@ -276,7 +317,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         401: "no token, or an unknown one (when ORCH_API_TOKENS is set)",
         403: "a read-only token tried to change something",
         404: "no such observer or service",
-        409: "conflicts with the current state (name in use, already final, not Failed)",
+        409: "conflicts with the current state (name in use, already final, not Failed, not Scheduled)",
         413: "request body over ORCH_MAX_BODY_BYTES",
         422: "invalid request: the detail names every field to fix",
         503: "no capacity, no live service in the pool, or the broker/database is unreachable "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import BigInteger, ScalarSelect, column, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.models import LIVE_STATUSES, ObserverStatus
+from manager.db.models import HOLDING_STATUSES, ObserverStatus
 
 _ALL = """
     SELECT kind, pool, status, n FROM observer_counts
@@ -59,8 +59,9 @@ async def observer_counts(session: AsyncSession) -> list[Count]:
 
 def live_in_pool_query(pool: str) -> ScalarSelect[int]:
     """Observers of ``pool`` that hold (or wait for) a worker: Created, Processing, OnDeleting,
-    as a scalar subquery (the capacity check reads it with the pool's workers)."""
-    query = text(_LIVE_IN_POOL).bindparams(pool=pool, statuses=[s.value for s in LIVE_STATUSES])
+    and Scheduled (whose worker is reserved until its start), as a scalar subquery (the
+    capacity check reads it with the pool's workers)."""
+    query = text(_LIVE_IN_POOL).bindparams(pool=pool, statuses=[s.value for s in HOLDING_STATUSES])
     return query.columns(column("n", BigInteger)).subquery().select().scalar_subquery()
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-import pydantic_core
 from sqlalchemy import CursorResult, delete, exists, func, or_, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -37,7 +36,6 @@ from manager.db.models import (
 )
 from manager.db.sql import id_in, lock_by_ids
 from manager.errors import Invalid, NotFound
-from shared.messages import StartObserver
 
 S = ObserverStatus
 
@@ -124,48 +122,7 @@ async def get_observer(session: AsyncSession, observer_id: uuid.UUID) -> tuple[O
     return row[0], row[1]
 
 
-# --- creates ---------------------------------------------------------------------------------
-
-# Observers, their pending starts and their "created" events, from one set of arrays. The
-# ORM's executemany of the same rows was far slower on bulk creates (docs/design.md, "Where
-# the time goes").
-_INSERT_CREATED = text(
-    """
-    WITH new AS (
-        INSERT INTO observers (id, name, kind, args, pool, retry, isolation, memory_limit_mb, status)
-        SELECT id, name, kind, args, pool, retry, isolation, memory_limit_mb, 'Created'
-        FROM unnest(
-            CAST(:ids AS uuid[]), CAST(:names AS text[]), CAST(:kinds AS text[]), CAST(:args AS jsonb[]),
-            CAST(:pools AS text[]), CAST(:retries AS jsonb[]), CAST(:isolations AS text[]),
-            CAST(:memory_limits AS float8[])
-        ) AS v(id, name, kind, args, pool, retry, isolation, memory_limit_mb)
-        RETURNING id, created_at
-    ), pending AS (
-        INSERT INTO pending_starts (observer_id, created_at) SELECT id, created_at FROM new
-    ), history AS (
-        INSERT INTO observer_events (observer_id, at, event) SELECT id, created_at, :created_event FROM new
-    )
-    SELECT now()
-    """
-)
-
-
-async def insert_created(session: AsyncSession, starts: Sequence[StartObserver]) -> datetime:
-    """The rows of ``starts`` (Created), their pending starts and their "created" events, in
-    one round trip; returns their ``created_at``. A taken name raises ``IntegrityError``."""
-    params = {
-        "ids": [s.observer_id for s in starts],
-        "names": [s.name for s in starts],
-        "kinds": [s.kind for s in starts],
-        "args": [pydantic_core.to_json(s.args).decode() for s in starts],
-        "pools": [s.pool for s in starts],
-        "retries": [s.retry.model_dump_json() for s in starts],
-        "isolations": [s.isolation for s in starts],
-        "memory_limits": [s.memory_limit_mb for s in starts],
-        "created_event": EventType.CREATED.value,
-    }
-    created_at: datetime = (await session.execute(_INSERT_CREATED, params)).scalar_one()
-    return created_at
+# --- creates (the rows of a create: ``manager/db/creates.py``) ---------------------------------
 
 
 async def pin(session: AsyncSession, ids: set[uuid.UUID]) -> None:
@@ -259,23 +216,34 @@ async def undo_restart(session: AsyncSession, observer_id: uuid.UUID, restarted_
 STOPPABLE = (S.CREATED, S.PROCESSING)
 
 
-async def mark_stopping(
-    session: AsyncSession, ids: Sequence[uuid.UUID], now: datetime
-) -> tuple[dict[uuid.UUID, ObserverStatus], list[uuid.UUID], list[int]]:
-    """Created and Processing rows among ``ids`` become OnDeleting. Returns the status each
-    found row had, the ids changed and their lives. The caller records the events."""
+@dataclass(frozen=True)
+class Stopping:
+    """What ``mark_stopping`` found and did."""
+
+    found: dict[uuid.UUID, ObserverStatus]  # the status each found row had
+    to_stop: list[uuid.UUID]  # now OnDeleting: their stops are to be published
+    lives: list[int]  # of to_stop
+    cancelled: list[uuid.UUID]  # were Scheduled: now Deleted, never started, nothing to publish
+
+
+async def mark_stopping(session: AsyncSession, ids: Sequence[uuid.UUID], now: datetime) -> Stopping:
+    """Created and Processing rows among ``ids`` become OnDeleting, Scheduled ones Deleted
+    (no start was published for them). The caller records the events."""
     # By a semi-join with the ids, whose rechecks of rows changed meanwhile cost little.
     rows = (await session.execute(lock_by_ids((Observer.id, Observer.status, Observer.life), ids))).all()
-    found = {i: s for i, s, _ in rows}
     to_stop = [i for i, s, _ in rows if s in STOPPABLE]
-    lives = [life for _, s, life in rows if s in STOPPABLE]
+    cancelled = [i for i, s, _ in rows if s == S.SCHEDULED]
     if to_stop:
         await session.execute(
             update(Observer)
             .where(id_in(Observer.id, to_stop))
             .values(status=S.ON_DELETING, modified_at=now, stop_requested_at=now)
         )
-    return found, to_stop, lives
+    if cancelled:
+        await session.execute(
+            update(Observer).where(id_in(Observer.id, cancelled)).values(status=S.DELETED, modified_at=now)
+        )
+    return Stopping({i: s for i, s, _ in rows}, to_stop, [life for _, s, life in rows if s in STOPPABLE], cancelled)
 
 
 async def touch_stale_stops(session: AsyncSession, now: datetime, older_than: timedelta) -> list[tuple[uuid.UUID, int]]:

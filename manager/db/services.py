@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from manager.db.counts import READ_SQL, live_in_pool_query
 from manager.db.digests import held_per_service
 from manager.db.leader import HOLDER_SQL
-from manager.db.models import LIVE_STATUSES, ObserverStatus, Service, ServiceStatus
+from manager.db.models import HOLDING_STATUSES, LIVE_STATUSES, ObserverStatus, Service, ServiceStatus
 from manager.errors import NotFound
 
 
@@ -117,7 +117,7 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         by_status[status] += n
         per_kind = by_kind.setdefault(kind, {})
         per_kind[status] = per_kind.get(status, 0) + n
-        if ObserverStatus(status) in LIVE_STATUSES:
+        if ObserverStatus(status) in HOLDING_STATUSES:  # a Scheduled one's worker is reserved
             used[pool] = used.get(pool, 0) + n
     total: dict[str, int] = {}
     for pools, workers in row.alive:

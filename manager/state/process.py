@@ -45,6 +45,7 @@ from manager.state.consumer import StateConsumer
 from manager.state.leadership import LeaderLock
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
+from manager.state.scheduler import Scheduler
 from manager.state.supervisor import METRICS_FD_ENV, PARENT_PID_ENV
 from shared import topology
 from shared.event_loop import loop_factory
@@ -99,8 +100,9 @@ class StateSide:
             on_database_error=self.lock.doubt,
         )
         waker = StartQueueWaker(settings, self.sessions, self.broker)
+        scheduler = Scheduler(self.sessions, self.broker, self.in_flight)
         work: asyncio.Future[Any] = asyncio.ensure_future(
-            asyncio.gather(consumer.run(), repairs.run(), waker.run(), self._consume(consumer))
+            asyncio.gather(consumer.run(), repairs.run(), waker.run(), scheduler.run(), self._consume(consumer))
         )
         lost: asyncio.Future[Any] = asyncio.ensure_future(self.lock.lost())
         try:

@@ -56,20 +56,21 @@ async def test_stats_report_every_part_from_folded_counts_and_pending_deltas(
         await _observers(session, 3, "ticker", "default", "Deleted", probation=True)  # not live: not on probation
         await _observers(session, 2, "probe", "default", "Failed")
         await _observers(session, 1, "ticker", "gpu", "Processing")
+        await _observers(session, 2, "ticker", "default", "Scheduled")  # its worker is reserved: used
 
     async with sessions() as session:
         stats = await services.stats(session)
 
     assert stats == {
-        "observers": {"Created": 2, "Processing": 6, "OnDeleting": 1, "Deleted": 3, "Failed": 2},
+        "observers": {"Scheduled": 2, "Created": 2, "Processing": 6, "OnDeleting": 1, "Deleted": 3, "Failed": 2},
         "services": {"alive": 2, "lost": 1, "deleted": 1},
         "capacity": {
-            "default": {"total": 8, "used": 5, "free": 3},
+            "default": {"total": 8, "used": 7, "free": 1},
             "gpu": {"total": 5, "used": 4, "free": 1},
         },
         "kinds": {
             "probe": {"Created": 2, "OnDeleting": 1, "Failed": 2},
-            "ticker": {"Processing": 6, "Deleted": 3},
+            "ticker": {"Processing": 6, "Deleted": 3, "Scheduled": 2},
         },
         "probation": 2,
         "state_applied_by": None,  # no manager runs
@@ -81,7 +82,7 @@ async def test_stats_of_an_empty_system(sessions: async_sessionmaker[AsyncSessio
         stats = await services.stats(session)
 
     assert stats == {
-        "observers": {"Created": 0, "Processing": 0, "OnDeleting": 0, "Deleted": 0, "Failed": 0},
+        "observers": {"Scheduled": 0, "Created": 0, "Processing": 0, "OnDeleting": 0, "Deleted": 0, "Failed": 0},
         "services": {"alive": 0, "lost": 0, "deleted": 0},
         "capacity": {},
         "kinds": {},

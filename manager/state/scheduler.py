@@ -1,0 +1,114 @@
+"""Scheduled starts and stops, fired by the leader's state side (docs/design.md, "Scheduled
+start and stop").
+
+Every ``POLL_S`` (or at once after a full batch) it asks the two partial indexes of
+migration 0014 for due rows, ``BATCH`` at a time:
+
+* due starts: Scheduled → Created with a pending start and a ``due`` event in one
+  transaction, then the starts are published with confirms and the pending rows deleted:
+  the create's own path. A crash after the commit leaves pending starts, which the
+  pending-start repair publishes (``manager/repairs/pending_starts.py``); a crash before it
+  leaves the rows Scheduled, and the next leader takes them. So a start is never lost, and
+  never published twice except as a create's can be (a confirm lost with the manager),
+  which the state rules absorb.
+* due stops: Created/Processing → OnDeleting (the stop is broadcast as an API stop is; the
+  re-stop repair sends it again if the broker is away), Scheduled → Deleted, each with an
+  ``expired`` event.
+
+Only the leader runs it (it is one of ``StateSide``'s tasks), so two managers never fire the
+same row; and the rows are taken ``SKIP LOCKED`` in one statement with their change, so even
+two schedulers would not. A manager down at the due time fires late, when it leads again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from manager.broker import BrokerLink
+from manager.db import observers
+from manager.db import schedule as rows
+from manager.db.errors import database_outage, describe, is_transient
+from manager.metrics import SCHEDULED_EXPIRED, SCHEDULED_STARTS
+from shared.errors import BrokerUnavailable
+from shared.messages import stop_messages
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.2  # well under the second a start may be late
+BATCH = 1000  # a bulk create's size: due rows start at the create rate
+
+
+class Scheduler:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        broker: BrokerLink,
+        in_flight: set[uuid.UUID],
+        poll_s: float = POLL_S,
+        batch: int = BATCH,
+    ) -> None:
+        self.sessions = sessions
+        self.broker = broker
+        self.in_flight = in_flight  # shared with the pending-start repair, which leaves these alone
+        self.poll_s = poll_s
+        self.batch = batch
+        self._database = database_outage("the scheduler", logger)
+
+    async def run(self) -> None:
+        """Until cancelled; the broker's or the database's failures are logged and waited out."""
+        while True:
+            more = False
+            if self.broker.ready.is_set():
+                try:
+                    more = await self.fire()
+                    self._database.worked()
+                except BrokerUnavailable as e:
+                    logger.warning("scheduler: broker unavailable (%s); the pending-start repair takes over", e)
+                except Exception as e:
+                    if not is_transient(e):
+                        raise
+                    self._database.failed(describe(e))
+            if not more:
+                await asyncio.sleep(self.poll_s)
+
+    async def fire(self) -> bool:
+        """One batch of due starts and one of due stops; True if either was full (more may be due)."""
+        started = await self.start_due()
+        expired = await self.expire_due()
+        return started >= self.batch or expired >= self.batch
+
+    async def start_due(self) -> int:
+        async with self.sessions.begin() as session:
+            starts = await rows.start_due(session, datetime.now(UTC), self.batch)
+        if not starts:
+            return 0
+        ids = [s.observer_id for s in starts]
+        self.in_flight.update(ids)
+        try:
+            await self.broker.publish_starts(starts)
+        finally:
+            self.in_flight.difference_update(ids)
+        async with self.sessions.begin() as session:
+            await observers.mark_published(session, ids)
+        SCHEDULED_STARTS.inc(len(starts))
+        logger.info("started %d scheduled observer(s)", len(starts))
+        return len(starts)
+
+    async def expire_due(self) -> int:
+        async with self.sessions.begin() as session:
+            stopping, deleted = await rows.expire_due(session, datetime.now(UTC), self.batch)
+        if stopping:
+            ids = [oid for oid, _ in stopping]
+            for message in stop_messages(ids, "stop_at reached", lives=[life for _, life in stopping]):
+                # If the broker refuses, the rows are OnDeleting: the re-stop repair sends it again.
+                await self.broker.publish_control(message)
+        n = len(stopping) + len(deleted)
+        if n:
+            SCHEDULED_EXPIRED.inc(n)
+            logger.info("%d observer(s) reached their stop_at (%d never started)", n, len(deleted))
+        return n
