@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from cli import render
+from cli import render, times
 from cli.client import JSON, Client, CliError
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -119,6 +119,7 @@ class Isolation(enum.StrEnum):
 
 
 class Status(enum.StrEnum):
+    SCHEDULED = "Scheduled"
     CREATED = "Created"
     PROCESSING = "Processing"
     ON_DELETING = "OnDeleting"
@@ -173,9 +174,12 @@ def create(
     ] = None,
     isolation: Annotated[Isolation | None, typer.Option(help="default: the kind's own")] = None,
     memory_limit_mb: Annotated[float | None, typer.Option(help="process isolation: kill above this RSS")] = None,
+    start_at: Annotated[str | None, typer.Option(help="RFC 3339 with an offset, e.g. 2026-12-01T09:30:00Z")] = None,
+    stop_at: Annotated[str | None, typer.Option(help="RFC 3339 with an offset: stopped then")] = None,
+    run_for: Annotated[str | None, typer.Option(help="stopped this long after its start: 90, 15m, 2h, 1d")] = None,
     rebalance: Annotated[bool, typer.Option(help="--no-rebalance: never moved to even the load")] = True,
 ) -> None:
-    """Create an observer."""
+    """Create an observer (Scheduled until --start-at, if given)."""
     state = _state(ctx)
     body: dict[str, Any] = {"name": name, "kind": kind, "args": parse_args(arg or [], args_json)}
     optional = {
@@ -183,6 +187,9 @@ def create(
         "retry": _json_object(retry_json, "--retry-json") if retry_json is not None else None,
         "isolation": isolation.value if isolation else None,
         "memory_limit_mb": memory_limit_mb,
+        "start_at": start_at,  # the API checks the times (422 says what to fix)
+        "stop_at": stop_at,
+        "run_for_s": times.seconds(run_for),
         "rebalance": None if rebalance else False,
     }
     body |= {k: v for k, v in optional.items() if v is not None}  # absent = the API's default

@@ -18,6 +18,7 @@ from rich.text import Text
 JSON = Any  # an API body: dicts, lists and scalars as httpx decoded them
 
 STATUS_STYLES = {
+    "Scheduled": "blue",
     "Created": "cyan",
     "Processing": "green",
     "OnDeleting": "yellow",
@@ -27,7 +28,7 @@ STATUS_STYLES = {
     "lost": "red",
     "deleted": "dim",
 }
-OBSERVER_STATUSES = ("Created", "Processing", "OnDeleting", "Deleted", "Failed")
+OBSERVER_STATUSES = ("Scheduled", "Created", "Processing", "OnDeleting", "Deleted", "Failed")
 
 
 def short_id(value: str | None) -> str:
@@ -115,6 +116,8 @@ def observer_detail(o: JSON) -> Table:
         ("isolation", cell(o.get("isolation") or "kind default")),
         ("memory limit", cell(f"{o['memory_limit_mb']} MB" if o.get("memory_limit_mb") else None)),
         ("retry", cell(_compact(o.get("retry")) if o.get("retry") else "default")),
+        ("start at", cell(o.get("start_at"))),
+        ("stop at", cell(o.get("stop_at"))),
         ("created", cell(f"{o.get('created_at')} ({age(o.get('created_at'))})")),
         ("modified", cell(f"{o.get('modified_at')} ({age(o.get('modified_at'))})")),
     ]

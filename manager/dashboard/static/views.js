@@ -5,8 +5,8 @@ import {
   ageSince, el, formatAge, formatTime, makeLoad, setAttr, setText, shortId, syncOptions, syncRows, updateLoad,
 } from "./dom.js";
 
-export const STATUSES = ["Created", "Processing", "OnDeleting", "Deleted", "Failed"];
-const STOPPABLE = new Set(["Created", "Processing"]);
+export const STATUSES = ["Scheduled", "Created", "Processing", "OnDeleting", "Deleted", "Failed"];
+const STOPPABLE = new Set(["Scheduled", "Created", "Processing"]);
 
 const $ = (id) => document.getElementById(id);
 
@@ -117,6 +117,7 @@ function newObserverRow(o, actions) {
     el("td", { "data-testid": "observer-service" }),
     el("td", { "data-testid": "observer-attempts", class: "num" }),
     el("td", { "data-testid": "observer-error", class: "error-cell" }),
+    el("td", { "data-testid": "observer-start-at" }),
     el("td", { "data-testid": "observer-created" }),
     el("td", { class: "actions" }, ...buttons),
   ];
@@ -159,9 +160,10 @@ function updateObserverRow(row, o) {
   setText(c[5], o.attempts);
   setText(c[6], o.last_error ?? "");
   setAttr(c[6], "title", o.last_error ?? "");
-  setText(c[7], `${ageSince(o.created_at)} ago`);
-  setAttr(c[7], "title", formatTime(o.created_at));
-  const [stop, restart] = c[8].children;
+  setText(c[7], o.start_at ? formatTime(o.start_at) : "");
+  setText(c[8], `${ageSince(o.created_at)} ago`);
+  setAttr(c[8], "title", formatTime(o.created_at));
+  const [stop, restart] = c[9].children;
   updateActionButtons(stop, restart, o);
 }
 
@@ -206,6 +208,7 @@ export function renderDetail(o, servicesById) {
     ["probation", o.probation ? probationText(o.probation) : "—"],
     ["memory limit", o.memory_limit_mb ? `${o.memory_limit_mb} MB` : "—"],
     ["args", JSON.stringify(o.args)], ["retry", o.retry ? JSON.stringify(o.retry) : "default"],
+    ["start at", o.start_at ? formatTime(o.start_at) : "—"], ["stop at", o.stop_at ? formatTime(o.stop_at) : "—"],
     ["created", formatTime(o.created_at)], ["modified", formatTime(o.modified_at)],
   ];
   const dl = $("detail-fields");
