@@ -1,0 +1,156 @@
+"""Scheduled start and stop (issue 56, part 3; docs/design.md, "Scheduled start and stop"):
+real manager, services, broker and database. The tests assert what happens and its order
+(never before start_at), not how late: ``python -m bench.schedule`` measures lateness."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.system.test_two_managers import event_counts
+from tools.harness import System, metric, probe_args, read_probe_lines, unique, wait_for
+
+
+def _at(seconds: float) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat()
+
+
+def _events(system: System, observer_id: str) -> list[dict[str, Any]]:
+    body: list[dict[str, Any]] = system.get(f"/api/observers/{observer_id}/events").json()
+    return body
+
+
+def _first(events: list[dict[str, Any]], event: str) -> datetime:
+    return next(datetime.fromisoformat(e["at"]) for e in events if e["event"] == event)
+
+
+def _patch(system: System, observer_id: str, body: Any) -> httpx.Response:
+    return httpx.patch(f"{system.base_url}/api/observers/{observer_id}", json=body, timeout=10)
+
+
+def test_a_scheduled_start_never_comes_early_and_stop_times_end_it_expired(system: System) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=5)
+
+    # Given one observer scheduled to run for 2 s, and one running now until a stop_at
+    start_at = datetime.now(UTC) + timedelta(seconds=3)
+    later = system.create(unique("later"), start_at=start_at.isoformat(), run_for_s=2)
+    stop_at = datetime.now(UTC) + timedelta(seconds=4)
+    now = system.create(unique("now"), stop_at=stop_at.isoformat())
+
+    # Then the first is Scheduled, and counted so everywhere, its worker reserved
+    assert later["status"] == "Scheduled" and datetime.fromisoformat(later["start_at"]) == start_at
+    assert later["stop_at"] is None  # run_for_s counts from its start
+    assert system.observer(later["id"])["status"] == "Scheduled"
+    stats = system.get("/api/stats").json()
+    assert stats["observers"]["Scheduled"] == 1
+    assert stats["capacity"]["default"]["used"] == 2
+    assert 'orch_observers{kind="ticker",pool="default",status="Scheduled"} 1.0' in system.get("/metrics").text
+    assert [o["id"] for o in system.observers(status="Scheduled")] == [later["id"]]
+
+    # When their times come, then the first starts, never before its start_at, with its
+    # stop_at set from run_for_s; both end Deleted by a normal stop with an `expired` event
+    running = system.wait_status(later["id"], "Processing", timeout=30)
+    events = _events(system, later["id"])
+    assert [e["event"] for e in events][:3] == ["created", "due", "started"]
+    assert _first(events, "due") >= start_at and _first(events, "started") >= start_at
+    assert datetime.fromisoformat(running["stop_at"]) >= start_at + timedelta(seconds=2)
+    for observer, stop in ((later, None), (now, stop_at)):
+        system.wait_status(observer["id"], "Deleted", timeout=30)
+        history = [e["event"] for e in _events(system, observer["id"])]
+        assert history[-2:] == ["expired", "stopped"], history
+        if stop is not None:
+            assert _first(_events(system, observer["id"]), "expired") >= stop
+    assert system.get("/api/stats").json()["observers"]["Scheduled"] == 0
+
+
+def test_cancel_and_reschedule_before_the_start_and_the_422s(system: System) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=5)
+
+    # A Scheduled observer stopped: Deleted at once, never started, nothing in its queue
+    cancelled = system.create(unique("cancel"), start_at=_at(2))
+    stopped = system.delete(f"/api/observers/{cancelled['id']}")
+    assert stopped.status_code == 202 and stopped.json()["status"] == "Deleted"
+    assert system.queue_counts("orch.start.default")[0] == 0
+    # Rescheduled: to later, then to now, which starts it; once started, 409
+    moved = system.create(unique("moved"), start_at=_at(3600))
+    later = _patch(system, moved["id"], {"start_at": _at(7200)})
+    assert later.status_code == 200 and later.json()["status"] == "Scheduled"
+    assert _patch(system, moved["id"], {"start_at": _at(-1)}).status_code == 200
+    system.wait_status(moved["id"], "Processing")
+    refused = _patch(system, moved["id"], {"start_at": _at(60)})
+    assert refused.status_code == 409 and "only a Scheduled observer" in refused.json()["detail"]
+    assert _patch(system, "00000000-0000-0000-0000-000000000000", {"start_at": _at(60)}).status_code == 404
+    time.sleep(1.0)  # a few of the scheduler's passes: the cancelled one stays unstarted
+    assert [e["event"] for e in _events(system, cancelled["id"])] == ["created", "cancelled"]
+    assert system.observer(cancelled["id"])["status"] == "Deleted"
+
+    # Validation: every one a 422 that says what to fix
+    naive = datetime.now(UTC).replace(tzinfo=None).isoformat()
+    for body, says in (
+        ({"start_at": naive}, "add a UTC offset"),
+        ({"stop_at": _at(60), "run_for_s": 5}, "give one of them, not both"),
+        ({"start_at": _at(60), "stop_at": _at(30)}, "stop_at: must be after start_at"),
+        ({"stop_at": _at(-5)}, "stop_at: is not in the future"),
+        ({"run_for_s": 0}, "run_for_s"),
+    ):
+        answer = system.post("/api/observers", {"name": unique("bad"), "kind": "ticker"} | body)
+        assert answer.status_code == 422 and says in answer.text, (body, answer.text)
+    bulk = system.post(
+        "/api/observers/bulk",
+        {"observers": [{"name": unique("ok"), "kind": "ticker"}, {"name": "b", "kind": "ticker", "start_at": naive}]},
+    )
+    assert bulk.status_code == 422 and "observers" in bulk.text and "add a UTC offset" in bulk.text
+    assert _patch(system, moved["id"], {"start_at": naive}).status_code == 422
+
+
+@pytest.mark.usefixtures("with_test_plugin")
+def test_a_manager_down_across_the_start_time_starts_it_once_when_back(system: System, tmp_path: Path) -> None:
+    manager = system.start_manager()
+    system.start_service("svc-a", workers=5)
+    ticks = tmp_path / "ticks.log"
+    start_at = datetime.now(UTC) + timedelta(seconds=3)
+    created = system.create(unique("late"), kind="probe", args=probe_args(ticks), start_at=start_at.isoformat())
+
+    # When the manager is killed before the start time and comes back after it
+    manager.kill9()
+    time.sleep(max(0.0, (start_at - datetime.now(UTC)).total_seconds()) + 1.0)
+    assert not read_probe_lines(ticks)  # nobody started it meanwhile
+    system.start_manager()
+
+    # Then it starts, late, exactly once: one due, one start, one run on one host
+    system.wait_status(created["id"], "Processing")
+    wait_for(lambda: len(read_probe_lines(ticks)) >= 5, 15, "five ticks")
+    counts = event_counts(system.database_url)
+    assert counts[(created["id"], "due")] == 1 and counts[(created["id"], "started")] == 1
+    runs = {(service, pid, run) for _, service, pid, _, run in read_probe_lines(ticks)}
+    assert len(runs) == 1, runs
+    assert min(at for _, _, _, at, _ in read_probe_lines(ticks)) >= start_at.timestamp()
+
+
+def test_a_thousand_due_in_the_same_second_all_start_once(system: System) -> None:
+    system.start_manager()
+    system.start_service("svc-a", workers=1000)
+    start_at = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0) + timedelta(seconds=1)
+    body = {
+        "observers": [
+            {"name": f"{unique('n')}-{i}", "kind": "idle", "start_at": start_at.isoformat()} for i in range(1000)
+        ]
+    }
+    answer = system.post("/api/observers/bulk", body)
+    assert answer.status_code == 201, answer.text
+    ids = [o["id"] for o in answer.json()["items"]]
+    assert {o["status"] for o in answer.json()["items"]} == {"Scheduled"}
+
+    wait_for(lambda: system.get("/api/stats").json()["observers"]["Processing"] == 1000, 60, "1,000 Processing")
+    counts = event_counts(system.database_url)
+    assert Counter(counts[(i, "due")] for i in ids) == {1: 1000}
+    assert Counter(counts[(i, "started")] for i in ids) == {1: 1000}
+    assert metric(system, "orch_scheduled_starts_total") == 1000
