@@ -217,7 +217,8 @@ def stop(
     if state.json_output:
         _print_json(result)
     else:
-        out.print(f"stopping {len(result['stopping'])}, already Deleted or Failed {len(result['final'])}")
+        cancelled = len(result.get("cancelled", []))  # Scheduled ones: Deleted, never started
+        out.print(f"stopping {len(result['stopping'])}, cancelled {cancelled}, already final {len(result['final'])}")
     if result["unknown"]:
         # The single-id form answers 404 here; keep the same exit code for scripts.
         raise CliError(f"unknown ids: {' '.join(result['unknown'])}")

@@ -4,7 +4,7 @@ never lost nor fired twice: ``manager/state/scheduler.py``."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from manager.db.creates import NewSchedule
 
@@ -12,10 +12,15 @@ EXAMPLE = "2026-12-01T09:30:00Z"
 
 
 def aware(value: datetime | None, field: str) -> datetime | None:
-    """``value`` if it carries a UTC offset; a naive time is ambiguous (whose local time?)."""
-    if value is not None and value.utcoffset() is None:
+    """``value`` in UTC if it carries an offset; a naive time is ambiguous (whose local time?)."""
+    if value is None:
+        return None
+    if value.utcoffset() is None:
         raise ValueError(f"{field}: add a UTC offset to the time, e.g. {EXAMPLE} or +02:00 (RFC 3339)")
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # year 1 or 9999 with an offset that leaves datetime's range
+        raise ValueError(f"{field}: out of range") from None
 
 
 def problems(start_at: datetime | None, stop_at: datetime | None, run_for_s: float | None, now: datetime) -> list[str]:

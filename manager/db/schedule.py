@@ -38,6 +38,24 @@ DUE_STOPS_SQL = """
     ORDER BY stop_at LIMIT :limit
 """
 
+# The next time either index says something is due: the first entry of each, no scan.
+NEXT_DUE = text(
+    """
+    SELECT least(
+        (SELECT min(start_at) FROM observers WHERE status = 'Scheduled'),
+        (SELECT min(stop_at) FROM observers
+         WHERE stop_at IS NOT NULL AND status IN ('Scheduled', 'Created', 'Processing'))
+    )
+    """
+)
+
+
+async def next_due(session: AsyncSession) -> datetime | None:
+    """When the next scheduled start or stop is due (None: nothing is scheduled)."""
+    found: datetime | None = (await session.execute(NEXT_DUE)).scalar()
+    return found
+
+
 # Scheduled → Created, exactly as a create inserts it: a pending start (the pending-start
 # repair publishes it if this manager dies before the broker confirmed it) and an event.
 _START_DUE = text(

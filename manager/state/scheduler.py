@@ -1,8 +1,9 @@
 """Scheduled starts and stops, fired by the leader's state side (docs/design.md, "Scheduled
 start and stop").
 
-Every ``POLL_S`` (or at once after a full batch) it asks the two partial indexes of
-migration 0014 for due rows, ``BATCH`` at a time:
+Every ``POLL_S``, or at the next due time if that comes sooner (the first entry of either
+index), or at once after a full batch, it asks the two partial indexes of migration 0014 for
+due rows, ``BATCH`` at a time:
 
 * due starts: Scheduled → Created with a pending start and a ``due`` event in one
   transaction, then the starts are published with confirms and the pending rows deleted:
@@ -62,10 +63,10 @@ class Scheduler:
     async def run(self) -> None:
         """Until cancelled; the broker's or the database's failures are logged and waited out."""
         while True:
-            more = False
+            wait_s = self.poll_s
             if self.broker.ready.is_set():
                 try:
-                    more = await self.fire()
+                    wait_s = 0.0 if await self.fire() else await self._until_next()
                     self._database.worked()
                 except BrokerUnavailable as e:
                     logger.warning("scheduler: broker unavailable (%s); the pending-start repair takes over", e)
@@ -73,8 +74,17 @@ class Scheduler:
                     if not is_transient(e):
                         raise
                     self._database.failed(describe(e))
-            if not more:
-                await asyncio.sleep(self.poll_s)
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+
+    async def _until_next(self) -> float:
+        """How long to sleep: until the next due time, at most ``poll_s`` (the API process
+        adds rows this one is not told of)."""
+        async with self.sessions() as session:
+            due = await rows.next_due(session)
+        if due is None:
+            return self.poll_s
+        return min(self.poll_s, max(0.0, (due - datetime.now(UTC)).total_seconds()))
 
     async def fire(self) -> bool:
         """One batch of due starts and one of due stops; True if either was full (more may be due)."""

@@ -13,6 +13,8 @@ def test_a_naive_time_is_refused_with_how_to_fix_it() -> None:
     offset = datetime(2026, 11, 29, 14, 0, tzinfo=timezone(timedelta(hours=2)))
     assert aware(offset, "start_at") == NOW
     assert aware(None, "stop_at") is None
+    with pytest.raises(ValueError, match="stop_at: out of range"):
+        aware(datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5))), "stop_at")
 
 
 def test_stop_at_and_run_for_are_exclusive() -> None:
