@@ -362,6 +362,7 @@ class CreatedObserver:
     status: ObserverStatus = ObserverStatus.CREATED
     start_at: datetime | None = None
     stop_at: datetime | None = None
+    run_for_s: float | None = None
     service_id: uuid.UUID | None = None
     attempts: int = 0
     last_error: str | None = None
@@ -392,6 +393,7 @@ def _created_row(start: StartObserver, plan: NewSchedule, created_at: datetime, 
         ObserverStatus.SCHEDULED if scheduled else ObserverStatus.CREATED,
         plan.start_at,
         stop_at,
+        plan.run_for_s,
         pinned=pinned,
     )
 

@@ -112,6 +112,7 @@ class ObserverOut(BaseModel):
     probation: Probation | None = None
     start_at: datetime | None = Field(default=None, description="when a Scheduled observer starts")
     stop_at: datetime | None = Field(default=None, description="when it is stopped (`expired`)")
+    run_for_s: float | None = Field(default=None, description="how long it runs once started (sets stop_at then)")
     rebalance: bool = Field(default=True, description="false: pinned, never moved to even the load")
     created_at: datetime
     modified_at: datetime
@@ -139,6 +140,7 @@ class ObserverOut(BaseModel):
             else Probation.model_construct(since=obs.probation_since, isolated_since=obs.probation_clean_since),
             start_at=obs.start_at,
             stop_at=obs.stop_at,
+            run_for_s=obs.run_for_s,
             rebalance=not obs.pinned,
             created_at=obs.created_at,
             modified_at=obs.modified_at,

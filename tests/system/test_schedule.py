@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.system.test_cli import cli_json
 from tests.system.test_two_managers import event_counts
 from tools.harness import System, metric, probe_args, read_probe_lines, unique, wait_for
 
@@ -109,6 +110,12 @@ def test_cancel_and_reschedule_before_the_start_and_the_422s(system: System) -> 
     )
     assert bulk.status_code == 422 and "observers" in bulk.text and "add a UTC offset" in bulk.text
     assert _patch(system, moved["id"], {"start_at": naive}).status_code == 422
+
+    # The command line: the same fields
+    start_at = _at(3600)
+    made = cli_json(system.base_url, "create", unique("cli"), "ticker", "--start-at", start_at, "--run-for", "15m")
+    assert made["status"] == "Scheduled" and made["run_for_s"] == 900
+    assert datetime.fromisoformat(made["start_at"]) == datetime.fromisoformat(start_at)
 
 
 @pytest.mark.usefixtures("with_test_plugin")
