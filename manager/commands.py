@@ -230,6 +230,11 @@ class ObserverCommands:
                 # Probation is kept: a restarted poison is isolated again as soon as it starts.
                 obs.host_session_id = None
                 obs.life += 1  # a new life: stops of the old one must not eat its start
+                # A new life runs for its run_for_s again; a stop_at already past would end it at once.
+                if obs.run_for_s is not None:
+                    obs.stop_at = now + timedelta(seconds=obs.run_for_s)
+                elif obs.stop_at is not None and obs.stop_at <= now:
+                    obs.stop_at = None
                 session.add(PendingStart(observer_id=observer_id))
                 await session.flush()
                 await insert_events(session, [NewEvent(observer_id, EventType.RESTARTED, now, detail=obs.last_error)])

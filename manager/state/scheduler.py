@@ -72,8 +72,11 @@ class Scheduler:
                     logger.warning("scheduler: broker unavailable (%s); the pending-start repair takes over", e)
                 except Exception as e:
                     if not is_transient(e):
-                        raise
-                    self._database.failed(describe(e))
+                        # Like a failed repair: said, and tried again next pass, without taking
+                        # the state consumer down with it.
+                        logger.exception("scheduler pass failed")
+                    else:
+                        self._database.failed(describe(e))
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
 

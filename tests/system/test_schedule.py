@@ -4,18 +4,20 @@ real manager, services, broker and database. The tests assert what happens and i
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 
 from tests.system.test_cli import cli_json
 from tests.system.test_two_managers import event_counts
-from tools.harness import System, metric, probe_args, read_probe_lines, unique, wait_for
+from tools.harness import Proc, System, metric, probe_args, read_probe_lines, unique, wait_for
 
 
 def _at(seconds: float) -> str:
@@ -29,6 +31,19 @@ def _events(system: System, observer_id: str) -> list[dict[str, Any]]:
 
 def _first(events: list[dict[str, Any]], event: str) -> datetime:
     return next(datetime.fromisoformat(e["at"]) for e in events if e["event"] == event)
+
+
+async def _kill_once_due(database_url: str, manager: Proc) -> None:
+    """``kill -9`` of ``manager`` within milliseconds of the first ``due`` event's commit."""
+    db = await asyncpg.connect(database_url.replace("+asyncpg", ""))
+    try:
+        deadline = time.monotonic() + 30
+        while not await db.fetchval("SELECT EXISTS (SELECT 1 FROM observer_events WHERE event = 'due')"):
+            assert time.monotonic() < deadline, "the scheduler took no batch"
+            await asyncio.sleep(0.002)
+        manager.kill9()
+    finally:
+        await db.close()
 
 
 def _patch(system: System, observer_id: str, body: Any) -> httpx.Response:
@@ -161,3 +176,27 @@ def test_a_thousand_due_in_the_same_second_all_start_once(system: System) -> Non
     assert Counter(counts[(i, "due")] for i in ids) == {1: 1000}
     assert Counter(counts[(i, "started")] for i in ids) == {1: 1000}
     assert metric(system, "orch_scheduled_starts_total") == 1000
+
+
+def test_a_manager_killed_while_it_fires_loses_none_and_fires_none_twice(system: System) -> None:
+    manager = system.start_manager()
+    system.start_service("svc-a", workers=600)
+    start_at = datetime.now(UTC) + timedelta(seconds=3)
+    one = {"kind": "idle", "start_at": start_at.isoformat()}
+    answer = system.post(
+        "/api/observers/bulk", {"observers": [{"name": f"{unique('k')}-{i}"} | one for i in range(500)]}
+    )
+    assert answer.status_code == 201, answer.text
+    ids = [o["id"] for o in answer.json()["items"]]
+
+    # When the manager is killed as soon as its scheduler has taken the batch (committed it,
+    # publishing or about to), and started again
+    asyncio.run(_kill_once_due(system.database_url, manager))
+    system.start_manager(ORCH_PENDING_START_AFTER_S="1")
+
+    # Then every one runs, on one host, and was fired once: starts the kill left unconfirmed
+    # are published again by the pending-start repair, and any copy absorbed
+    wait_for(lambda: system.get("/api/stats").json()["observers"]["Processing"] == 500, 60, "all 500 Processing")
+    wait_for(lambda: system.services()[0]["running"] == 500, 30, "the service to run 500")
+    counts = event_counts(system.database_url)
+    assert Counter(counts[(i, "due")] for i in ids) == {1: 500}
