@@ -11,12 +11,13 @@ Where things are handled:
   ``state/rows`` reads and writes the rows, ``state/probation``, ``state/adoption``,
   ``state/follow_ups``);
   ``repairs/`` holds the periodic repairs, one file each, run by ``repairs/loop``;
+  ``state/scheduler`` fires scheduled starts and stops (``schedule`` holds their rules);
   ``queue_waker`` keeps big start queues awake.
 * The broker: ``broker`` (the manager's connection: publishes, the state consumer) and
   ``broker_probes`` (questions asked on connections of their own); ``starts`` builds start
   messages.
 * ``db/``: the models, the engines, the error classification, and the SQL, one module per
-  subject (``db/observers``, ``db/services``, ``db/events`` for the history, ``db/digests``, ...): routes,
-  commands, rules and repairs call them; only ``state/rows`` (the state consumer's locked
-  rows) writes its own. ``metrics`` serves ``/metrics``.
+  subject (``db/observers``, ``db/creates``, ``db/schedule``, ``db/services``, ``db/events``
+  for the history, ``db/digests``, ...): routes, commands, rules and repairs call them; only
+  ``state/rows`` (the state consumer's locked rows) writes its own. ``metrics`` serves ``/metrics``.
 """

@@ -239,3 +239,35 @@ def test_migrations_with_two_heads_are_refused(tmp_path: Path) -> None:
     (tmp_path / "d.py").unlink()
     with pytest.raises(SchemaOutdated, match=r"2 heads \(\['b', 'c'\]\)"):
         head_revision(tmp_path)
+
+
+def test_0014_adds_scheduled_and_its_downgrade_refuses_while_a_row_is_scheduled(postgres: infra.PostgresNode) -> None:
+    """The new enum value is usable right after the upgrade (it was committed before the
+    indexes that name it); the downgrade keeps no Scheduled row behind, and the upgrade runs
+    again over the value PostgreSQL cannot drop."""
+    name = f"t_mig_{uuid.uuid4().hex[:8]}"
+    postgres.create_database(name)
+    url = postgres.url(name)
+
+    async def sql(statement: str) -> None:
+        conn = await asyncpg.connect(url.replace("+asyncpg", ""))
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    try:
+        alembic(url, "upgrade", "head")
+        asyncio.run(
+            sql(
+                "INSERT INTO observers (id, name, kind, pool, status, start_at) "
+                "VALUES (gen_random_uuid(), 'later', 'ticker', 'default', 'Scheduled', now() + interval '1 hour')"
+            )
+        )
+        with pytest.raises(subprocess.CalledProcessError):
+            alembic(url, "downgrade", "0013")
+        asyncio.run(sql("DELETE FROM observers"))
+        alembic(url, "downgrade", "0013")
+        alembic(url, "upgrade", "head")
+    finally:
+        postgres.drop_database(name)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.system.test_cli import cli_json
-from tests.system.test_two_managers import event_counts
+from tests.system.test_two_managers import _second, event_counts
 from tools.harness import Proc, System, metric, probe_args, read_probe_lines, unique, wait_for
 
 
@@ -158,24 +158,31 @@ def test_a_manager_down_across_the_start_time_starts_it_once_when_back(system: S
 
 
 def test_a_thousand_due_in_the_same_second_all_start_once(system: System) -> None:
-    system.start_manager()
-    system.start_service("svc-a", workers=1000)
-    start_at = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0) + timedelta(seconds=1)
-    body = {
-        "observers": [
-            {"name": f"{unique('n')}-{i}", "kind": "idle", "start_at": start_at.isoformat()} for i in range(1000)
-        ]
-    }
-    answer = system.post("/api/observers/bulk", body)
-    assert answer.status_code == 201, answer.text
-    ids = [o["id"] for o in answer.json()["items"]]
-    assert {o["status"] for o in answer.json()["items"]} == {"Scheduled"}
+    system.start_manager(ORCH_MANAGER_NAME="leader")
+    wait_for(lambda: system.get("/api/stats").json()["state_applied_by"] == "leader", 30, "the first manager to lead")
+    standby = _second(system)
+    try:
+        standby.start_manager(ORCH_MANAGER_NAME="standby")  # serves the API, fires nothing
+        system.start_service("svc-a", workers=1000)
+        start_at = (datetime.now(UTC) + timedelta(seconds=3)).replace(microsecond=0) + timedelta(seconds=1)
+        body = {
+            "observers": [
+                {"name": f"{unique('n')}-{i}", "kind": "idle", "start_at": start_at.isoformat()} for i in range(1000)
+            ]
+        }
+        answer = standby.post("/api/observers/bulk", body)  # created on the standby
+        assert answer.status_code == 201, answer.text
+        ids = [o["id"] for o in answer.json()["items"]]
+        assert {o["status"] for o in answer.json()["items"]} == {"Scheduled"}
 
-    wait_for(lambda: system.get("/api/stats").json()["observers"]["Processing"] == 1000, 60, "1,000 Processing")
-    counts = event_counts(system.database_url)
-    assert Counter(counts[(i, "due")] for i in ids) == {1: 1000}
-    assert Counter(counts[(i, "started")] for i in ids) == {1: 1000}
-    assert metric(system, "orch_scheduled_starts_total") == 1000
+        wait_for(lambda: system.get("/api/stats").json()["observers"]["Processing"] == 1000, 60, "1,000 Processing")
+        counts = event_counts(system.database_url)
+        assert Counter(counts[(i, "due")] for i in ids) == {1: 1000}
+        assert Counter(counts[(i, "started")] for i in ids) == {1: 1000}
+        assert metric(system, "orch_scheduled_starts_total") == 1000
+        assert metric(standby, "orch_scheduled_starts_total") == 0 and metric(standby, "orch_state_leader") == 0
+    finally:
+        standby.stop_all()
 
 
 def test_a_manager_killed_while_it_fires_loses_none_and_fires_none_twice(system: System) -> None:
