@@ -1,5 +1,5 @@
 """The scheduler's statements (``manager/state/scheduler.py``): due rows found through the
-partial indexes of migration 0014, taken in batches, each batch changed with its history
+partial indexes of migration 0016, taken in batches, each batch changed with its history
 and (for starts) its pending starts in one statement.
 
 Rows are locked ``FOR NO KEY UPDATE SKIP LOCKED``: a row another writer holds (a stop, a

@@ -2,7 +2,7 @@
 start and stop").
 
 Every ``POLL_S``, or at the next due time if that comes sooner (the first entry of either
-index), or at once after a full batch, it asks the two partial indexes of migration 0014 for
+index), or at once after a full batch, it asks the two partial indexes of migration 0016 for
 due rows, ``BATCH`` at a time:
 
 * due starts: Scheduled → Created with a pending start and a ``due`` event in one

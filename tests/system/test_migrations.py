@@ -241,7 +241,7 @@ def test_migrations_with_two_heads_are_refused(tmp_path: Path) -> None:
         head_revision(tmp_path)
 
 
-def test_0014_adds_scheduled_and_its_downgrade_refuses_while_a_row_is_scheduled(postgres: infra.PostgresNode) -> None:
+def test_0016_adds_scheduled_and_its_downgrade_refuses_while_a_row_is_scheduled(postgres: infra.PostgresNode) -> None:
     """The new enum value is usable right after the upgrade (it was committed before the
     indexes that name it); the downgrade keeps no Scheduled row behind, and the upgrade runs
     again over the value PostgreSQL cannot drop."""
@@ -265,9 +265,9 @@ def test_0014_adds_scheduled_and_its_downgrade_refuses_while_a_row_is_scheduled(
             )
         )
         with pytest.raises(subprocess.CalledProcessError):
-            alembic(url, "downgrade", "0013")
+            alembic(url, "downgrade", "0015")
         asyncio.run(sql("DELETE FROM observers"))
-        alembic(url, "downgrade", "0013")
+        alembic(url, "downgrade", "0015")
         alembic(url, "upgrade", "head")
     finally:
         postgres.drop_database(name)
