@@ -7,45 +7,21 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import sys
-import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.live import Live
 from rich.text import Text
 
-from cli import render, times
+from cli import fleet, render, times
 from cli.client import JSON, Client, CliError
+from cli.context import State, err, out, print_json, service_id, state_of
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
-def _console(stderr: bool = False) -> Console:
-    stream = sys.stderr if stderr else sys.stdout
-    # Piped output (grep, scripts, tests) would be cut at rich's default 80 columns, which
-    # ellipsizes names; 200 fits every table. A terminal (or $COLUMNS) keeps its own width.
-    width = None if stream.isatty() or "COLUMNS" in os.environ else 200
-    return Console(stderr=stderr, width=width)
-
-
-out = _console()
-err = _console(stderr=True)
-
-
 # --- global options ---------------------------------------------------------------------
-
-
-@dataclass
-class State:
-    client: Client
-    json_output: bool
 
 
 app = typer.Typer(
@@ -82,12 +58,6 @@ def _global_options(
     ctx.obj = State(client, json_output)
 
 
-def _state(ctx: typer.Context) -> State:
-    state = ctx.obj
-    assert isinstance(state, State), "the callback sets ctx.obj before any command"
-    return state
-
-
 def _observer_id(value: str) -> str:
     """Tables show 8 digits; the API needs the whole id. Say so before asking it."""
     try:
@@ -100,10 +70,6 @@ def _observer_id(value: str) -> str:
 
 def _observer_ids(values: list[str]) -> list[str]:
     return [_observer_id(v) for v in values]
-
-
-def _print_json(body: JSON) -> None:
-    print(json.dumps(body, indent=2))  # plain print: rich would wrap and colour it
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -180,7 +146,7 @@ def create(
     rebalance: Annotated[bool, typer.Option(help="--no-rebalance: never moved to even the load")] = True,
 ) -> None:
     """Create an observer (Scheduled until --start-at, if given)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     body: dict[str, Any] = {"name": name, "kind": kind, "args": parse_args(arg or [], args_json)}
     optional = {
         "pool": pool,
@@ -195,7 +161,7 @@ def create(
     body |= {k: v for k, v in optional.items() if v is not None}  # absent = the API's default
     observer = state.client.post("/api/observers", body)
     if state.json_output:
-        return _print_json(observer)
+        return print_json(observer)
     out.print(Text("created", style="green"))
     out.print(render.observer_detail(observer))
 
@@ -205,17 +171,17 @@ def stop(
     ctx: typer.Context, ids: Annotated[list[str], typer.Argument(help="full observer ids", callback=_observer_ids)]
 ) -> None:
     """Stop observers (one id: DELETE; several: one bulk-stop request)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     unique_ids = list(dict.fromkeys(ids))
     if len(unique_ids) == 1:
         observer = state.client.delete(f"/api/observers/{unique_ids[0]}")
         if state.json_output:
-            return _print_json(observer)
+            return print_json(observer)
         out.print(Text(f"stopping {observer['name']} ({observer['id']}): {observer['status']}"))
         return None
     result = state.client.post("/api/observers/bulk-stop", {"ids": unique_ids})
     if state.json_output:
-        _print_json(result)
+        print_json(result)
     else:
         cancelled = len(result.get("cancelled", []))  # Scheduled ones: Deleted, never started
         out.print(f"stopping {len(result['stopping'])}, cancelled {cancelled}, already final {len(result['final'])}")
@@ -230,24 +196,12 @@ def restart(
     ctx: typer.Context, observer_id: Annotated[str, typer.Argument(metavar="ID", callback=_observer_id)]
 ) -> None:
     """Give a Failed observer a fresh start."""
-    state = _state(ctx)
+    state = state_of(ctx)
     observer = state.client.post(f"/api/observers/{observer_id}/restart")
     if state.json_output:
-        return _print_json(observer)
+        return print_json(observer)
     out.print(Text("restarted", style="green"))
     out.print(render.observer_detail(observer))
-
-
-def _service_id(client: Client, value: str) -> str:
-    """The API filters by service id; a name is friendlier, so resolve it (alive ones first)."""
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        pass
-    for svc in client.get("/api/services"):  # the API lists alive services first
-        if svc["name"] == value:
-            return str(svc["id"])
-    raise CliError(f"no service named {value!r} (see `orchestrator services`)")
 
 
 @app.command("list")
@@ -265,12 +219,12 @@ def list_observers(
     full_ids: Annotated[bool, typer.Option(help="show full ids instead of 8 digits")] = False,
 ) -> None:
     """List observers (oldest first, or --sort attempts), filtered by any of the options."""
-    state = _state(ctx)
+    state = state_of(ctx)
     params: dict[str, Any] = {
         "status": status.value if status else None,
         "kind": kind,
         "pool": pool,
-        "service_id": _service_id(state.client, service) if service else None,
+        "service_id": service_id(state.client, service) if service else None,
         "name": name,
         "q": search,
         "sort": sort.value if sort else None,
@@ -282,7 +236,7 @@ def list_observers(
         page = state.client.get("/api/observers", **params, cursor=page["next_cursor"])
         items += page["items"]
     if state.json_output:
-        return _print_json({"items": items, "next_cursor": page["next_cursor"]})
+        return print_json({"items": items, "next_cursor": page["next_cursor"]})
     table = render.observers_table(items, full_ids)
     if page["next_cursor"]:
         table.caption = "more observers: add --all (or a larger --limit)"
@@ -297,7 +251,7 @@ def show(
     events: Annotated[int, typer.Option(min=0, help="latest history events to show")] = 30,
 ) -> None:
     """One observer with its full id, and its history."""
-    state = _state(ctx)
+    state = state_of(ctx)
     observer = state.client.get(f"/api/observers/{observer_id}")
     history: list[JSON] = []
     while True:  # oldest first, in pages: the latest events are on the last page
@@ -308,7 +262,7 @@ def show(
         if len(page) < 1000:
             break
     if state.json_output:
-        return _print_json(observer | {"events": history})
+        return print_json(observer | {"events": history})
     names = {s["id"]: s["name"] for s in state.client.get("/api/services")} if history else {}
     out.print(render.observer_detail(observer))
     out.print(render.events_table(history, names, shown_from=max(0, len(history) - events)))
@@ -316,45 +270,12 @@ def show(
 
 
 @app.command()
-def services(ctx: typer.Context) -> None:
-    """Observer services, alive first, with running counts and heartbeat ages."""
-    state = _state(ctx)
-    body = state.client.get("/api/services")
-    if state.json_output:
-        return _print_json(body)
-    out.print(render.services_table(body))
-    return None
-
-
-@app.command()
-def drain(ctx: typer.Context, service: Annotated[str, typer.Argument(metavar="NAME|ID")]) -> None:
-    """Stop a service taking new starts and hand its observers to the others, at a bounded
-    rate; `orchestrator services` shows how it goes ("drained": it may be stopped)."""
-    _set_draining(ctx, service, "drain")
-
-
-@app.command()
-def uncordon(ctx: typer.Context, service: Annotated[str, typer.Argument(metavar="NAME|ID")]) -> None:
-    """End a drain: the service takes new starts again."""
-    _set_draining(ctx, service, "uncordon")
-
-
-def _set_draining(ctx: typer.Context, service: str, action: str) -> None:
-    state = _state(ctx)
-    body = state.client.post(f"/api/services/{_service_id(state.client, service)}/{action}")
-    if state.json_output:
-        _print_json(body)
-    else:
-        out.print(Text(f"{body['name']}: {body['drain_note'] or 'takes new starts'}"))
-
-
-@app.command()
 def stats(ctx: typer.Context) -> None:
     """Observers per status (and per kind), services per state, capacity per pool."""
-    state = _state(ctx)
+    state = state_of(ctx)
     body = state.client.get("/api/stats")
     if state.json_output:
-        return _print_json(body)
+        return print_json(body)
     out.print(render.stats_view(body))
     return None
 
@@ -362,62 +283,16 @@ def stats(ctx: typer.Context) -> None:
 @app.command()
 def kinds(ctx: typer.Context) -> None:
     """Observer kinds the live services offer, with their arguments."""
-    state = _state(ctx)
+    state = state_of(ctx)
     body = state.client.get("/api/kinds")
     if state.json_output:
-        return _print_json(body)
+        return print_json(body)
     out.print(render.kinds_table(body))
     return None
 
 
-@app.command()
-def watch(
-    ctx: typer.Context,
-    interval: Annotated[float, typer.Option(min=0.1, help="seconds between refreshes")] = 2.0,
-    iterations: Annotated[int | None, typer.Option(min=1, help="stop after this many refreshes")] = None,
-) -> None:
-    """Services and observer counts, refreshed until Ctrl-C (with --json: one JSON line per refresh)."""
-    state = _state(ctx)
-    refreshes = _refreshes(state.client, interval, iterations)
-    try:
-        if state.json_output:
-            for services_body, stats_body, error in refreshes:
-                line = {"services": services_body, "stats": stats_body} if error is None else {"error": error}
-                print(json.dumps(line), flush=True)
-            return
-        if not out.is_terminal:
-            # A pipe or a file cannot be redrawn (rich would print only the last view, at
-            # the end): print each refresh after the previous one instead.
-            for i, refresh in enumerate(refreshes):
-                if i:
-                    out.line()
-                out.print(render.watch_view(*refresh, datetime.now()))
-            return
-        first = next(refreshes)
-        # No auto refresh: the screen changes only when there is new data.
-        with Live(render.watch_view(*first, datetime.now()), console=out, auto_refresh=False) as live:
-            for refresh in refreshes:
-                live.update(render.watch_view(*refresh, datetime.now()), refresh=True)
-    except KeyboardInterrupt:
-        pass  # Ctrl-C is how a watch ends: not an error
-
-
-def _refreshes(client: Client, interval: float, iterations: int | None) -> Iterator[tuple[JSON, JSON, str | None]]:
-    """(services, stats, error) per refresh. The first fetch may fail with its exit code (a
-    wrong URL or token should not look like a blank screen); later failures, such as a
-    manager restart, are shown while the last data stays on screen."""
-    services_body, stats_body = client.get("/api/services"), client.get("/api/stats")
-    yield services_body, stats_body, None
-    done = 1
-    while iterations is None or done < iterations:
-        time.sleep(interval)
-        done += 1
-        try:
-            services_body, stats_body = client.get("/api/services"), client.get("/api/stats")
-            error = None
-        except CliError as e:
-            error = e.message
-        yield services_body, stats_body, error
+for command in (fleet.services, fleet.drain, fleet.uncordon, fleet.watch):
+    app.command()(command)
 
 
 def main() -> None:

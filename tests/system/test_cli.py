@@ -135,6 +135,16 @@ def test_kinds_services_stats_watch(system: System) -> None:
     lines = cli(url, "--json", "watch", "--iterations", "2", "--interval", "0.2").stdout.splitlines()
     assert len(lines) == 2 and json.loads(lines[1])["services"][0]["name"] == "svc-a"
 
+    # Drained by name, the service is shown draining; uncordoned, it takes starts again
+    pinned = cli_json(url, "create", unique("p"), "ticker", "--no-rebalance")
+    assert pinned["rebalance"] is False
+    drained = cli_json(url, "drain", "svc-a")
+    assert drained["name"] == "svc-a" and drained["draining"] is True
+    assert "draining" in cli(url, "services").stdout
+    said = cli(url, "uncordon", "svc-a")
+    assert said.returncode == 0 and "svc-a: takes new starts" in said.stdout, said.stdout
+    assert cli(url, "drain", "no-such-service").returncode == 1
+
 
 def test_unreachable_manager_is_exit_3() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nobody listens there
