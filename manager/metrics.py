@@ -32,6 +32,12 @@ STOPPING_OLDEST = Gauge(
     "How long the oldest stop still OnDeleting has waited (0: none waits); services end a stop in seconds",
     registry=REGISTRY,
 )
+PAUSED = Gauge(
+    "orch_observers_paused",
+    "Observers on probation not yet running in a child process: paused (their delivery held) until their host has "
+    "a free process slot",
+    registry=REGISTRY,
+)
 STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
 # Counted by the state side, which may run in a process of its own (manager.state.process):
 # the API's /metrics adds this registry's text to its own.
@@ -81,6 +87,12 @@ SCHEDULED_EXPIRED = Counter(
     "orch_scheduled_expired", "Observers stopped at their stop_at (or run_for_s)", registry=STATE_REGISTRY
 )
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
+PROBATION_DEFERRED = Counter(
+    "orch_probation_deferred",
+    "Suspects of a host death not put on probation because the fleet's budget (ORCH_PROBATION_BUDGET) or their "
+    "host's process slots were taken",
+    registry=STATE_REGISTRY,
+)
 HANDOVERS = Counter(
     "orch_handovers",
     "Observers the balancer asked a service to hand over, by reason (`even load`, `drain`)",
@@ -121,6 +133,7 @@ async def render(session: AsyncSession, state_backlog: int | None) -> bytes:
     for state, count in summary["services"].items():
         SERVICES.labels(state).set(count)
     PROBATION.set(summary["probation"])
+    PAUSED.set(summary["paused"])
     CAPACITY.clear()
     CAPACITY_FREE.clear()
     for pool, capacity in summary["capacity"].items():

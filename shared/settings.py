@@ -349,6 +349,20 @@ class ManagerSettings(CommonSettings):
         gt=0,
         description="the window of those host deaths",
     )
+    probation_min_share: float = Field(
+        default=0.75,
+        ge=0,
+        le=1,
+        description="and the share of the host deaths it could have seen (in its pool, while it existed) that it "
+        "must have seen: in an incident every observer sees some deaths, a host killer nearly all",
+    )
+    probation_budget: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="at most this share of the live observers on probation at once (at least one); a suspect past "
+        "it, or whose host has no free process slot, waits for a next death",
+    )
 
     @field_validator("api_tokens", "api_read_tokens", mode="before")
     @classmethod

@@ -93,6 +93,12 @@ class Probation(BaseModel):
     isolated_since: datetime | None
 
 
+def _paused(obs: Observer | CreatedObserver) -> str | None:
+    if obs.status != ObserverStatus.PROCESSING or obs.probation_since is None or obs.probation_clean_since:
+        return None
+    return "on probation: waits for a free process slot on its host to run in a child process"
+
+
 class ObserverOut(BaseModel):
     id: uuid.UUID
     name: str
@@ -110,6 +116,11 @@ class ObserverOut(BaseModel):
     isolation: Isolation | None
     memory_limit_mb: float | None
     probation: Probation | None = None
+    paused: str | None = Field(
+        default=None,
+        description="why a Processing observer is not running now: on probation, it waits for its host to move it "
+        "into a child process, which takes a free process slot (its delivery stays held)",
+    )
     start_at: datetime | None = Field(default=None, description="when a Scheduled observer starts")
     stop_at: datetime | None = Field(default=None, description="when it is stopped (`expired`)")
     run_for_s: float | None = Field(default=None, description="how long it runs once started (sets stop_at then)")
@@ -138,6 +149,7 @@ class ObserverOut(BaseModel):
             probation=None
             if obs.probation_since is None
             else Probation.model_construct(since=obs.probation_since, isolated_since=obs.probation_clean_since),
+            paused=_paused(obs),
             start_at=obs.start_at,
             stop_at=obs.stop_at,
             run_for_s=obs.run_for_s,
@@ -266,6 +278,9 @@ class Stats(BaseModel):
     capacity: dict[str, Capacity] = Field(description="per pool")
     kinds: dict[str, dict[str, int]] = Field(description="observers per kind, then per status")
     probation: int = Field(default=0, description="live observers on probation (run in a child process)")
+    paused: int = Field(
+        default=0, description="of those, Processing but paused until their host has a free process slot"
+    )
     state_applied_by: str | None = Field(
         default=None,
         description="the manager that applies state reports and runs the repairs (the leader, by "

@@ -26,6 +26,9 @@ READ_SQL = (
 )
 _READ = text(READ_SQL)
 
+# Observers of the statuses :live, summed over every kind and pool.
+LIVE_TOTAL_SQL = f"SELECT coalesce(sum(n), 0) FROM ({_ALL}) AS c WHERE status::text = ANY(:live)"
+
 _LIVE_IN_POOL = (
     f"SELECT coalesce(sum(n), 0) AS n FROM ({_ALL}) AS c WHERE pool = :pool AND status::text = ANY(:statuses)"
 )

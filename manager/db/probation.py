@@ -1,6 +1,7 @@
 """The statements of probation (``manager/state/probation.py`` holds the policy): a host's
 death recorded (a ``host_deaths`` row, and ``host_lost`` for each observer it took a host
-from), the deaths counted within a window, and who has run cleanly long enough to leave."""
+from), the deaths counted within a window, the room the budgets leave, and who has run
+cleanly long enough to leave."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    JSON,
+    BigInteger,
     ColumnElement,
     CompoundSelect,
     Float,
     SQLColumnExpression,
     and_,
     cast,
+    column,
     delete,
     exists,
     func,
@@ -23,18 +27,21 @@ from sqlalchemy import (
     literal,
     or_,
     select,
+    text,
     true,
     union,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
+from manager.db.counts import LIVE_TOTAL_SQL
 from manager.db.hosts import hosted_on
 from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus, Service
 from manager.db.sql import id_in
 from shared.messages import RetryPolicy
 
 _DEFAULT_RESET_AFTER_S = RetryPolicy().reset_after_s
+_LIVE = (ObserverStatus.CREATED, ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
 
 
 async def last_session(session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
@@ -175,3 +182,52 @@ def served(now: datetime) -> ColumnElement[bool]:
 async def forget_deaths(session: AsyncSession, before: datetime) -> None:
     """Delete the record of the host deaths before ``before``."""
     await session.execute(delete(HostDeath).where(HostDeath.at < before))
+
+
+# The fleet's and each host's room for probation, in one round trip: live observers from the
+# counts tables, those on probation through the partial index ix_observers_probation.
+_ROOM = text(
+    f"""
+    WITH on_probation AS (
+        SELECT service_id, count(*) AS n FROM observers
+        WHERE probation_since IS NOT NULL AND status::text = ANY(:live) GROUP BY service_id
+    )
+    SELECT
+        ({LIVE_TOTAL_SQL}) AS live,
+        (SELECT coalesce(sum(n), 0) FROM on_probation) AS on_probation,
+        (SELECT coalesce(json_object_agg(s.id, greatest(s.process_slots - coalesce(p.n, 0), 0)), '{{}}')
+            FROM services s LEFT JOIN on_probation p ON p.service_id = s.id WHERE s.status = 'alive') AS slots
+    """
+).columns(column("live", BigInteger), column("on_probation", BigInteger), column("slots", JSON))
+
+
+async def probation_room(session: AsyncSession) -> tuple[int, int, dict[uuid.UUID, int]]:
+    """(live observers, those on probation now, each alive service's process slots not taken
+    by an observer on probation it hosts)."""
+    row = (await session.execute(_ROOM, {"live": [s.value for s in _LIVE]})).one()
+    return int(row.live), int(row.on_probation), {uuid.UUID(k): int(v) for k, v in row.slots.items()}
+
+
+# Per observer: the host deaths it could have witnessed, the evidence's denominator. Those of
+# the window after it existed and after its last probation ended, of hosts that served its
+# pool (a host whose row is gone counts), and not come back since.
+_WITNESSABLE = text(
+    """
+    SELECT o.id, count(d.id) AS n
+    FROM observers AS o
+    JOIN host_deaths AS d ON d.at > greatest(
+        CAST(:since AS timestamptz), o.created_at,
+        coalesce((SELECT max(e.at) FROM observer_events AS e
+                  WHERE e.observer_id = o.id AND e.event = :ended), '-infinity'))
+    LEFT JOIN services AS s ON s.id = d.service_id
+    WHERE o.id = ANY(:ids)
+      AND (s.id IS NULL OR (s.pools ? o.pool AND s.last_heartbeat_at <= d.at))
+    GROUP BY o.id
+    """
+)
+
+
+async def witnessable(session: AsyncSession, ids: Collection[uuid.UUID], since: datetime) -> dict[uuid.UUID, int]:
+    """For each of ``ids``, the host deaths since ``since`` it could have witnessed."""
+    params = {"ids": list(ids), "since": since, "ended": EventType.PROBATION_ENDED.value}
+    return {oid: int(n) for oid, n in (await session.execute(_WITNESSABLE, params)).all()}

@@ -97,6 +97,8 @@ _STATS = text(
         -- the partial index on probation_since keeps this cheap: few observers are on probation
         (SELECT count(*) FROM observers
             WHERE probation_since IS NOT NULL AND status::text = ANY(:live)) AS probation,
+        (SELECT count(*) FROM observers WHERE probation_since IS NOT NULL AND status = 'Processing'
+            AND probation_clean_since IS NULL) AS paused,
         ({HOLDER_SQL}) AS leader
     """
 ).columns(
@@ -104,6 +106,7 @@ _STATS = text(
     column("alive", JSON),
     column("services", JSON),
     column("probation", BigInteger),
+    column("paused", BigInteger),
     column("leader", String),
 )
 
@@ -138,5 +141,6 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         "capacity": capacity,
         "kinds": dict(sorted(by_kind.items())),
         "probation": row.probation,
+        "paused": row.paused,
         "state_applied_by": row.leader,
     }

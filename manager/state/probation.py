@@ -11,13 +11,22 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
   running in the session it last spoke from (still there, or moved away since its last
   heartbeat) gets ``host_lost``, both at the same instant;
 * ``after_host_deaths`` of those within ``window_s`` (counted since its last probation ended)
-  put the observer on **probation**: its host is told to run it in a child process of its own
+  make an observer a suspect, and a suspect goes on **probation** only if it also witnessed at
+  least ``min_share`` of the host deaths it could have witnessed (of hosts serving its pool,
+  while it existed, since its last probation): in an incident every observer witnesses some
+  deaths, about one in the number of hosts, while a host killer witnesses nearly all of them;
+* on probation, its host is told to run it in a child process of its own
   (``IsolateObservers``; the start delivery stays held, nothing moves). There a crash, a
   memory overrun or a hang is its own, and counts under its retry policy like any failure of
   its body: only an observer that keeps crashing its own child ends ``Failed``;
+* probation has a **budget**: at most ``budget`` of the live observers at once (at least
+  one), the strongest evidence first, and no host gets more than its free process slots;
+  a suspect left out is counted (``orch_probation_deferred``), said once, and weighed again
+  at its next host's death;
 * a host that reports it started in its own process (a failover: the start message itself
   still says ``async``) is told again (``observer_reports.started``); a host with no free
-  process slot keeps it paused, its delivery held, until one frees;
+  process slot keeps it paused, its delivery held, until one frees (the API shows it
+  ``paused``, ``orch_observers_paused`` counts it, never plain Processing);
 * it leaves probation once it has run in a child for its retry policy's ``reset_after_s``
   without a failure (``end_probations``, a repair of the background loop);
 * a death counts only while its host has not come back. A service judged lost that speaks
@@ -29,9 +38,11 @@ a permanent outage of healthy jobs. So a host death never fails anyone. Instead:
   that died (restarted under its name: a new id, the old one deleted) or never returned
   still counts. The ``host_lost`` events stay in the history either way.
 
-Why not a cleverer statistic (e.g. "was present at nearly every death in the fleet")? Any
-rule that fails an observer on correlation alone fails some healthy one in a long enough
-incident; probation costs a child process for a while, so it can afford to be wrong.
+Why evidence and a budget rather than the count alone: counted alone, a long incident put
+most of a small fleet on probation (24 of 40 bystanders in 120 s of chaos), each in a child
+process, and at 10,000 observers a host most would wait paused for a slot, showing Processing.
+No rule fails an observer on correlation: probation costs a child process for a while, so it
+can afford to be wrong about a few.
 The policy is here; its statements are in ``manager/db/probation.py``.
 The cost: a child is a whole interpreter (docs/design.md, "The observer runtime"), and
 until the host gets ``IsolateObservers`` (one state-queue round trip after the start report)
@@ -40,6 +51,7 @@ a moved suspect runs in its host's process.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,7 +59,10 @@ from datetime import datetime, timedelta
 from manager.db import probation as probation_db
 from manager.db.models import EventType, Observer, ObserverStatus
 from manager.db.sql import id_in
-from manager.state.rows import ObserverRows
+from manager.metrics import PROBATION_DEFERRED
+from manager.state.rows import ObserverRows, Row
+
+logger = logging.getLogger(__name__)
 
 _LIVE = (ObserverStatus.CREATED, ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
 
@@ -56,6 +71,11 @@ _LIVE = (ObserverStatus.CREATED, ObserverStatus.PROCESSING, ObserverStatus.ON_DE
 class ProbationPolicy:
     after_host_deaths: int  # 0: never
     window_s: float
+    # The share of the host deaths it could have witnessed (in its pool, while it existed) that
+    # an observer must have witnessed: what sets a host killer apart from an incident's bystanders.
+    min_share: float = 0.75
+    # At most this share of the live observers on probation at once (at least one).
+    budget: float = 0.05
 
 
 async def host_died(
@@ -82,26 +102,70 @@ async def host_died(
     counts = await probation_db.losses_since_last_probation(session, ids, since, policy.after_host_deaths)
     if not counts:
         return {}
+    # Witnessing K deaths is not enough in an incident: most of the fleet does. A suspect
+    # witnessed most of the deaths it could have (a bystander, about one in the number of hosts).
+    could = await probation_db.witnessable(session, counts, since)
+    shares = {oid: n / max(n, could.get(oid, n)) for oid, n in counts.items()}
+    suspects = {oid for oid, share in shares.items() if share >= policy.min_share}
+    if not suspects:
+        return {}
     isolate: dict[uuid.UUID, uuid.UUID] = {}
     # ``matching``, not ``load``: the victims are read by an array of ids, and a host's share
     # is moving while its death is recorded (``manager/state/rows.py``).
     live = await rows.matching(
-        id_in(Observer.id, counts) & Observer.status.in_(_LIVE), lambda row: row.id in counts and row.status in _LIVE
+        id_in(Observer.id, suspects) & Observer.status.in_(_LIVE),
+        lambda row: row.id in suspects and row.status in _LIVE,
     )
-    for row in live:
-        if row.probation_since is not None:
-            continue  # already on probation: a death of a host it ran on proves nothing more
+    fresh = [row for row in live if row.probation_since is None]  # on probation, more deaths prove nothing
+    for row in await _within_budgets(rows, fresh, shares, counts, service_id, policy):
         row.probation_since, row.probation_clean_since = now, None
         detail = (
-            f"its hosts died {counts[row.id]} times within {policy.window_s:g}s while it ran "
-            f"(last: {service_id}); it runs in a child process of its own until it has run "
-            "cleanly there for its reset_after_s"
+            f"its hosts died {counts[row.id]} times within {policy.window_s:g}s while it ran, "
+            f"{shares[row.id]:.0%} of the deaths it could have seen (last: {service_id}); it runs in "
+            "a child process of its own until it has run cleanly there for its reset_after_s"
         )
         rows.event(row.id, EventType.PROBATION, now, service_id=row.service_id, detail=detail)
         host = row.service_id
         if row.status == ObserverStatus.PROCESSING and host is not None and host != service_id:
             isolate[row.id] = host
     return isolate
+
+
+async def _within_budgets(
+    rows: ObserverRows,
+    fresh: list[Row],
+    shares: dict[uuid.UUID, float],
+    counts: dict[uuid.UUID, int],
+    dead: uuid.UUID,
+    policy: ProbationPolicy,
+) -> list[Row]:
+    """The suspects that go on probation: the strongest evidence first, while the fleet's
+    budget has room and their current host a free process slot (one moving from the dead host
+    has none yet: its next host pauses it if it has no slot). The rest are said, once."""
+    if not fresh:
+        return []
+    live, on_probation, slots = await probation_db.probation_room(rows.session)
+    room = max(1, int(policy.budget * live)) - on_probation
+    chosen: list[Row] = []
+    for row in sorted(fresh, key=lambda r: (-shares[r.id], -counts[r.id], r.id)):
+        host = row.service_id
+        if room <= 0 or (host is not None and host != dead and slots.get(host, 1) <= 0):
+            continue
+        if host is not None and host in slots:
+            slots[host] -= 1
+        room -= 1
+        chosen.append(row)
+    if len(chosen) < len(fresh):
+        PROBATION_DEFERRED.inc(len(fresh) - len(chosen))
+        logger.warning(
+            "%d suspect(s) of the death of %s not put on probation: the budget (ORCH_PROBATION_BUDGET: "
+            "%d of %d live observers) or their hosts' process slots are taken; a next death weighs them again",
+            len(fresh) - len(chosen),
+            dead,
+            max(1, int(policy.budget * live)),
+            live,
+        )
+    return chosen
 
 
 async def end_probations(rows: ObserverRows, now: datetime) -> list[uuid.UUID]:

@@ -91,7 +91,14 @@ class StateSide:
         term starts afresh: what a repair or the consumer remembers of an earlier term may be
         stale after another manager led."""
         settings = self.settings
-        rules = StateRules(ProbationPolicy(settings.probation_after_host_deaths, settings.probation_window_s))
+        rules = StateRules(
+            ProbationPolicy(
+                settings.probation_after_host_deaths,
+                settings.probation_window_s,
+                settings.probation_min_share,
+                settings.probation_budget,
+            )
+        )
         consumer = StateConsumer(self.sessions, self.broker, rules, on_database_error=self.lock.doubt)
         repairs = RepairLoop(
             state_side_repairs(settings, self.sessions, self.broker, rules, self.in_flight, consumer.idle),

@@ -1,9 +1,9 @@
 """Chaos (issue 11): two minutes of random fleet faults with creates and stops in between,
 default product settings (the harness's short test timings), then everything must converge:
 every observer that should run is Processing on an alive service, every stopped one Deleted,
-none stuck or Failed, the services' running counts equal the Processing count, and no
-observer ever acted on two hosts at once (judged from the ``probe`` kind's per-tick records,
-``tests/test_fencing.assert_never_on_two_hosts``).
+none stuck or Failed, at most a few on probation (all of them bystanders), the services'
+running counts equal the Processing count, and no observer ever acted on two hosts at once
+(judged from the ``probe`` kind's per-tick records, ``tests/test_fencing.assert_never_on_two_hosts``).
 
 Seeded: the seed is printed; ``ORCH_CHAOS_SEED=<seed>`` replays a run's choices (not its
 timing), ``ORCH_CHAOS_S`` changes its length.
@@ -141,6 +141,10 @@ def test_chaos(system: System, tmp_path: Path, rabbit: infra.RabbitNode, postgre
     assert not [o for o in ours if o["status"] == "Failed"], "a healthy observer Failed"
     on_probation = sum(1 for o in ours if o["probation"])
     print(f"{len(fleet.running)} running, {len(fleet.stopped)} stopped, {on_probation} on probation")
+    # Every one of them is a bystander (none kills its host): the evidence that sets a host
+    # killer apart, and the budget (5 % of the live observers, at least one), keep the
+    # incident from moving the fleet into child processes.
+    assert on_probation <= max(1, len(fleet.running) // 20) + 1, on_probation
     assert_never_on_two_hosts(fleet.log)
 
 

@@ -23,7 +23,8 @@ from manager.state.rules import StateRules
 from shared.messages import ObserversStarted, ServiceBorn, ServiceHeartbeat, StateMessage
 from shared.settings import ManagerSettings
 
-_POLICY = ProbationPolicy(after_host_deaths=2, window_s=600.0)
+# Every observer here sees every death: the budget would let only one of ten through.
+_POLICY = ProbationPolicy(after_host_deaths=2, window_s=600.0, budget=1.0)
 
 
 class _Fleet:
@@ -124,3 +125,95 @@ async def test_a_move_from_the_session_that_died_still_counts(sessions: async_se
     await fleet.die(fleet.b)
     # Then each of them lost two hosts: on probation
     assert sorted(await fleet.on_probation()) == sorted(fleet.observers)
+
+
+class _Incident:
+    """Hosts born, observers started on them, hosts judged lost: the rules and the host-death
+    step on a real database, with a policy of the test's choosing."""
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], policy: ProbationPolicy) -> None:
+        self.sessions = sessions
+        self.policy = policy
+        self.rules = StateRules(policy)
+        self.fleet = _Fleet(sessions)  # for its apply()
+        self.fleet.rules = self.rules
+        self.sessions_of: dict[uuid.UUID, uuid.UUID] = {}
+
+    async def born(self) -> uuid.UUID:
+        host, session = uuid.uuid4(), uuid.uuid4()
+        self.sessions_of[host] = session
+        await self.fleet.apply(_Fleet.born(host, f"h-{host.hex[:6]}"))
+        await self.fleet.apply(_Fleet.heartbeat(host, session))
+        return host
+
+    async def observers(self, count: int, prefix: str) -> list[uuid.UUID]:
+        ids = [uuid.uuid4() for _ in range(count)]
+        async with self.sessions.begin() as session:
+            for i, oid in enumerate(ids):
+                await session.execute(
+                    text("INSERT INTO observers (id, name, kind, status) VALUES (:oid, :name, 'ticker', 'Created')"),
+                    {"oid": oid, "name": f"{prefix}{i}"},
+                )
+        return ids
+
+    async def start_on(self, host: uuid.UUID, ids: list[uuid.UUID]) -> None:
+        started = ObserversStarted(
+            service_id=host, session_id=self.sessions_of[host], redelivered=True, observer_ids=ids
+        )
+        await self.fleet.apply(started)
+
+    async def die(self, host: uuid.UUID) -> None:
+        self.fleet.rules = self.rules
+        liveness = Liveness(ManagerSettings(), self.sessions, cast(BrokerLink, None), self.policy, _no_isolation, {})
+        async with self.sessions() as session:
+            last_heard = await session.scalar(select(Service.last_heartbeat_at).where(Service.id == host))
+        assert last_heard is not None
+        assert await liveness.declare_lost(host, last_heard)
+
+    async def on_probation(self) -> set[uuid.UUID]:
+        return set(await self.fleet.on_probation())
+
+
+async def _no_isolation(isolate: dict[uuid.UUID, uuid.UUID]) -> None:
+    return None
+
+
+async def test_in_an_incident_only_the_observer_present_at_most_deaths_goes_on_probation(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    # Given an incident: four times a host with eight healthy observers dies, and another
+    # host with none: they see 4 of 8 deaths. By count alone (3 deaths) all eight would be
+    # on probation; they saw half of what they could have seen
+    incident = _Incident(sessions, ProbationPolicy(after_host_deaths=3, window_s=600.0, budget=1.0))
+    bystanders = await incident.observers(8, "b")
+    home = await incident.born()
+    await incident.start_on(home, bystanders)
+    for _ in range(4):
+        await incident.die(await incident.born())  # an empty host
+        await incident.die(home)
+        home = await incident.born()
+        await incident.start_on(home, bystanders)
+    assert await incident.on_probation() == set()
+
+    # When an observer created since then kills every host it lands on, three in a row
+    poison = (await incident.observers(1, "p"))[0]
+    for _ in range(3):
+        host = await incident.born()
+        await incident.start_on(host, [poison])
+        await incident.die(host)
+
+    # Then it alone goes on probation: it saw 3 of the 3 deaths it could have seen
+    assert await incident.on_probation() == {poison}
+
+
+async def test_the_budget_bounds_probation_whatever_the_evidence(sessions: async_sessionmaker[AsyncSession]) -> None:
+    # Given four observers that saw every one of three deaths together (nothing sets one
+    # apart) and a budget of 5 % of the live observers, at least one
+    incident = _Incident(sessions, ProbationPolicy(after_host_deaths=3, window_s=600.0))
+    together = await incident.observers(4, "t")
+    for _ in range(3):
+        host = await incident.born()
+        await incident.start_on(host, together)
+        await incident.die(host)
+    # Then one is on probation; the others wait for more evidence
+    assert len(await incident.on_probation()) == 1

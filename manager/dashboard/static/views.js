@@ -153,8 +153,9 @@ function updateObserverRow(row, o) {
   setText(c[1], o.kind);
   setText(c[2], o.pool);
   const status = c[3].firstChild;
-  setText(status, o.probation ? `${o.status} · probation` : o.status);
-  setAttr(status, "title", o.probation ? probationText(o.probation) : "");
+  // Paused for a process slot is not running, whatever the status says: show it as such.
+  setText(status, o.paused ? `${o.status} · paused` : o.probation ? `${o.status} · probation` : o.status);
+  setAttr(status, "title", o.paused ?? (o.probation ? probationText(o.probation) : ""));
   setAttr(status, "class", `status st-${o.status}`);
   setText(c[4], o.service_name ?? (o.service_id ? shortId(o.service_id) : "—"));
   setText(c[5], o.attempts);
