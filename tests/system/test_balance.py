@@ -149,3 +149,25 @@ def test_a_drain_without_room_elsewhere_says_so_and_loses_nothing(system: System
     # Uncordoned, it takes starts again and the drain note is gone
     back = system.post(f"/api/services/{big_id}/uncordon", {})
     assert back.status_code == 200 and not back.json()["draining"] and back.json()["drain_note"] is None
+
+
+def test_new_creates_go_to_the_emptiest_service_first(system: System) -> None:
+    # Given a service running 20 observers and one that just joined, with moves off: only the
+    # placement (consumer priorities) acts
+    system.env["ORCH_BALANCE_MOVES_PER_S"] = "0"
+    system.start_manager()
+    system.start_service("full", workers=100)
+    bulk(system, "old", 20)
+    wait_for(lambda: loads(system) == {"full": 20}, 30, "20 Processing on the first service")
+    system.start_service("empty", workers=100)
+    empty_id = next(s["id"] for s in system.services() if s["name"] == "empty")
+
+    # Once the new one takes starts first (its priority is applied within a round or two) ...
+    def lands_on_empty() -> bool:
+        created = system.create(f"probe-{time.monotonic_ns()}", args={"interval_s": 5})
+        return bool(system.wait_status(created["id"], "Processing")["service_id"] == empty_id)
+
+    wait_for(lands_on_empty, 30, "a create to land on the empty service")
+    # ... every create goes there, not round-robin, until it is no longer under its share
+    placed = [system.wait_status(i, "Processing")["service_id"] for i in bulk(system, "new", 8)]
+    assert placed == [empty_id] * 8, placed
