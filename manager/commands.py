@@ -24,6 +24,7 @@ from manager import schedule
 from manager.admission import Admission
 from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
+from manager.created import CreatedObserver, created_row
 from manager.db import balance, creates, observers, services
 from manager.db import schedule as schedule_rows
 from manager.db.creates import NewSchedule
@@ -118,7 +119,7 @@ class ObserverCommands:
         schedules = [schedule.plan(s.start_at, s.stop_at, s.run_for_s, now) for s in specs]
         pinned = {start.observer_id for start, spec in zip(starts, specs, strict=True) if not spec.rebalance}
         created_at = await self._insert(starts, schedules, pinned)
-        rows = [_created_row(s, p, created_at, s.observer_id in pinned) for s, p in zip(starts, schedules, strict=True)]
+        rows = [created_row(s, p, created_at, s.observer_id in pinned) for s, p in zip(starts, schedules, strict=True)]
         # Scheduled rows have no start yet: the leader's scheduler publishes it when due.
         starts = [s for s, p in zip(starts, schedules, strict=True) if p.start_at is None]
         ids = [s.observer_id for s in starts]
@@ -349,58 +350,6 @@ class ObserverCommands:
             await balance.set_draining(session, service_id, draining)
         async with self.sessions() as session:
             return await services.get_service(session, service_id)
-
-
-@dataclass(frozen=True, slots=True)
-class CreatedObserver:
-    """A row as ``create_many`` inserted it (the fields the API shows of an observer)."""
-
-    id: uuid.UUID
-    name: str
-    kind: str
-    args: dict[str, Any]
-    pool: str
-    retry: RetryPolicy
-    isolation: str | None
-    memory_limit_mb: float | None
-    created_at: datetime
-    status: ObserverStatus = ObserverStatus.CREATED
-    start_at: datetime | None = None
-    stop_at: datetime | None = None
-    run_for_s: float | None = None
-    service_id: uuid.UUID | None = None
-    attempts: int = 0
-    last_error: str | None = None
-    probation_since: datetime | None = None
-    probation_clean_since: datetime | None = None
-    pinned: bool = False
-
-    @property
-    def modified_at(self) -> datetime:
-        return self.created_at
-
-
-def _created_row(start: StartObserver, plan: NewSchedule, created_at: datetime, pinned: bool) -> CreatedObserver:
-    scheduled = plan.start_at is not None
-    stop_at = plan.stop_at
-    if stop_at is None and plan.run_for_s is not None and not scheduled:
-        stop_at = created_at + timedelta(seconds=plan.run_for_s)  # as the insert computes it
-    return CreatedObserver(
-        start.observer_id,
-        start.name,
-        start.kind,
-        start.args,
-        start.pool,
-        start.retry,
-        start.isolation,
-        start.memory_limit_mb,
-        created_at,
-        ObserverStatus.SCHEDULED if scheduled else ObserverStatus.CREATED,
-        plan.start_at,
-        stop_at,
-        plan.run_for_s,
-        pinned=pinned,
-    )
 
 
 def _refuse_duplicate_names(specs: list[NewObserver]) -> None:
