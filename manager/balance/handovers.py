@@ -31,6 +31,11 @@ class Handovers:
         for observer_id in observer_ids:
             self._by_observer[observer_id] = Handover(source, reason, at)
 
+    def forget(self, observer_ids: list[uuid.UUID]) -> None:
+        """Hand-overs that were never sent."""
+        for observer_id in observer_ids:
+            self._by_observer.pop(observer_id, None)
+
     def landed(self, observer_id: uuid.UUID) -> Handover | None:
         """The hand-over of an observer that just started somewhere, if one was asked for."""
         return self._by_observer.pop(observer_id, None)

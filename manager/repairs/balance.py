@@ -26,6 +26,7 @@ from manager.db import balance
 from manager.metrics import FLEET_IMBALANCE, HANDOVERS
 from manager.repairs.base import Repair
 from manager.state.rules import StateRules
+from shared.errors import BrokerUnavailable
 from shared.messages import STOPS_PER_MESSAGE, SetPlacement, StopObservers
 from shared.settings import ManagerSettings
 
@@ -51,6 +52,7 @@ class Balance(Repair):
         self.moves_per_s = settings.balance_moves_per_s
         self.period_s = settings.repair_interval_s
         self._sent: dict[uuid.UUID, tuple[tuple[int, bool], float]] = {}  # placement, when
+        self._refused: set[str] = set()  # services a command could not reach, said once
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
@@ -84,29 +86,43 @@ class Balance(Repair):
                     continue
             else:
                 changed = True
-            await self.broker.publish_control(SetPlacement(service_id=m.id, priority=want[0], cordoned=want[1]))
-            self._sent[m.id] = (want, now)
+            self._sent[m.id] = (want, now)  # sent or not: resent while heartbeats disagree
+            await self._publish(SetPlacement(service_id=m.id, priority=want[0], cordoned=want[1]), m.name)
         return changed
+
+    async def _publish(self, message: SetPlacement | StopObservers, name: str) -> bool:
+        """Send a command to one service. One the broker refuses (its control queue is on a
+        node that is down, until its next session) stops neither the round nor the others."""
+        try:
+            await self.broker.publish_control(message)
+        except BrokerUnavailable as e:
+            if name not in self._refused:
+                logger.warning("balance: cannot reach service %s now (%s); trying again later", name, e)
+            self._refused.add(name)
+            return False
+        self._refused.discard(name)
+        return True
 
     async def _hand_over(self, move: planning.Move, name: str) -> None:
         async with self.sessions.begin() as session:
             chosen = await balance.movable(session, move.source, move.pool, move.count, drain=move.reason == "drain")
         by_session: dict[uuid.UUID | None, list[uuid.UUID]] = {}
+        asked = 0
         for observer_id, session_id in chosen:
             by_session.setdefault(session_id, []).append(observer_id)
         for session_id, ids in by_session.items():
             for i in range(0, len(ids), STOPS_PER_MESSAGE):
                 part = ids[i : i + STOPS_PER_MESSAGE]
-                self.rules.handovers.asked(move.source, part, move.reason)
-                await self.broker.publish_control(
-                    StopObservers(
-                        observer_ids=part,
-                        service_id=move.source,
-                        session_id=session_id,
-                        reason=move.reason,
-                        hand_over=True,
-                    )
+                hand_over = StopObservers(
+                    observer_ids=part, service_id=move.source, session_id=session_id, reason=move.reason, hand_over=True
                 )
-        if chosen:
-            HANDOVERS.labels(move.reason).inc(len(chosen))
-            logger.info("%s: %s hands %d observer(s) of pool %s over", move.reason, name, len(chosen), move.pool)
+                # Remembered before it is sent: the start elsewhere may be applied before the
+                # confirm of this publish is back.
+                self.rules.handovers.asked(move.source, part, move.reason)
+                if await self._publish(hand_over, name):
+                    asked += len(part)
+                else:
+                    self.rules.handovers.forget(part)
+        if asked:
+            HANDOVERS.labels(move.reason).inc(asked)
+            logger.info("%s: %s hands %d observer(s) of pool %s over", move.reason, name, asked, move.pool)
