@@ -99,7 +99,8 @@ class BrokerLink:
         self.nodes = BrokerNodes(settings.broker_urls())
         # Liveness, the queue waker and the rebuild ask the broker on connections of their own.
         self.probes = BrokerProbes(settings, self.nodes)
-        self.reconnects = Reconnects(self.nodes, settings.amqp_heartbeat_s)
+        self.reconnects = Reconnects(self.nodes, settings.amqp_heartbeat_s, self._replace)
+        self._on_state: StateHandler | None = None  # what the state queue's consumer calls, while consumed
 
     def start(self) -> None:
         """Connect in the background (retrying)."""
@@ -109,6 +110,9 @@ class BrokerLink:
         """Consume the state queue (once connected), until :meth:`stop_consuming_state`; the
         robust channel consumes again after each reconnection."""
         await self.ready.wait()
+        await self._consume_state(on_state)
+
+    async def _consume_state(self, on_state: StateHandler) -> None:
         assert self._connection is not None
         channel = await self._connection.channel()
         try:
@@ -120,13 +124,13 @@ class BrokerLink:
             with contextlib.suppress(Exception):
                 await channel.close()
             raise
-        self._consuming = channel
+        self._consuming, self._on_state = channel, on_state
         logger.info("consuming %s at %s", topology.STATE_QUEUE, self.nodes.describe())
 
     async def stop_consuming_state(self) -> None:
         """Close the state queue's channel: what it delivered and nobody acked goes back to
         the queue, for the next consumer."""
-        channel, self._consuming = self._consuming, None
+        channel, self._consuming, self._on_state = self._consuming, None, None
         if channel is not None:
             with contextlib.suppress(Exception):
                 await channel.close()
@@ -151,8 +155,24 @@ class BrokerLink:
         await topology.declare_common(self._pub, self.settings.queue_type)
         # Declared by every manager: the state backlog is read by a passive declare.
         await topology.declare_state_queue(self._pub, self.settings.queue_type)
+        if self._on_state is not None:  # a replaced connection's consumer
+            await self._consume_state(self._on_state)
+        if self.connects > 1:
+            self._declared_pools.clear()
+            self.reconnected.set()
         self.ready.set()
         self.reconnects.connected()
+
+    async def _replace(self, old: AbstractRobustConnection) -> None:
+        """A new connection instead of ``old``, whose reconnect loop stopped trying
+        (``Reconnects``): the state queue is consumed again on it if it was."""
+        old.close_callbacks.discard(self._on_connection_lost)
+        old.reconnect_callbacks.discard(self._on_reconnect)
+        self.ready.clear()
+        self._connection, self._pub, self._consuming = None, None, None
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(old.close(), 5)
+        await self._connect_loop()
 
     def _on_reconnect(self, *_: object) -> None:
         self.reconnects.connected()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aio_pika.abc import AbstractRobustConnection
 from yarl import URL
@@ -21,7 +23,7 @@ from yarl import URL
 from shared.amqp_errors import describe_close, describe_connect_failure, vhost_refused, vhost_refused_text
 from shared.backoff import backoff_delay
 from shared.broker_nodes import BrokerNodes, node_name
-from shared.logs import last_chatter
+from shared.logs import chatter_count, last_chatter
 from shared.outage import OutageLog
 from shared.settings import amqp_url_with_heartbeat
 
@@ -48,12 +50,21 @@ def _reason(exc: BaseException | None, heartbeat_s: int) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+# aio-pika logs each failed attempt (``Reconnects._pace``): this long without one while the
+# connection is down, its reconnect loop is taken for stuck and the connection is replaced.
+STALLED_AFTER_S = 15.0
+# Called with a robust connection whose own reconnect loop stopped trying.
+Replace = Callable[[AbstractRobustConnection], Coroutine[Any, Any, None]]
+
+
 class Reconnects:
-    def __init__(self, nodes: BrokerNodes, heartbeat_s: int) -> None:
+    def __init__(self, nodes: BrokerNodes, heartbeat_s: int, replace: Replace) -> None:
         self.nodes = nodes
         self.heartbeat_s = heartbeat_s
+        self.replace = replace
         self.outage = OutageLog(logger, "the broker is unreachable", "connected to the broker")
         self._pacing: asyncio.Task[None] | None = None
+        self._replacing: asyncio.Task[None] | None = None
 
     def connect_failed(self, url: str, error: BaseException) -> float:
         """A first connection failed: say so, move to the next node, and return how long to
@@ -78,9 +89,23 @@ class Reconnects:
         self._pacing = asyncio.create_task(self._pace(connection), name="broker-reconnect-pace")
 
     async def _pace(self, connection: AbstractRobustConnection) -> None:
+        """Set aio-pika's interval before each of its attempts, and watch that it makes them:
+        a robust connection whose consumer the broker cancelled just as the connection closed
+        (a deleted vhost) was seen never to try again, its reconnect loop waiting on the dead
+        connection; that one is replaced by a new connection (``BrokerLink``)."""
+        loop = asyncio.get_running_loop()
         attempts = 0
+        tried, tried_at = chatter_count("aio_pika.robust_connection"), loop.time()
         try:
             while not connection.connected.is_set() and not connection.close_called:
+                if chatter_count("aio_pika.robust_connection") != tried:
+                    tried, tried_at = chatter_count("aio_pika.robust_connection"), loop.time()
+                elif loop.time() - tried_at > STALLED_AFTER_S:
+                    logger.warning(
+                        "no attempt to reconnect for %.0fs: replacing the broker connection", loop.time() - tried_at
+                    )
+                    self._replacing = asyncio.create_task(self.replace(connection), name="broker-replace")
+                    return
                 if attempts:
                     self.outage.failed(f"the last attempt: {self._last_attempt()}")
                 attempts += 1
@@ -106,5 +131,6 @@ class Reconnects:
         return vhost_refused_text(self.nodes.current) if vhost_refused(said) else said
 
     def close(self) -> None:
-        if self._pacing is not None:
-            self._pacing.cancel()
+        for task in (self._pacing, self._replacing):
+            if task is not None:
+                task.cancel()

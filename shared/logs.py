@@ -54,11 +54,18 @@ _CHATTER: dict[str, tuple[str, ...]] = {
 # The last record each of those loggers had kept from the log, as text: a reminder that the
 # broker is still away quotes why the last attempt failed (refused, bad credentials, ...).
 _last_chatter: dict[str, str] = {}
+# How many each has kept: a reconnect loop that stopped trying shows as a count that stalls.
+_chatter_count: dict[str, int] = {}
 
 
 def last_chatter(logger_name: str) -> str | None:
     """The message of the last connection record of ``logger_name`` shown only at DEBUG."""
     return _last_chatter.get(logger_name)
+
+
+def chatter_count(logger_name: str) -> int:
+    """How many connection records of ``logger_name`` were kept so far."""
+    return _chatter_count.get(logger_name, 0)
 
 
 def _robust_channel_reopening(record: logging.LogRecord) -> int | None:
@@ -103,6 +110,7 @@ class _Chatter(logging.Filter):
         if level > logging.DEBUG:
             return True
         _last_chatter[record.name] = record.getMessage()
+        _chatter_count[record.name] = _chatter_count.get(record.name, 0) + 1
         return logging.getLogger().isEnabledFor(logging.DEBUG)
 
 

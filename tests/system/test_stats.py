@@ -73,6 +73,7 @@ async def test_stats_report_every_part_from_folded_counts_and_pending_deltas(
             "ticker": {"Processing": 6, "Deleted": 3, "Scheduled": 2},
         },
         "probation": 2,
+        "paused": 1,  # the Processing one on probation: not in a child process yet
         "state_applied_by": None,  # no manager runs
     }
 
@@ -87,5 +88,6 @@ async def test_stats_of_an_empty_system(sessions: async_sessionmaker[AsyncSessio
         "capacity": {},
         "kinds": {},
         "probation": 0,
+        "paused": 0,
         "state_applied_by": None,
     }
