@@ -226,9 +226,8 @@ class HoldingConnection:
     async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
         channel = await self._channel()
         raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
-        await channel.set_qos(prefetch_count=prefetch)
         self._watch_cancels(raw, queue)
-        await self.starts.hold(channel, raw, queue)
+        await self.starts.hold(channel, raw, queue, prefetch)  # sets the prefetch: start_consumers.py
 
     def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum
@@ -269,6 +268,7 @@ class HoldingConnection:
         fleet", density). What is kept is the body and the tag; settling goes by tag."""
         delivery = message.delivery
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
+        self.starts.delivered(message.channel, delivery.delivery_tag or 0)
         self._to_main.post(
             self._on_start, message.body, message.channel, delivery.delivery_tag or 0, bool(delivery.redelivered)
         )
@@ -315,6 +315,7 @@ class HoldingConnection:
                         await channel.basic_nack(tag, requeue=True, wait=False)
                     else:
                         await channel.basic_reject(tag, requeue=False, wait=False)
+                self.starts.settled(channel, tag)  # its slot is free again (start_consumers.py)
 
     # --- lease -------------------------------------------------------------------------
 

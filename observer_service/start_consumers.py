@@ -4,8 +4,15 @@ Placement (docs/design.md, "Even load") is the broker's choice among them: each 
 with the consumer priority (``x-priority``) the manager's balancer gave this service, and the
 broker hands each start to the highest priority that has a free worker. A new priority, or
 a cordon, means consuming again: cancelled and consumed anew on the same channels, a consumer
-keeps every delivery it holds (``tests/system/test_consumer_priority.py``, every series), so
-no running observer notices. Runs on the holding loop.
+keeps every delivery it held (``tests/system/test_consumer_priority.py``, every series), so
+no running observer notices.
+
+The capacity is the subtle part. A prefetch limit counts the deliveries of one consumer: the
+new consumer of a channel gets a whole new window, and what the cancelled one still holds
+counts for nothing (the same test), so a service of one worker that consumed again ran two.
+So each consumer is opened with the window its channel has left (its size less what the
+channel holds unsettled), and a channel consumes again once enough of what it held before
+has been settled, to give those slots back. Runs on the holding loop.
 """
 
 from __future__ import annotations
@@ -34,7 +41,12 @@ class _Consumer:
     channel: AbstractChannel  # aio-pika's, closed to hand every delivery back at once
     raw: StartChannel
     queue: str
+    size: int  # the most this channel may hold
     tag: str | None = None  # None while not consuming
+    unsettled: int = 0  # deliveries on this channel not acked, nacked or rejected yet
+    last_tag: int = 0  # the highest delivery tag seen on the channel
+    floor: int = 0  # ``last_tag`` when the current consumer began: older tags were not its own
+    returned: int = 0  # older deliveries settled since: slots the current window did not get back
 
 
 class StartConsumers:
@@ -42,16 +54,42 @@ class StartConsumers:
         # A quorum queue times consumers out unless the consume says otherwise.
         self._arguments = dict(topology.HELD_FOR_GOOD) if quorum else {}
         self.placement = placement
-        self._consumers: list[_Consumer] = []
+        self._consumers: dict[int, _Consumer] = {}  # by id() of the raw channel
         self._stopped = False  # the service is shutting down: never consume again
         self._changing = asyncio.Lock()  # one change at a time: two would consume twice
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    async def hold(self, channel: AbstractChannel, raw: StartChannel, queue: str) -> None:
-        """Consume ``queue`` on a channel of its own (its prefetch already set)."""
-        consumer = _Consumer(channel, raw, queue)
-        self._consumers.append(consumer)
+    async def hold(self, channel: AbstractChannel, raw: StartChannel, queue: str, size: int) -> None:
+        """Consume ``queue`` on a channel of its own, holding at most ``size`` deliveries."""
+        consumer = _Consumer(channel, raw, queue, size)
+        self._consumers[id(raw)] = consumer
         if self._consuming():
             await self._consume(consumer)
+
+    # --- called for each delivery and each settle, on the holding loop ----------------------
+
+    def delivered(self, raw: object, tag: int) -> None:
+        consumer = self._consumers.get(id(raw))
+        if consumer is not None:
+            consumer.unsettled += 1
+            consumer.last_tag = max(consumer.last_tag, tag)
+
+    def settled(self, raw: object, tag: int) -> None:
+        """A delivery of ``raw`` was acked, nacked or rejected; if the slots given back to a
+        channel's current window are too few, it consumes again with a wider one."""
+        consumer = self._consumers.get(id(raw))
+        if consumer is None:
+            return
+        consumer.unsettled -= 1
+        if tag <= consumer.floor:
+            consumer.returned += 1
+        if self._consuming() and consumer.returned >= max(1, consumer.size // 20):
+            consumer.returned = 0  # at most one re-consume on its way per batch of slots
+            task = asyncio.create_task(self._again(consumer))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    # --- placement ---------------------------------------------------------------------------
 
     async def place(self, placement: Placement) -> None:
         """Consume again under ``placement`` if it changed."""
@@ -59,20 +97,24 @@ class StartConsumers:
             if placement == self.placement:
                 return
             self.placement = placement
-            await self._cancel_all()
-            if self._consuming():
-                for consumer in self._consumers:
+            for consumer in self._consumers.values():
+                await self._cancel(consumer)
+                if self._consuming():
                     await self._consume(consumer)
 
     async def stop(self) -> None:
         """No new starts, for good (a graceful stop); the held deliveries stay held."""
         async with self._changing:
             self._stopped = True
-            await self._cancel_all()
+            for consumer in self._consumers.values():
+                await self._cancel(consumer)
 
     async def close_channels(self, before_close: Callable[[AbstractChannel], None]) -> None:
         """Close every start channel: the broker requeues their unacked deliveries as one batch."""
-        consumers, self._consumers = self._consumers, []
+        consumers = list(self._consumers.values())
+        self._consumers.clear()
+        for task in list(self._tasks):
+            task.cancel()
         for consumer in consumers:
             before_close(consumer.channel)
         for consumer in consumers:
@@ -82,15 +124,28 @@ class StartConsumers:
     def _consuming(self) -> bool:
         return not self._stopped and not self.placement.cordoned
 
+    async def _again(self, consumer: _Consumer) -> None:
+        async with self._changing:
+            if self._consuming() and id(consumer.raw) in self._consumers:
+                await self._cancel(consumer)
+                await self._consume(consumer)
+
     async def _consume(self, consumer: _Consumer) -> None:
+        """Consume with the window the channel has left (none: it waits for a settle).
+        Deliveries sent before a cancel's reply were counted already: frames arrive in order."""
+        consumer.floor, consumer.returned = consumer.last_tag, 0
+        window = consumer.size - consumer.unsettled
+        if window <= 0:
+            consumer.returned = max(1, consumer.size // 20) - 1  # the next settle consumes again
+            return
+        await consumer.channel.set_qos(prefetch_count=window)
         arguments = {**self._arguments, "x-priority": self.placement.priority}
         consumer.tag = await consumer.raw.consume(consumer.queue, arguments)
 
-    async def _cancel_all(self) -> None:
-        for consumer in self._consumers:
-            tag, consumer.tag = consumer.tag, None
-            if tag is not None:
-                await _quietly(consumer.raw.basic_cancel(tag))
+    async def _cancel(self, consumer: _Consumer) -> None:
+        tag, consumer.tag = consumer.tag, None
+        if tag is not None:
+            await _quietly(consumer.raw.basic_cancel(tag))
 
 
 async def _quietly(call: Awaitable[object]) -> None:

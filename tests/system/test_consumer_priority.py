@@ -5,7 +5,9 @@ start queues of every supported series (``make test-broker``):
   lower ones get starts only while every higher one is full;
 * a consumer cancelled and consumed again on the same channel, with a new priority, keeps
   every delivery it held: they stay unacked, can still be acked by their tag, and one handed
-  back goes to the consumer whose priority is now the highest.
+  back goes to the consumer whose priority is now the highest;
+* but the new consumer gets a whole new prefetch window: what the cancelled one holds does
+  not count against it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ async def connection(rabbit: infra.RabbitNode, vhost: str) -> AsyncIterator[Abst
 
 
 class Holder:
-    """A service's start consumer, reduced: prefetch 10, a priority, deliveries kept unacked."""
+    """A service's start consumer, reduced: a prefetch, a priority, deliveries kept unacked."""
 
     def __init__(self, channel: AbstractChannel, queue: AbstractQueue, arguments: dict[str, Any]) -> None:
         self.channel, self.queue, self.arguments = channel, queue, arguments
@@ -38,9 +40,11 @@ class Holder:
         self.tag: str | None = None
 
     @classmethod
-    async def open(cls, connection: AbstractConnection, queue_name: str, queue_type: topology.QueueType) -> Holder:
+    async def open(
+        cls, connection: AbstractConnection, queue_name: str, queue_type: topology.QueueType, prefetch: int = 10
+    ) -> Holder:
         channel = await connection.channel()
-        await channel.set_qos(prefetch_count=10)
+        await channel.set_qos(prefetch_count=prefetch)
         arguments = topology.HELD_FOR_GOOD if queue_type == "quorum" else {}  # as the services consume
         return cls(channel, await channel.get_queue(queue_name, ensure=False), arguments)
 
@@ -106,3 +110,24 @@ async def test_starts_go_to_the_highest_priority_with_credit_and_a_reconsume_kee
     await _until(lambda: len(low.held) == 9, "the handed-back start at the higher consumer")
     assert len(high.held) == 10 and not high.channel.is_closed and not low.channel.is_closed
     assert await _ready(declare, queue.name) == 0
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_a_consumer_consumed_again_gets_a_whole_new_prefetch_window(
+    connection: AbstractConnection, queue_type: topology.QueueType
+) -> None:
+    """Why ``observer_service/start_consumers.py`` opens each new consumer with the window its
+    channel has left: the prefetch counts one consumer's deliveries, and what the cancelled
+    one still holds counts for nothing."""
+    declare = await connection.channel()
+    await topology.declare_common(declare, queue_type)
+    queue = await topology.declare_start_queue(declare, f"window-{queue_type}", queue_type)
+    one = await Holder.open(connection, queue.name, queue_type, prefetch=1)
+    await one.consume(priority=0)
+    await _publish(connection, queue.name, 2)
+    await _until(lambda: len(one.held) == 1, "the first delivery")
+    await asyncio.sleep(0.3)
+    assert len(one.held) == 1 and await _ready(declare, queue.name) == 1  # the limit holds
+
+    await one.reconsume(priority=1)
+    await _until(lambda: len(one.held) == 2, "the second delivery, past the limit of one")
