@@ -98,6 +98,9 @@ def test_chaos(system: System, tmp_path: Path, rabbit: infra.RabbitNode, postgre
     print(f"chaos seed {seed} ({length_s:g}s); replay: ORCH_CHAOS_SEED={seed}")
     rng = random.Random(seed)
     fleet = Fleet(system, tmp_path / "ticks.log", rng)
+    # The product's default: the balancer hands observers over as services die and come back,
+    # under the same faults and the same never-on-two-hosts check.
+    system.env["ORCH_BALANCE_MOVES_PER_S"] = "100"
     system.start_manager()
     for name in SERVICES:
         fleet.procs[name] = system.start_service(name, workers=200)
