@@ -30,9 +30,11 @@ from shared import topology
 
 @dataclass(frozen=True)
 class Placement:
-    """How this service takes new starts: its consumer priority, or none while cordoned."""
+    """How this service takes new starts: its consumer priority, or none while cordoned. Until
+    the balancer says otherwise, the priority of a service at its fair share (``EVEN``): one
+    that just joined takes its turn with the others at once, not after them."""
 
-    priority: int = 0
+    priority: int = 1  # manager.balance.plan.EVEN
     cordoned: bool = False
 
 

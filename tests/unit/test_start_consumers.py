@@ -46,7 +46,7 @@ async def settle_tasks() -> None:
 
 async def test_a_consumer_consumed_again_gets_only_the_window_its_channel_has_left() -> None:
     starts, fake = await held_by(size=4)
-    assert fake.windows == [4] and fake.consumes == [{"x-priority": 0}]
+    assert fake.windows == [4] and fake.consumes == [{"x-priority": 1}]  # even, until told
     for tag in (1, 2, 3):
         starts.delivered(fake, tag)
 
@@ -58,12 +58,12 @@ async def test_a_full_channel_waits_and_consumes_again_once_a_slot_is_given_back
     starts, fake = await held_by(size=2)
     starts.delivered(fake, 1)
     starts.delivered(fake, 2)
-    await starts.place(Placement(priority=1))
+    await starts.place(Placement(priority=2))
     assert len(fake.consumes) == 1  # full: no consumer, rather than a window of 0 (no limit at all)
 
     starts.settled(fake, 1)
     await settle_tasks()
-    assert fake.windows[-1] == 1 and fake.consumes[-1] == {"x-priority": 1}
+    assert fake.windows[-1] == 1 and fake.consumes[-1] == {"x-priority": 2}
 
 
 async def test_slots_of_older_deliveries_come_back_by_consuming_again() -> None:
@@ -82,12 +82,12 @@ async def test_slots_of_older_deliveries_come_back_by_consuming_again() -> None:
 
 async def test_cordoned_or_stopped_it_consumes_nothing() -> None:
     starts, fake = await held_by(size=4)
-    await starts.place(Placement(priority=1, cordoned=True))
+    await starts.place(Placement(priority=2, cordoned=True))
     assert fake.cancelled == ["tag-1"] and len(fake.consumes) == 1
     starts.delivered(fake, 1)
     starts.settled(fake, 1)
     await settle_tasks()
     assert len(fake.consumes) == 1
-    await starts.place(Placement(priority=1))
+    await starts.place(Placement(priority=2))
     await starts.stop()
     assert len(fake.consumes) == 2 and fake.cancelled == ["tag-1", "tag-2"]
