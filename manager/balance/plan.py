@@ -2,8 +2,9 @@
 
 Each service's fair share of a pool is its capacity times the pool's load factor (observers
 over workers of the services that take starts); shares are relative to capacity, so services
-of different sizes are even when equally full. A service more than ``tolerance`` above its
-share is *over*, below is *under*. The decisions:
+of different sizes are even when equally full. A pool is evened once one of its services is more
+than ``tolerance`` above or below its share; then services above their share are *over*,
+those below *under*. The decisions:
 
 * placement: under services consume at priority 2, even ones at 1, over ones at 0 (the broker
   gives each start to the highest priority with a free worker, so new creates and every
@@ -94,25 +95,23 @@ def _even(out: Plan, pool: str, members: list[Member], tolerance: float, budget:
     if len(members) < 2:
         return 0
     share = shares(members)
+    deviation = {m.id: (m.running - share[m.id]) / share[m.id] if share[m.id] > 0 else 0.0 for m in members}
+    # Only a service beyond the tolerance, either way, sets the pool moving; then every one
+    # above its share gives and every one below takes, down and up to the share: a service
+    # 15 % under must get its observers even when nobody is 10 % over.
+    active = any(abs(deviation[m.id]) > tolerance and abs(m.running - share[m.id]) >= 1 for m in members)
     excess: dict[uuid.UUID, int] = {}
     lack = 0
     for m in members:
         fair = share[m.id]
-        deviation = (m.running - fair) / fair if fair > 0 else 0.0
-        out.imbalance = max(out.imbalance, abs(deviation))
-        furthest = abs(deviation) >= abs(out.deviations.get(m.id, 0.0))
-        if furthest:
-            out.deviations[m.id] = deviation
-        if m.running > fair * (1 + tolerance) and m.running - math.ceil(fair) >= 1:
-            excess[m.id] = m.running - math.ceil(fair)
-            if furthest:
-                out.priorities[m.id] = OVER
-        elif m.running < fair * (1 - tolerance) and math.floor(fair) - m.running >= 1:
-            lack += math.floor(fair) - m.running
-            if furthest:
-                out.priorities[m.id] = UNDER
-        elif furthest:
-            out.priorities[m.id] = EVEN
+        out.imbalance = max(out.imbalance, abs(deviation[m.id]))
+        level = EVEN
+        if active and m.running - math.ceil(fair) >= 1:
+            excess[m.id], level = m.running - math.ceil(fair), OVER
+        elif active and math.floor(fair) - m.running >= 1:
+            lack, level = lack + math.floor(fair) - m.running, UNDER
+        if abs(deviation[m.id]) >= abs(out.deviations.get(m.id, 0.0)):
+            out.deviations[m.id], out.priorities[m.id] = deviation[m.id], level
     left = min(lack, max(budget, 0))
     moved = 0
     for m in sorted(members, key=lambda m: -excess.get(m.id, 0)):

@@ -71,3 +71,11 @@ def test_a_service_in_two_pools_takes_its_priority_from_the_pool_where_it_is_fur
     decided = plan([both, only_a, only_b], 0.1, 1000)
     assert decided.priorities[both.id] == OVER  # 50 % over in pool a, even in pool b
     assert decided.priorities[only_a.id] == UNDER and decided.priorities[only_b.id] == EVEN
+
+
+def test_one_service_under_the_tolerance_is_filled_from_those_above_their_share_within_it() -> None:
+    # As a rolling restart of 30,000 left it (bench.rebalance): nobody 10 % over, one 15 % under
+    a, b, c = member("a", 10_952, 30_000), member("b", 10_548, 30_000), member("c", 8_500, 30_000)
+    decided = plan([a, b, c], 0.1, budget=10_000)
+    assert decided.priorities == {a.id: OVER, b.id: OVER, c.id: UNDER}
+    assert sorted(m.count for m in decided.moves) == [548, 952]  # both down to 10,000, c up to it
