@@ -278,7 +278,7 @@ class ManagerSettings(CommonSettings):
         'gets observers handed to or from it (docs/design.md, "Even load")',
     )
     balance_moves_per_s: float = Field(
-        default=100.0,
+        default=250.0,
         ge=0,
         description="observers handed over per second at most, to even the load or drain (0: never)",
     )

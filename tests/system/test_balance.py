@@ -20,7 +20,7 @@ from tools.harness import System, metric, probe_args, wait_for
 @pytest.fixture(autouse=True)
 def balanced(system: System) -> None:
     """Every process of these tests runs with the balancer on, at its default pace."""
-    system.env["ORCH_BALANCE_MOVES_PER_S"] = "100"
+    system.env["ORCH_BALANCE_MOVES_PER_S"] = "250"
 
 
 def loads(system: System) -> dict[str, int]:

@@ -100,7 +100,7 @@ def test_chaos(system: System, tmp_path: Path, rabbit: infra.RabbitNode, postgre
     fleet = Fleet(system, tmp_path / "ticks.log", rng)
     # The product's default: the balancer hands observers over as services die and come back,
     # under the same faults and the same never-on-two-hosts check.
-    system.env["ORCH_BALANCE_MOVES_PER_S"] = "100"
+    system.env["ORCH_BALANCE_MOVES_PER_S"] = "250"
     system.start_manager()
     for name in SERVICES:
         fleet.procs[name] = system.start_service(name, workers=200)
