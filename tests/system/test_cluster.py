@@ -161,11 +161,12 @@ class Fleet:
     urls: list[str]
 
     def start(self, tick_log: Path, count: int = COUNT) -> tuple[list[Proc], list[str]]:
+        """Three services of ``room(count)`` workers each, and ``count`` probes in one bulk create."""
         self.system.start_manager()
         services = []
         for i in range(3):
             rotated = ",".join(self.urls[i:] + self.urls[:i])
-            services.append(self.system.start_service(f"svc-{i}", workers=count, ORCH_AMQP_URLS=rotated))
+            services.append(self.system.start_service(f"svc-{i}", workers=room(count), ORCH_AMQP_URLS=rotated))
         specs = [{"name": f"q-{i}", "kind": "probe", "args": probe_args(tick_log, 0.5)} for i in range(count)]
         answer = self.system.post("/api/observers/bulk", {"observers": specs})
         assert answer.status_code == 201, answer.text
@@ -175,6 +176,14 @@ class Fleet:
         alive = {s["id"] for s in self.system.services() if s["status"] == "alive"}
         observers = {o["id"]: o for o in self.system.observers()}
         return all(observers[i]["status"] == "Processing" and observers[i]["service_id"] in alive for i in ids)
+
+
+def room(count: int) -> int:
+    """Workers per service: twice the load, so no service is ever full. A full one rightly
+    holds no consumer (``observer_service/start_consumers.py``), and these tests check that
+    every service consumes again after a fault. A fleet taken back at once by one service
+    (all of it redelivered while the others were still reconnecting) would otherwise be."""
+    return 2 * count
 
 
 def ticking_since(log: Path, ids: list[str], since: float) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.test_cluster import Fleet, consuming_services, fleet_on_cluster, running_nodes, ticking_since
+from tests.system.test_cluster import Fleet, consuming_services, fleet_on_cluster, room, running_nodes, ticking_since
 from tests.system.test_fencing import activity_intervals, assert_never_on_two_hosts
 from tools import infra
 from tools.harness import probe_args, wait_for
@@ -92,7 +92,7 @@ def test_a_node_cut_off_from_the_others_runs_nothing_twice(fleet: Fleet, tmp_pat
         # A service (re)started meanwhile with the cut node first in its list, as svc-2's is.
         at.newcomer_started = time.time()
         urls = ",".join(fleet.urls[2:] + fleet.urls[:2])
-        newcomer = system.start_service("svc-3", workers=COUNT, wait=False, ORCH_AMQP_URLS=urls)
+        newcomer = system.start_service("svc-3", workers=room(COUNT), wait=False, ORCH_AMQP_URLS=urls)
         at.newcomer_open = wait_for(
             lambda: "broker session open on" in newcomer.text() and time.time(), 90, "svc-3 to open a session"
         )
