@@ -62,6 +62,16 @@ def test_a_rolling_restart_ends_even(system: System) -> None:
     assert within(loads(system), 600), loads(system)
     moved = system.get("/metrics").text
     assert 'orch_handovers_total{reason="even load"}' in moved, moved
+
+    # And stays so while observers come and go: 200 stopped, most from one service, 200 created
+    by_host = collections.defaultdict(list)
+    for o in system.observers(status="Processing"):
+        by_host[o["service_id"]].append(o["id"])
+    first, *others = by_host.values()
+    stopped = first[:150] + [oid for ids in others for oid in ids[:25]]
+    assert system.post("/api/observers/bulk-stop", {"ids": stopped}).status_code == 202
+    bulk(system, "churn", 200)
+    wait_for(lambda: within(loads(system), 600), 60, f"even load after the churn (now {loads(system)})")
     history = system.get(f"/api/observers/{system.observers(status='Processing')[0]['id']}/events").json()
     assert all(e["event"] != "failed" for e in history), history
 
