@@ -143,7 +143,9 @@ def create(
     start_at: Annotated[str | None, typer.Option(help="RFC 3339 with an offset, e.g. 2026-12-01T09:30:00Z")] = None,
     stop_at: Annotated[str | None, typer.Option(help="RFC 3339 with an offset: stopped then")] = None,
     run_for: Annotated[str | None, typer.Option(help="stopped this long after its start: 90, 15m, 2h, 1d")] = None,
-    rebalance: Annotated[bool, typer.Option(help="--no-rebalance: never moved to even the load")] = True,
+    rebalance: Annotated[
+        bool | None, typer.Option("--rebalance/--no-rebalance", help="--no-rebalance: pinned; default: the kind's own")
+    ] = None,
 ) -> None:
     """Create an observer (Scheduled until --start-at, if given)."""
     state = state_of(ctx)
@@ -156,7 +158,7 @@ def create(
         "start_at": start_at,  # the API checks the times (422 says what to fix)
         "stop_at": stop_at,
         "run_for_s": times.seconds(run_for),
-        "rebalance": None if rebalance else False,
+        "rebalance": rebalance,
     }
     body |= {k: v for k, v in optional.items() if v is not None}  # absent = the API's default
     observer = state.client.post("/api/observers", body)

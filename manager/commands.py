@@ -117,7 +117,7 @@ class ObserverCommands:
         starts = [build_start(uuid.uuid4(), s, policy(s.retry)) for s in specs]
         now = datetime.now(UTC)
         schedules = [schedule.plan(s.start_at, s.stop_at, s.run_for_s, now) for s in specs]
-        pinned = {start.observer_id for start, spec in zip(starts, specs, strict=True) if not spec.rebalance}
+        pinned = {start.observer_id for start, spec in zip(starts, specs, strict=True) if spec.rebalance is False}
         created_at = await self._insert(starts, schedules, pinned)
         rows = [created_row(s, p, created_at, s.observer_id in pinned) for s, p in zip(starts, schedules, strict=True)]
         # Scheduled rows have no start yet: the leader's scheduler publishes it when due.

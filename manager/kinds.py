@@ -46,7 +46,7 @@ class NewObserver:
     start_at: datetime | None = None
     stop_at: datetime | None = None
     run_for_s: float | None = None
-    rebalance: bool = True  # False: pinned, never moved to even the load
+    rebalance: bool | None = None  # False: pinned, never moved to even the load; None: the kind's own
 
 
 @dataclass
@@ -147,7 +147,8 @@ def validate(spec: NewObserver, catalog: KindCatalog, default_retry: RetryPolicy
     isolation = spec.isolation or offered.info.isolation
     if spec.memory_limit_mb is not None and isolation != "process":
         raise Invalid(f"{where}memory_limit_mb: applies to isolation 'process' only; set isolation to 'process'")
-    return replace(spec, args=args, retry=retry.model_dump(mode="json"))
+    rebalance = offered.info.rebalance if spec.rebalance is None else spec.rebalance
+    return replace(spec, args=args, retry=retry.model_dump(mode="json"), rebalance=rebalance)
 
 
 def _valid_args(spec: NewObserver, offered: OfferedKind, where: str) -> dict[str, Any]:

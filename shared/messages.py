@@ -159,6 +159,7 @@ class KindInfo(BaseModel):
     name: str
     description: str = ""
     isolation: Isolation = "async"
+    rebalance: bool = True  # False: its observers are pinned unless a create says otherwise
     args_schema: dict[str, Any] = Field(default_factory=dict)
 
 

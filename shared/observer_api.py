@@ -78,6 +78,10 @@ class ObserverKind(Generic[ArgsT]):
     # loop). ``process``: a child process supervised by the service (tens of MiB each; may
     # block, hog the CPU or crash without hurting its neighbours). Observers may override it.
     isolation: Isolation = "async"
+    # False: its observers are pinned unless a create says otherwise, never moved to even the
+    # load (a session that is costly to open, a source that limits reconnects). Drains still
+    # move them.
+    rebalance: bool = True
     # Narrows the args schema to what *this host* accepts (e.g. the modules ``periodic`` may
     # call here, from the service's environment). The service announces the narrowed schema
     # and the manager checks new observers against every schema announced in their pool, so
@@ -90,6 +94,7 @@ class ObserverKind(Generic[ArgsT]):
             name=self.name,
             description=self.description,
             isolation=self.isolation,
+            rebalance=self.rebalance,
             args_schema=self.args_model.model_json_schema(),
         )
 

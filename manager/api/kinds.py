@@ -21,6 +21,7 @@ async def list_kinds(session: SessionDep) -> list[KindOut]:
             name=name,
             description=offered.info.description,
             isolation=offered.info.isolation,
+            rebalance=offered.info.rebalance,
             args_schema=offered.info.args_schema,
             builtin=name in BUILTIN_KINDS,
             pools=sorted(offered.pools),

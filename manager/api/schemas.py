@@ -47,8 +47,10 @@ class ObserverCreate(BaseModel):
     memory_limit_mb: float | None = Field(
         default=None, gt=0, le=1_048_576, description="isolation 'process' only: kill and restart above this RSS"
     )
-    rebalance: bool = Field(
-        default=True, description="false: never moved to even the load (pinned); draining its host still moves it"
+    rebalance: bool | None = Field(
+        default=None,
+        description="false: never moved to even the load (pinned); draining its host still moves it. "
+        "Default: the kind's own (true unless the kind pins its observers)",
     )
     start_at: datetime | None = Field(
         default=None,
@@ -317,6 +319,7 @@ class KindOut(BaseModel):
     name: str
     description: str
     isolation: Isolation
+    rebalance: bool = Field(description="false: the kind pins its observers unless a create says otherwise")
     args_schema: dict[str, Any]
     builtin: bool
     pools: list[str] = Field(description="pools with a live service offering this kind")

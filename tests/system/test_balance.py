@@ -81,7 +81,9 @@ def test_a_joining_service_gets_its_share_and_pinned_observers_stay(with_test_pl
     ticks = tmp_path / "ticks.log"
     system.start_manager()
     first = system.start_service("first", workers=200)
-    pinned = [system.create(f"pin-{i}", kind="probe", args=probe_args(ticks, 0.2), rebalance=False) for i in range(20)]
+    # Pinned at create, or by their kind's default (the test plug-in's ``sticky``)
+    pinned = [system.create(f"pin-{i}", kind="probe", args=probe_args(ticks, 0.2), rebalance=False) for i in range(10)]
+    pinned += [system.create(f"sticky-{i}", kind="sticky", args=probe_args(ticks, 0.2)) for i in range(10)]
     loose = [system.create(f"free-{i}", kind="probe", args=probe_args(ticks, 0.2)) for i in range(40)]
     assert all(not o["rebalance"] for o in pinned) and all(o["rebalance"] for o in loose)
     wait_for(lambda: loads(system) == {"first": 60}, 30, "60 Processing on the first service")

@@ -45,6 +45,16 @@ def test_new_observers_are_validated_against_the_announced_kinds() -> None:
         validate(NewObserver("a", "ticker", {"interval_s": 0}), catalog, default)
 
 
+def test_a_kind_that_pins_its_observers_pins_them_unless_the_create_says_otherwise() -> None:
+    catalog, default = _catalog(), RetryPolicy()
+    sticky = KindInfo(name="sticky", rebalance=False, args_schema={"type": "object"})
+    catalog.kinds["sticky"] = OfferedKind(sticky, {"default"}, 1)
+    assert validate(NewObserver("a", "sticky", {}), catalog, default).rebalance is False
+    assert validate(NewObserver("a", "sticky", {}, rebalance=True), catalog, default).rebalance is True
+    assert validate(NewObserver("a", "echo", {"message": "x"}), catalog, default).rebalance is True
+    assert validate(NewObserver("a", "echo", {"message": "x"}, rebalance=False), catalog, default).rebalance is False
+
+
 def test_args_must_suit_every_schema_announced_in_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     """A service narrows ``periodic`` to its ORCH_PERIODIC_MODULES; any service of the pool may
     take the start, so the manager holds args to each schema announced there."""

@@ -121,6 +121,9 @@ async def memory_hog(args: MemoryArgs, ctx: ObserverContext) -> None:
 
 ECHO = ObserverKind(name="echo", args_model=EchoArgs, run=echo, description="emits its message every interval_s")
 PROBE = ObserverKind(name="probe", args_model=ProbeArgs, run=probe, description="a ticker that logs every tick")
+STICKY = ObserverKind(
+    name="sticky", args_model=ProbeArgs, run=probe, description="a probe the balancer never moves", rebalance=False
+)
 FLAKY = ObserverKind(name="flaky", args_model=FlakyArgs, run=flaky, description="fails its first runs")
 HOST_KILLER = ObserverKind(name="host_killer", args_model=DelayArgs, run=host_killer, description="kills its host")
 CRASHER = ObserverKind(name="crasher", args_model=DelayArgs, run=crasher, description="os._exit(3)")
