@@ -32,9 +32,6 @@ from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
 
-# The counts change slowly at this scale; reading them is a small query.
-_READ_POOLS_EVERY_S = 30.0
-
 
 async def pools_to_keep_awake(session: AsyncSession, keep_awake_from: int) -> list[str]:
     """The pools with at least ``keep_awake_from`` live observers."""
@@ -64,7 +61,7 @@ class StartQueueWaker:
         while True:
             try:
                 if time.monotonic() >= next_read:
-                    next_read = time.monotonic() + _READ_POOLS_EVERY_S
+                    next_read = time.monotonic() + self.settings.start_queue_keep_awake_read_s
                     async with self.sessions() as session:
                         pools = await pools_to_keep_awake(session, keep_awake_from)
                     START_QUEUES_KEPT_AWAKE.set(len(pools))

@@ -64,7 +64,6 @@ FailHandler = Callable[[str, BaseException | None], None]
 # a line naming what to change), or None once it consumes that pool.
 RefusedHandler = Callable[[str, str | None], None]
 Settle = Literal["ack", "requeue", "reject"]
-REFUSED_RETRY_S = 30.0  # a refused start queue is declared again this often
 
 
 class HoldingConnection:
@@ -77,6 +76,7 @@ class HoldingConnection:
         queue_type: topology.QueueType = "classic",
         give_up_s: float = 15.0,
         placement: Placement | None = None,
+        refused_retry_s: float = 30.0,
     ) -> None:
         self.lease = lease
         self._heartbeat_s = heartbeat_s
@@ -86,6 +86,7 @@ class HoldingConnection:
         self._queue_type = queue_type
         self._quorum = queue_type == "quorum"
         self._give_up_s = give_up_s
+        self._refused_retry_s = refused_retry_s
         self._to_main = to_main
         self._fail = fail
         self._connection: AbstractConnection | None = None
@@ -197,7 +198,7 @@ class HoldingConnection:
         permission) costs only its own channel: the session stays open for the other pools
         and the control queue, the main loop is told (``RefusedHandler``, so the operator is,
         and the manager through the heartbeats), and the declare is tried again every
-        ``REFUSED_RETRY_S`` until whatever was wrong is fixed. Any other failure fails the
+        ``refused_retry_s`` until whatever was wrong is fixed. Any other failure fails the
         open."""
         assert self._connection is not None and self._on_refused is not None
         declare = await self._connection.channel(publisher_confirms=False)  # a refusal closes it alone
@@ -217,7 +218,7 @@ class HoldingConnection:
         self._to_main.post(self._on_refused, pool, None)
 
     async def _hold_later(self, pool: str, prefetches: list[int]) -> None:
-        await asyncio.sleep(REFUSED_RETRY_S)
+        await asyncio.sleep(self._refused_retry_s)
         try:
             await self._hold_pool(pool, prefetches)
         except Exception as e:  # noqa: BLE001 - the session is broken: end it like any loss

@@ -148,6 +148,7 @@ class Session:
                 self.settings.queue_type,
                 self.settings.lease_give_up_s,
                 placement,
+                self.settings.refused_retry_s,
             )
             chunks = prefetch_chunks(self.settings.workers_count, HOLD_PER_CHANNEL)
             holds = [(pool, chunks) for pool in self.settings.pools]

@@ -121,6 +121,12 @@ class ServiceSettings(CommonSettings):
         "cut off from the others, which then hand its starts on); keep it well under the broker's "
         "consumer_disconnected_timeout",
     )
+    refused_retry_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="a start queue the broker refuses to declare (other arguments, another type) is declared "
+        "again this often, until the operator fixes it; said once a minute at most",
+    )
     outbox_high_water: int = Field(
         default=20_000,
         ge=1,
@@ -291,6 +297,9 @@ class ManagerSettings(CommonSettings):
     )
     start_queue_keep_awake_s: float = Field(
         default=0.5, gt=0, description="how often such a queue is passive-declared to keep it awake"
+    )
+    start_queue_keep_awake_read_s: float = Field(
+        default=30.0, gt=0, description="how often the live observers per pool are counted to choose those queues"
     )
     # Two cores, and a flood of reports never stalls a request.
     state_process: bool = Field(

@@ -31,7 +31,12 @@ def test_a_big_start_queue_is_kept_awake_and_a_small_one_may_hibernate(
 ) -> None:
     # Given a manager that keeps awake the queues of pools with 3 live observers or more,
     # a pool "default" with 3 observers running and a pool "small" with 1
-    system.start_manager(ORCH_START_QUEUE_KEEP_AWAKE_FROM="3", ORCH_START_QUEUE_KEEP_AWAKE_S="0.2")
+    # (counted every 2 s instead of 30 s, so the test need not wait)
+    system.start_manager(
+        ORCH_START_QUEUE_KEEP_AWAKE_FROM="3",
+        ORCH_START_QUEUE_KEEP_AWAKE_S="0.2",
+        ORCH_START_QUEUE_KEEP_AWAKE_READ_S="2",
+    )
     system.start_service("svc-a", workers=10, ORCH_POOLS="default,small")
     ids = [system.create(f"big-{i}", args={"interval_s": 60, "emit": False})["id"] for i in range(3)]
     ids.append(system.create("small-0", args={"interval_s": 60, "emit": False}, pool="small")["id"])

@@ -38,7 +38,7 @@ def test_a_start_queue_the_broker_refuses_is_said_once_shown_and_healed(
     system.start_manager()
     port = free_port()
     service = system.start_service(
-        "svc-a", workers=5, ORCH_POOLS=f"default,{REFUSED_POOL}", ORCH_METRICS_PORT=str(port)
+        "svc-a", workers=5, ORCH_POOLS=f"default,{REFUSED_POOL}", ORCH_METRICS_PORT=str(port), ORCH_REFUSED_RETRY_S="3"
     )
     refused = "cannot consume pool picky: PRECONDITION_FAILED - inequivalent arg"
     wait_for(lambda: errors(service.text(), refused), 30, "the service to say what is refused")
@@ -59,8 +59,8 @@ def test_a_start_queue_the_broker_refuses_is_said_once_shown_and_healed(
     fine = system.create("fine", args={"interval_s": 0.5})
     system.wait_status(fine["id"], "Processing")
 
-    # Retried (every 30 s) but said once a minute at most
-    wait_for(lambda: service_metric(port, "orch_service_refusals_total") >= 2, 60, "a second attempt")
+    # Retried (every 3 s here) but said once a minute at most
+    wait_for(lambda: service_metric(port, "orch_service_refusals_total") >= 3, 60, "more attempts")
     assert len(errors(service.text(), refused)) == 1, service.text()[-3000:]
 
     # Fixed by the operator: the next attempt consumes, and every view clears
