@@ -9,7 +9,9 @@ once a minute that it is still away, and that it is back (``shared.outage``: the
 "the broker is unreachable (lost the connection: ...)" and "connected to the broker after ...").
 aiormq and aio-pika log the same events as well, as ERRORs with tracebacks, once per attempt
 to reconnect (docs/operations.md, "the broker down"). Those records (``_CHATTER``) are shown
-only with ``ORCH_LOG_LEVEL=DEBUG``; anything else the libraries log is kept as it is.
+only with ``ORCH_LOG_LEVEL=DEBUG``, as are two records judged by what they carry (a robust
+channel failing to reopen with its connection, and the late end of a channel's close);
+anything else the libraries log is kept as it is.
 """
 
 from __future__ import annotations
@@ -89,6 +91,17 @@ def _robust_channel_reopening(record: logging.LogRecord) -> int | None:
     return logging.WARNING
 
 
+def _late_close_ok(record: logging.LogRecord) -> int | None:
+    """DEBUG for aiormq's ERROR "Got frame for closed channel" when the frame is the broker's
+    ``Channel.CloseOk``: the close handshake of a channel aiormq had already let go, ending
+    (seen after a network partition heals); None for any other record."""
+    message = record.msg if isinstance(record.msg, str) else ""
+    args = record.args if isinstance(record.args, tuple) else ()
+    if message.startswith("Got frame for closed channel") and len(args) == 2 and "Channel.CloseOk" in repr(args[1]):
+        return logging.DEBUG
+    return None
+
+
 class _Chatter(logging.Filter):
     """Shows a library's connection chatter as DEBUG, and only when DEBUG is on; ``judge``
     may give a record another level (or None: left as it is)."""
@@ -134,7 +147,7 @@ def configure_logging(level: str, role: str, log_format: LogFormat = "text") -> 
     logging.getLogger("aiormq").setLevel(logging.WARNING)
     logging.getLogger("aio_pika").setLevel(logging.WARNING)
     for name, starts in _CHATTER.items():
-        _filter_once(logging.getLogger(name), _Chatter(starts))
+        _filter_once(logging.getLogger(name), _Chatter(starts, _late_close_ok if name == "aiormq.connection" else None))
     _filter_once(logging.getLogger("aio_pika.tools"), _Chatter((), _robust_channel_reopening))
 
 
