@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager import schedule
 from manager.admission import Admission
+from manager.balance.plan import drain_note
 from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
 from manager.created import CreatedObserver, created_row
@@ -348,6 +349,9 @@ class ObserverCommands:
         take starts again; the service as it stands then."""
         async with self.sessions.begin() as session:
             await balance.set_draining(session, service_id, draining)
+            if draining:  # say at once whether the others have room for all it runs
+                fleet, _ = await balance.members(session, set())
+                await balance.set_drain_notes(session, {service_id: drain_note(fleet, service_id)})
         async with self.sessions() as session:
             return await services.get_service(session, service_id)
 

@@ -13,7 +13,7 @@ those below *under*. The decisions:
   lack and than the round's budget allows; a service whose last hand-over has not landed yet
   waits (it would be counted twice);
 * drains: a draining service hands everything over as fast as the budget and the free
-  workers of the others allow, and says so when there are none.
+  workers of the others allow, and says so when they are too few to take it all.
 
 Only moves that make the fleet more even are made: a source ends no lower than its share
 rounded up, a destination no higher than its share rounded down.
@@ -22,6 +22,7 @@ rounded up, a destination no higher than its share rounded down.
 from __future__ import annotations
 
 import math
+import sys
 import uuid
 from dataclasses import dataclass, field
 
@@ -77,6 +78,12 @@ def plan(members: list[Member], tolerance: float, budget: int) -> Plan:
     return out
 
 
+def drain_note(members: list[Member], service_id: uuid.UUID) -> str:
+    """What the drain of ``service_id`` (a draining member) can do now, as the next round
+    will say it: the answer to the request that starts it."""
+    return plan(members, 0.0, sys.maxsize).drain_notes.get(service_id, "drained")
+
+
 def imbalance(members: list[Member], tolerance: float = 0.1) -> float:
     """The largest deviation of a service from its fair share of a pool, as a fraction of that
     share (0: even), among the services that take starts."""
@@ -129,10 +136,16 @@ def _drain(out: Plan, pool: str, takers: list[Member], draining: list[Member], b
         if m.running == 0:
             out.drain_notes.setdefault(m.id, "drained")
             continue
-        count = min(m.running, free - moved, max(budget - moved, 0))
-        if free - moved <= 0:
+        room = free - moved
+        count = min(m.running, room, max(budget - moved, 0))
+        if room <= 0:
             out.drain_notes[m.id] = (
                 f"waiting: the other services of pool {pool} have no free worker ({m.running} observer(s) left)"
+            )
+        elif room < m.running:
+            out.drain_notes[m.id] = (
+                f"handing over: {m.running} observer(s) left; the other services of pool {pool} have room "
+                f"for {room} only"
             )
         else:
             out.drain_notes[m.id] = f"handing over: {m.running} observer(s) left"

@@ -144,7 +144,10 @@ def test_a_drain_without_room_elsewhere_says_so_and_loses_nothing(system: System
     system.start_service("small", workers=10)
     big_id = next(s["id"] for s in system.services() if s["name"] == "big")
 
-    assert system.post(f"/api/services/{big_id}/drain", {}).status_code == 202
+    # The answer says at once that the others cannot take it all
+    answer = system.post(f"/api/services/{big_id}/drain", {})
+    assert answer.status_code == 202, answer.text
+    assert answer.json()["drain_note"].endswith("the other services of pool default have room for 10 only"), answer.text
     # The small one fills up; the rest wait on the drained service, which says why
     wait_for(lambda: loads(system).get("small") == 10, 60, f"the small service full (now {loads(system)})")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from manager.balance.plan import EVEN, OVER, UNDER, Member, Move, plan
+from manager.balance.plan import EVEN, OVER, UNDER, Member, Move, drain_note, plan
 
 
 def member(name: str, running: int, capacity: int = 1000, **kw: object) -> Member:
@@ -49,7 +49,17 @@ def test_a_drain_cordons_and_moves_what_the_others_can_take() -> None:
     decided = plan([draining, other], 0.1, budget=1000)
     assert decided.cordoned == {draining.id} and draining.id not in decided.priorities
     assert decided.moves == [Move(draining.id, "default", 70, "drain")]
-    assert decided.drain_notes[draining.id] == "handing over: 100 observer(s) left"
+    assert decided.drain_notes[draining.id] == (
+        "handing over: 100 observer(s) left; the other services of pool default have room for 70 only"
+    )
+    roomy = member("r", 0, capacity=500)
+    assert plan([draining, roomy], 0.1, budget=10).drain_notes[draining.id] == "handing over: 100 observer(s) left"
+
+
+def test_the_answer_to_a_drain_says_what_it_can_do_whatever_the_budget() -> None:
+    draining, other = member("d", 100, draining=True), member("o", 50, capacity=120)
+    assert drain_note([draining, other], draining.id).endswith("have room for 70 only")
+    assert drain_note([member("e", 0, draining=True), other], member("e", 0).id) == "drained"
 
 
 def test_a_drain_with_no_free_worker_elsewhere_says_so_and_moves_nothing() -> None:
