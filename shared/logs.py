@@ -44,7 +44,7 @@ class _Fields(logging.Filter):
 _fields: _Fields | None = None
 
 # The libraries' records of a connection dropping or failing to open, by logger: the start
-# of the message's format string, or a function of the record.
+# of the message's format string (or a function of the record: ``_JUDGES``).
 _CHATTER: dict[str, tuple[str, ...]] = {
     "aiormq.connection": (
         "error when creating transport",
@@ -102,6 +102,13 @@ def _late_close_ok(record: logging.LogRecord) -> int | None:
     return None
 
 
+# The loggers whose records are judged one by one, by what they carry.
+_JUDGES: dict[str, Callable[[logging.LogRecord], int | None]] = {
+    "aiormq.connection": _late_close_ok,
+    "aio_pika.tools": _robust_channel_reopening,
+}
+
+
 class _Chatter(logging.Filter):
     """Shows a library's connection chatter as DEBUG, and only when DEBUG is on; ``judge``
     may give a record another level (or None: left as it is)."""
@@ -146,9 +153,8 @@ def configure_logging(level: str, role: str, log_format: LogFormat = "text") -> 
     root.setLevel(level.upper())
     logging.getLogger("aiormq").setLevel(logging.WARNING)
     logging.getLogger("aio_pika").setLevel(logging.WARNING)
-    for name, starts in _CHATTER.items():
-        _filter_once(logging.getLogger(name), _Chatter(starts, _late_close_ok if name == "aiormq.connection" else None))
-    _filter_once(logging.getLogger("aio_pika.tools"), _Chatter((), _robust_channel_reopening))
+    for name in _CHATTER.keys() | _JUDGES.keys():
+        _filter_once(logging.getLogger(name), _Chatter(_CHATTER.get(name, ()), _JUDGES.get(name)))
 
 
 def _filter_once(logger: logging.Logger, chatter: _Chatter) -> None:
