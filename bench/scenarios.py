@@ -56,6 +56,12 @@ BENCH_ENV = {
 }
 
 
+# Two targets are rates of work that fixed costs swamp at the quick size (the manager's own
+# start in the catch-up, the reconnection in the broker loss: about a second either way), so a
+# quick run reports them against the target without judging them.
+AT_FULL_SIZE = " (judged at make bench's size only)"
+
+
 @dataclass
 class Figure:
     scenario: str
@@ -496,8 +502,8 @@ class Bench:
                 f"{self.n:,} observer reports applied",
                 self.n / elapsed,
                 "reports/s",
-                target=5000,
-                target_text=">= 5,000/s",
+                target=None if self.quick else 5000,
+                target_text=f">= 5,000/s{AT_FULL_SIZE if self.quick else ''}",
                 note=f"{elapsed:.2f}s incl. manager start; {messages} AMQP messages in the backlog (batched reports)",
             )
         )
@@ -565,9 +571,13 @@ class Bench:
                 f"broker data lost under {count:,} -> Processing",
                 elapsed,
                 "s",
-                target=target,
+                target=None if self.quick else target,
                 higher_is_better=False,
-                target_text=f"<= 3x the failover of {count:,} ({target:.2f}s)" if target else "(failover not run)",
+                target_text=(
+                    f"<= 3x the failover of {count:,} ({target:.2f}s){AT_FULL_SIZE if self.quick else ''}"
+                    if target
+                    else "(failover not run)"
+                ),
             )
         )
         await self.bulk_stop(await self.ids("Processing"))
