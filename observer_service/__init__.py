@@ -6,12 +6,15 @@ Where things are handled:
 * The broker session: ``session`` (the publish connection, the outbox loop, settles) and
   ``holding`` (the holding connection on its own thread, ``loop_thread``: start consumers,
   the control queue, the lease round trips, consumer cancels, refused start queues);
-  ``start_channel`` hands start deliveries to a plain function; ``lease`` is the fencing
-  lease; ``refusals`` says what the broker refuses for good.
-* The observers: ``runner`` (starting, stopping, fencing, handing over), ``observer`` (one
-  running observer and its context), ``registry`` (the running ones, by id, with each
-  session's digest), ``isolation`` and ``child`` (process isolation), ``settle`` (acks once a report is
-  confirmed), ``start_log``.
+  ``start_consumers`` consumes the start queues under the manager's placement (priority,
+  cordon) within the channel's window; ``start_channel`` hands start deliveries to a plain
+  function; ``lease`` is the fencing lease; ``refusals`` says what the broker refuses for good.
+* The observers: ``inbox`` (start deliveries admitted in order, in chunks), ``runner``
+  (starting, stopping, fencing, handing over), ``stop_memory`` (broadcast stops of observers
+  not here yet), ``probation`` (an observer moved into a child process in place),
+  ``observer`` (one running observer, its context and supervision), ``registry`` (the running
+  ones, by id, with each session's digest), ``isolation`` and ``child`` (process isolation),
+  ``settle`` (acks once a report is confirmed), ``start_log``.
 * Reports and events: ``outbox`` (the ordered state reports), ``emits`` (observers' events).
 * The process: ``capacity`` (``auto`` sizing), ``metrics``, ``watchdog`` (loop lag),
   ``gc_policy`` (garbage-collector pauses).

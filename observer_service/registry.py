@@ -55,6 +55,10 @@ class Registry:
     def items(self) -> ItemsView[uuid.UUID, Running]:
         return self._running.items()
 
+    def children(self) -> int:
+        """How many run in a child process of their own (each takes a process slot)."""
+        return sum(1 for r in self._running.values() if r.isolation == "process")
+
     def __len__(self) -> int:
         return len(self._running)
 

@@ -23,6 +23,7 @@ from observer_service.holding import DeliveryChannel
 from observer_service.inbox import Delivery, Inbox
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox, StartedReport
+from observer_service.probation import Probation
 from observer_service.registry import Registry
 from observer_service.session import Session
 from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
@@ -32,7 +33,6 @@ from shared.errors import DecodeError, LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import (
     ObserverFailed,
-    ObserverIsolated,
     ObserversHandedOver,
     ObserverStopped,
     StopObservers,
@@ -43,7 +43,6 @@ from shared.settings import ServiceSettings
 logger = logging.getLogger(__name__)
 
 _REQUEUE_AFTER_S = 5.0
-_SLOT_POLL_S = 1.0
 _FENCE_UNWIND_S = 1.0
 
 # Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
@@ -69,6 +68,7 @@ class Runner:
         self.gc = GcPolicy()
         self.inbox = Inbox(outbox, self.gc, self._admit, self.spawn)
         self.start_log = StartLog()
+        self.probation = Probation(settings, service_id, outbox, kinds, self.running, self._run, self.spawn)
 
     # --- start -------------------------------------------------------------------------
 
@@ -116,7 +116,8 @@ class Runner:
             )
             self.spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
             return
-        if (start.isolation or loaded.kind.isolation) == "process" and self.children() >= self.settings.process_slots:
+        isolation = start.isolation or loaded.kind.isolation
+        if isolation == "process" and self.running.children() >= self.settings.process_slots:
             logger.warning(
                 "observer %s needs a child process and all %d process slot(s) are taken: requeueing its start in %.0fs",
                 oid,
@@ -137,7 +138,7 @@ class Runner:
         kind = loaded.kind.name  # one string for all observers of the kind, not one each
         ctx = Context(oid, start.name, kind, self.service_id, session)
         running = Running(oid, body, channel, tag, session, ctx)
-        running.isolation = start.isolation or loaded.kind.isolation
+        running.isolation = isolation
         self._run(running, loaded, args)
         self.running.add(running)
         self._report_started(running, redelivered)
@@ -282,56 +283,8 @@ class Runner:
         await self._end(handed)
         return [r.observer_id for r in handed]
 
-    def children(self) -> int:
-        return sum(1 for r in self.running.values() if r.isolation == "process")
-
     def inventory(self, session: Session) -> list[uuid.UUID]:
         return [oid for oid, running in self.running.items() if running.session is session]
-
-    # --- probation ---------------------------------------------------------------------
-
-    def isolate(self, observer_ids: list[uuid.UUID], reason: str) -> None:
-        """Run these observers in child processes from now on (probation): each is
-        restarted in place, its start delivery still held, so nobody else may take it."""
-        for observer_id in observer_ids:
-            running = self.running.get(observer_id)
-            if running is None or running.ended_by is not None or running.isolating:
-                continue
-            if running.isolation == "process":
-                self.outbox.put(ObserverIsolated(observer_id=observer_id, service_id=self.service_id), running.session)
-                continue
-            running.isolating = True
-            self.spawn(self._isolate(running, reason))
-
-    async def _isolate(self, running: Running, reason: str) -> None:
-        oid = running.observer_id
-        try:
-            # Pause it first: a suspect does not run in the service's own process while it
-            # waits for a process slot. Its delivery stays held, so its slot stays taken.
-            if running.task is not None and not running.task.done():
-                running.task.cancel()
-                _, stuck = await asyncio.wait({running.task}, timeout=self.settings.stop_grace_s)
-                if stuck:
-                    logger.error("observer %s ignored cancellation: cannot move it into a child process", oid)
-                    return
-            waited = False
-            while self.children() >= self.settings.process_slots and self._current(running):
-                if not waited:
-                    logger.warning("observer %s on probation waits for a free process slot", oid)
-                    waited = True
-                await asyncio.sleep(_SLOT_POLL_S)
-            if not self._current(running):
-                return  # stopped or fenced meanwhile
-            loaded = self.kinds[running.ctx.kind]
-            running.isolation = "process"
-            self._run(running, loaded, loaded.kind.parse_args(running.start().args))
-            logger.warning("observer %s runs in a child process now (%s)", oid, reason)
-            self.outbox.put(ObserverIsolated(observer_id=oid, service_id=self.service_id), running.session)
-        finally:
-            running.isolating = False
-
-    def _current(self, running: Running) -> bool:
-        return running.ended_by is None and self.running.get(running.observer_id) is running
 
     def _run(self, running: Running, loaded: LoadedKind, args: Any) -> None:
         running.task = asyncio.create_task(
@@ -367,7 +320,7 @@ class Runner:
             running.task = None  # ended: nothing is left to cancel or wait for
         cancelled = isinstance(outcome, asyncio.CancelledError)
         if running.isolating and cancelled:
-            return  # paused on purpose, to run again in a child process (``_isolate``)
+            return  # paused on purpose, to run again in a child process (``probation.py``)
         if running.ended_by is not None:
             if outcome is not None and not cancelled:
                 logger.debug("observer %s ended with %r", running.observer_id, outcome)

@@ -112,7 +112,7 @@ class ObserverService:
         self.watchdog.start()
         self.gc_pauses.install()
         metrics.RUNNING.set_function(lambda: len(self.runner.running))
-        metrics.CHILDREN.set_function(self.runner.children)
+        metrics.CHILDREN.set_function(self.runner.running.children)
         loops = [
             asyncio.create_task(c)
             for c in (
@@ -239,7 +239,7 @@ class ObserverService:
             case InventoryRequest():
                 self._send_inventory()
             case IsolateObservers():
-                self.runner.isolate(command.observer_ids, command.reason)
+                self.runner.probation.isolate(command.observer_ids, command.reason)
             case DescribeRequest():
                 self._describe(command.observer_ids)
             case IntroduceRequest():
