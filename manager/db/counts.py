@@ -69,5 +69,5 @@ def live_in_pool_query(pool: str) -> ScalarSelect[int]:
 
 
 async def fold_deltas(session: AsyncSession) -> None:
-    """Move the pending deltas into the counts (the background loop, every sweep)."""
+    """Move the pending deltas into the counts (the fold_counts repair, every round)."""
     await session.execute(_FOLD)

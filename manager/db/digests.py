@@ -88,7 +88,7 @@ def held_per_service() -> Any:
 
 
 async def fold_digest_deltas(session: AsyncSession) -> None:
-    """Move the pending deltas into the digests (the background loop, every sweep)."""
+    """Move the pending deltas into the digests (the fold_counts repair, every round)."""
     folded = (await session.execute(_FOLD)).all()
     empty = [(service_id, session_id) for service_id, session_id, is_empty in folded if is_empty]
     if empty:
