@@ -7,7 +7,10 @@ start queues of every supported series (``make test-broker``):
   every delivery it held: they stay unacked, can still be acked by their tag, and one handed
   back goes to the consumer whose priority is now the highest;
 * but the new consumer gets a whole new prefetch window: what the cancelled one holds does
-  not count against it.
+  not count against it;
+* a negative priority is taken as one (a service stepping aside for a start it cannot run,
+  ``observer_service/declines.py``): below every placement, it gets starts only while every
+  other consumer is full, and a start it hands back goes to one with credit, not back to it.
 """
 
 from __future__ import annotations
@@ -131,3 +134,30 @@ async def test_a_consumer_consumed_again_gets_a_whole_new_prefetch_window(
 
     await one.reconsume(priority=1)
     await _until(lambda: len(one.held) == 2, "the second delivery, past the limit of one")
+
+
+@pytest.mark.parametrize("queue_type", ["classic", "quorum"])
+async def test_a_consumer_at_a_negative_priority_hands_a_start_on_and_gets_starts_only_when_the_others_are_full(
+    connection: AbstractConnection, queue_type: topology.QueueType
+) -> None:
+    declare = await connection.channel()
+    await topology.declare_common(declare, queue_type)
+    queue = await topology.declare_start_queue(declare, f"aside-{queue_type}", queue_type)
+    emptiest = await Holder.open(connection, queue.name, queue_type, prefetch=10)
+    other = await Holder.open(connection, queue.name, queue_type, prefetch=3)
+    await emptiest.consume(priority=2)
+    await other.consume(priority=0)
+    await _publish(connection, queue.name, 1)
+    await _until(lambda: len(emptiest.held) == 1, "the start at the emptiest")
+
+    # Stepping aside below zero, then handing the start back: it goes to the other consumer
+    await emptiest.reconsume(priority=-1)
+    await emptiest.held[0].nack(requeue=True)
+    await _until(lambda: len(other.held) == 1, "the handed-back start at the other consumer")
+    await asyncio.sleep(0.3)
+    assert len(emptiest.held) == 1  # only the one it handed back, still counted as its own
+
+    # New starts go to the other until it is full, then to the one at -1
+    await _publish(connection, queue.name, 4)
+    await _until(lambda: len(other.held) == 3 and len(emptiest.held) == 3, "the other full, two at -1")
+    assert await _ready(declare, queue.name) == 0
