@@ -11,7 +11,8 @@ Where things are handled:
   function; ``lease`` is the fencing lease; ``refusals`` says what the broker refuses for good.
 * The observers: ``inbox`` (start deliveries admitted in order, in chunks), ``runner``
   (starting, stopping, fencing, handing over), ``stop_memory`` (broadcast stops of observers
-  not here yet), ``probation`` (an observer moved into a child process in place),
+  not here yet), ``declines`` (starts this service cannot run, handed on to one that can),
+  ``probation`` (an observer moved into a child process in place),
   ``observer`` (one running observer, its context and supervision), ``registry`` (the running
   ones, by id, with each session's digest), ``isolation`` and ``child`` (process isolation),
   ``settle`` (acks once a report is confirmed), ``start_log``.

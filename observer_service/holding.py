@@ -53,9 +53,10 @@ logger = logging.getLogger(__name__)
 
 # The channel a start delivery came on: settling it needs that channel and the delivery tag.
 DeliveryChannel = aiormq.abc.AbstractChannel
-# A start delivery, as the runner keeps it: the body, its channel, the delivery tag and whether
-# the broker redelivered it. Called on the main loop.
-StartHandler = Callable[[bytes, DeliveryChannel, int, bool], None]
+# A start delivery, as the runner keeps it: the body, its channel, the delivery tag, whether
+# the broker redelivered it, and whether it came to a consumer stepped aside (every other one
+# was full, or could not run it: ``start_consumers.py``). Called on the main loop.
+StartHandler = Callable[[bytes, DeliveryChannel, int, bool, bool], None]
 # A decoded control command (already acked), called on the main loop.
 ControlHandler = Callable[[ControlMessage], None]
 # Called (on any thread) when the connection is gone: the reason and the error, if any.
@@ -269,10 +270,9 @@ class HoldingConnection:
         fleet", density). What is kept is the body and the tag; settling goes by tag."""
         delivery = message.delivery
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
-        self.starts.delivered(message.channel, delivery.delivery_tag or 0)
-        self._to_main.post(
-            self._on_start, message.body, message.channel, delivery.delivery_tag or 0, bool(delivery.redelivered)
-        )
+        tag = delivery.delivery_tag or 0
+        aside = self.starts.delivered(message.channel, tag)
+        self._to_main.post(self._on_start, message.body, message.channel, tag, bool(delivery.redelivered), aside)
 
     async def _on_control_message(self, message: AbstractIncomingMessage) -> None:
         """Decoded here, acked here (a malformed one is dead-lettered, and the consumer goes

@@ -35,6 +35,7 @@ class Delivery:
     tag: int
     redelivered: bool
     session: Session
+    aside: bool = False  # came to a consumer stepped aside (``start_consumers.py``)
 
 
 class Inbox:

@@ -32,6 +32,12 @@ LEASE_ROUND_TRIP = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+STARTS_DECLINED = Counter(
+    "orch_service_starts_declined",
+    "Starts this service could not run (a kind it lacks, no free process slot), handed on to another",
+    ["reason"],
+    registry=REGISTRY,
+)
 STARTS_AWAITING_LEASE = Counter(
     "orch_service_starts_awaiting_lease",
     "Times starting deliveries paused until the fencing lease was renewed (it had lapsed)",

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from observer_service import metrics
+from observer_service.declines import Declines
 from observer_service.gc_policy import GcPolicy
 from observer_service.holding import DeliveryChannel
 from observer_service.inbox import Delivery, Inbox
@@ -26,7 +27,7 @@ from observer_service.outbox import Outbox, StartedReport
 from observer_service.probation import Probation
 from observer_service.registry import Registry
 from observer_service.session import Session
-from observer_service.settle import ack_once_confirmed, requeue_later, settle, until_confirmed
+from observer_service.settle import ack_once_confirmed, settle, until_confirmed
 from observer_service.start_log import StartLog
 from observer_service.stop_memory import StopMemory
 from shared.errors import DecodeError, LeaseLost
@@ -42,7 +43,6 @@ from shared.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
-_REQUEUE_AFTER_S = 5.0
 _FENCE_UNWIND_S = 1.0
 
 # Settling thousands of deliveries in one go would starve the event loop (heartbeats, the
@@ -68,13 +68,16 @@ class Runner:
         self.gc = GcPolicy()
         self.inbox = Inbox(outbox, self.gc, self._admit, self.spawn)
         self.start_log = StartLog()
+        self.declines = Declines(service_id, outbox, self.spawn)
         self.probation = Probation(settings, service_id, outbox, kinds, self.running, self._run, self.spawn)
 
     # --- start -------------------------------------------------------------------------
 
-    def on_start(self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, session: Session) -> None:
+    def on_start(
+        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, aside: bool, session: Session
+    ) -> None:
         """Queue a delivered start; the inbox admits it in order (``inbox.py``)."""
-        self.inbox.put(Delivery(body, channel, tag, redelivered, session))
+        self.inbox.put(Delivery(body, channel, tag, redelivered, session, aside))
 
     async def _admit(self, delivery: Delivery) -> None:
         """Start the observer a delivery names, or settle the delivery if it must not run here."""
@@ -104,27 +107,15 @@ class Runner:
             return
         loaded = self.kinds.get(start.kind)
         if loaded is None:
-            # Another service of the pool may have the plug-in: hand the start back, after a
-            # pause so that a pool where nobody has it does not spin.
-            logger.error(
-                "observer %s needs kind %r, which this service does not have (it has %s); "
-                "requeueing its start in %.0fs",
-                oid,
-                start.kind,
-                ", ".join(sorted(self.kinds)),
-                _REQUEUE_AFTER_S,
-            )
-            self.spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
+            lacks = f"kind {start.kind!r} is not installed here (this service has {', '.join(sorted(self.kinds))})"
+            self.declines.decline(delivery, oid, start.pool, "kind", f"{self.settings.service_name}: {lacks}")
             return
         isolation = start.isolation or loaded.kind.isolation
         if isolation == "process" and self.running.children() >= self.settings.process_slots:
-            logger.warning(
-                "observer %s needs a child process and all %d process slot(s) are taken: requeueing its start in %.0fs",
-                oid,
-                self.settings.process_slots,
-                _REQUEUE_AFTER_S,
-            )
-            self.spawn(requeue_later(session, channel, tag, _REQUEUE_AFTER_S))
+            slots = f"all {self.settings.process_slots} process slot(s) are taken"
+            if self.settings.process_slots == 0:
+                slots = "it has no process slots (ORCH_PROCESS_SLOTS=0)"
+            self.declines.decline(delivery, oid, start.pool, "process slot", f"{self.settings.service_name}: {slots}")
             return
         try:
             args = loaded.kind.parse_args(start.args)

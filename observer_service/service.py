@@ -220,11 +220,11 @@ class ObserverService:
     # --- message handlers ----------------------------------------------------------------
 
     def _on_start(
-        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, *, session: Session
+        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, aside: bool, *, session: Session
     ) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        self.runner.on_start(body, channel, tag, redelivered, session)
+        self.runner.on_start(body, channel, tag, redelivered, aside, session)
 
     def _on_control(self, command: ControlMessage) -> None:
         """A control command, decoded and acked on the holding thread (``holding.py``). One

@@ -245,6 +245,16 @@ class Session:
         except Exception as e:  # noqa: BLE001 - the channel or connection is gone
             self.fail(f"consuming the start queues again failed: {e!r}", e)
 
+    async def step_aside(self, pool: str, for_s: float) -> None:
+        """Consume ``pool`` below every other service for ``for_s`` (``start_consumers.py``):
+        returns once it does, so a start handed back next goes to another service first."""
+        if self._thread is None or self._holding is None or self.closed.is_set():
+            return
+        try:
+            await self._thread.call(self._holding.starts.step_aside(topology.start_queue_name(pool), for_s))
+        except Exception as e:  # noqa: BLE001 - the channel or connection is gone
+            self.fail(f"stepping aside from pool {pool} failed: {e!r}", e)
+
     # --- settling start deliveries --------------------------------------------------------
     # Each is handed to the holding thread in order and sent there; the caller does not
     # wait for the frame to be written (nothing would come back: AMQP does not confirm a

@@ -37,11 +37,6 @@ async def ack_once_confirmed(
         await settle(session.ack(channel, tag))
 
 
-async def requeue_later(session: Session, channel: DeliveryChannel, tag: int, delay_s: float) -> None:
-    await asyncio.sleep(delay_s)
-    await settle(session.requeue(channel, tag))
-
-
 async def settle(operation: Awaitable[Any]) -> None:
     """Ack/nack/reject, ignoring a channel that is already gone (the broker requeued)."""
     with contextlib.suppress(Exception):

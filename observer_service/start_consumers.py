@@ -12,20 +12,30 @@ new consumer of a channel gets a whole new window, and what the cancelled one st
 counts for nothing (the same test), so a service of one worker that consumed again ran two.
 So each consumer is opened with the window its channel has left (its size less what the
 channel holds unsettled), and a channel consumes again once enough of what it held before
-has been settled, to give those slots back. Runs on the holding loop.
+has been settled, to give those slots back.
+
+Stepping aside (docs/design.md, "Starts a service cannot run"): a service handed a start it
+cannot run (a kind it lacks, no free process slot) consumes that queue at ``ASIDE``, below
+every placement, for a few seconds after its last such start, then under its placement again.
+Meanwhile every start it hands back goes to any other service with a free worker first, and
+it takes new starts only while every other one is full. Runs on the holding loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from aio_pika.abc import AbstractChannel
 
 from observer_service.start_channel import StartChannel
 from shared import topology
+
+ASIDE = -1  # the priority of a queue stepped aside from: below every placement (0 to 2)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,7 @@ class _Consumer:
     last_tag: int = 0  # the highest delivery tag seen on the channel
     floor: int = 0  # ``last_tag`` when the current consumer began: older tags were not its own
     returned: int = 0  # older deliveries settled since: slots the current window did not get back
+    aside: bool = False  # the current consumer consumes at ``ASIDE``
 
 
 class StartConsumers:
@@ -60,6 +71,7 @@ class StartConsumers:
         self._stopped = False  # the service is shutting down: never consume again
         self._changing = asyncio.Lock()  # one change at a time: two would consume twice
         self._tasks: set[asyncio.Task[None]] = set()
+        self._aside_until: dict[str, float] = {}  # queue -> when its step aside ends (monotonic)
 
     async def hold(self, channel: AbstractChannel, raw: StartChannel, queue: str, size: int) -> None:
         """Consume ``queue`` on a channel of its own, holding at most ``size`` deliveries."""
@@ -70,11 +82,16 @@ class StartConsumers:
 
     # --- called for each delivery and each settle, on the holding loop ----------------------
 
-    def delivered(self, raw: object, tag: int) -> None:
+    def delivered(self, raw: object, tag: int) -> bool:
+        """Count a delivery of ``raw``; True if it came to a consumer stepped aside, which the
+        broker serves only while every other consumer is full (or none can run it)."""
         consumer = self._consumers.get(id(raw))
-        if consumer is not None:
-            consumer.unsettled += 1
-            consumer.last_tag = max(consumer.last_tag, tag)
+        if consumer is None:
+            return False
+        consumer.unsettled += 1
+        consumer.last_tag = max(consumer.last_tag, tag)
+        # Frames arrive in order: a tag above the floor came to the current consumer.
+        return consumer.aside and tag > consumer.floor
 
     def settled(self, raw: object, tag: int) -> None:
         """A delivery of ``raw`` was acked, nacked or rejected; if the slots given back to a
@@ -87,9 +104,12 @@ class StartConsumers:
             consumer.returned += 1
         if self._consuming() and consumer.returned >= max(1, consumer.size // 20):
             consumer.returned = 0  # at most one re-consume on its way per batch of slots
-            task = asyncio.create_task(self._again(consumer))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._again(consumer))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # --- placement ---------------------------------------------------------------------------
 
@@ -99,7 +119,31 @@ class StartConsumers:
             if placement == self.placement:
                 return
             self.placement = placement
-            for consumer in self._consumers.values():
+            await self._consume_again()
+
+    async def step_aside(self, queue: str, for_s: float) -> None:
+        """Consume ``queue`` at ``ASIDE`` until ``for_s`` from now (a later call extends it);
+        returns once the consumers do, so a start handed back after it goes elsewhere first."""
+        async with self._changing:
+            already = queue in self._aside_until
+            self._aside_until[queue] = time.monotonic() + for_s
+            if not already:
+                await self._consume_again(queue)
+                self._spawn(self._step_back(queue))
+
+    async def _step_back(self, queue: str) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, self._aside_until[queue] - time.monotonic()))
+            async with self._changing:
+                if time.monotonic() >= self._aside_until[queue]:
+                    del self._aside_until[queue]
+                    await self._consume_again(queue)
+                    return
+
+    async def _consume_again(self, queue: str | None = None) -> None:
+        """Cancel the consumers of ``queue`` (of every queue: None) and consume anew."""
+        for consumer in self._consumers.values():
+            if queue in (None, consumer.queue):
                 await self._cancel(consumer)
                 if self._consuming():
                     await self._consume(consumer)
@@ -136,12 +180,13 @@ class StartConsumers:
         """Consume with the window the channel has left (none: it waits for a settle).
         Deliveries sent before a cancel's reply were counted already: frames arrive in order."""
         consumer.floor, consumer.returned = consumer.last_tag, 0
+        consumer.aside = consumer.queue in self._aside_until
         window = consumer.size - consumer.unsettled
         if window <= 0:
             consumer.returned = max(1, consumer.size // 20) - 1  # the next settle consumes again
             return
         await consumer.channel.set_qos(prefetch_count=window)
-        arguments = {**self._arguments, "x-priority": self.placement.priority}
+        arguments = {**self._arguments, "x-priority": ASIDE if consumer.aside else self.placement.priority}
         consumer.tag = await consumer.raw.consume(consumer.queue, arguments)
 
     async def _cancel(self, consumer: _Consumer) -> None:

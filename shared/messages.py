@@ -261,6 +261,23 @@ class ObserversHandedOver(Message):
     reason: str
 
 
+# A service holds a start it declined at most this long before handing it on again.
+DECLINED_HOLD_S = 5.0
+
+
+class StartsDeclined(Message):
+    """Starts this service was handed and cannot run (``reason``: a kind it lacks, no free
+    process slot), which it handed on to another service (``observer_service/declines.py``).
+    Until one runs it, such a start is held by a service (at most ``DECLINED_HOLD_S``) or on
+    its way to one: the manager publishes no second copy of it, and says in its history why
+    it waits."""
+
+    type: Literal["StartsDeclined"] = "StartsDeclined"
+    service_id: uuid.UUID
+    observer_ids: list[uuid.UUID] = Field(min_length=1)
+    reason: str
+
+
 class ObserversDescribed(Message):
     """The start messages of the observers named in a ``DescribeRequest`` that this service
     runs (the others it does not run: nothing to adopt)."""
@@ -381,6 +398,7 @@ StateMessage = Annotated[
     | ServiceDigest
     | ObserversStarted
     | ObserversHandedOver
+    | StartsDeclined
     | ObserverStopped
     | ObserverRetrying
     | ObserverFailed

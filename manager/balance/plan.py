@@ -40,6 +40,11 @@ class Member:
     pools: tuple[str, ...]
     draining: bool = False
     busy: bool = False  # its last hand-over has not landed yet
+    # What it can run: the kinds it offers (of which those that run in a child process unless
+    # a create says otherwise), and how many process slots it has.
+    kinds: frozenset[str] = frozenset()
+    process_kinds: frozenset[str] = frozenset()
+    process_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class Move:
     pool: str
     count: int
     reason: str  # "even load" or "drain"
+    # The services the broker may give what moves to: only what one of them can run moves.
+    to: tuple[Member, ...] = ()
 
 
 @dataclass
@@ -109,6 +116,7 @@ def _even(out: Plan, pool: str, members: list[Member], tolerance: float, budget:
     active = any(abs(deviation[m.id]) > tolerance and abs(m.running - share[m.id]) >= 1 for m in members)
     excess: dict[uuid.UUID, int] = {}
     lack = 0
+    takers: list[Member] = []
     for m in members:
         fair = share[m.id]
         out.imbalance = max(out.imbalance, abs(deviation[m.id]))
@@ -117,6 +125,7 @@ def _even(out: Plan, pool: str, members: list[Member], tolerance: float, budget:
             excess[m.id], level = m.running - math.ceil(fair), OVER
         elif active and math.floor(fair) - m.running >= 1:
             lack, level = lack + math.floor(fair) - m.running, UNDER
+            takers.append(m)
         if abs(deviation[m.id]) >= abs(out.deviations.get(m.id, 0.0)):
             out.deviations[m.id], out.priorities[m.id] = deviation[m.id], level
     left = min(lack, max(budget, 0))
@@ -124,7 +133,7 @@ def _even(out: Plan, pool: str, members: list[Member], tolerance: float, budget:
     for m in sorted(members, key=lambda m: -excess.get(m.id, 0)):
         count = min(excess.get(m.id, 0), left - moved)
         if count > 0 and not m.busy:
-            out.moves.append(Move(m.id, pool, count, "even load"))
+            out.moves.append(Move(m.id, pool, count, "even load", tuple(takers)))
             moved += count
     return moved
 
@@ -150,6 +159,6 @@ def _drain(out: Plan, pool: str, takers: list[Member], draining: list[Member], b
         else:
             out.drain_notes[m.id] = f"handing over: {m.running} observer(s) left"
         if count > 0 and not m.busy:
-            out.moves.append(Move(m.id, pool, count, "drain"))
+            out.moves.append(Move(m.id, pool, count, "drain", tuple(takers)))
             moved += count
     return moved

@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
-from sqlalchemy import func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.balance.plan import Member
+from manager.balance.plan import Member, Move
 from manager.db.digests import held_per_service
 from manager.db.hosts import hosted_on
 from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
@@ -27,24 +27,45 @@ async def members(session: AsyncSession, busy: set[uuid.UUID]) -> tuple[list[Mem
         )
     ).all()
     fleet = [
-        Member(svc.id, svc.name, svc.workers_count, int(running), tuple(svc.pools), svc.draining, busy=svc.id in busy)
+        Member(
+            svc.id,
+            svc.name,
+            svc.workers_count,
+            int(running),
+            tuple(svc.pools),
+            svc.draining,
+            busy=svc.id in busy,
+            kinds=frozenset(svc.kinds),
+            process_kinds=frozenset(k["name"] for k in svc.kind_infos if k.get("isolation") == "process"),
+            process_slots=svc.process_slots,
+        )
         for svc, running in rows
     ]
     return fleet, {svc.id: svc.drain_note for svc, _ in rows}
 
 
-async def movable(
-    session: AsyncSession, service_id: uuid.UUID, pool: str, count: int, *, drain: bool
-) -> list[tuple[uuid.UUID, uuid.UUID | None]]:
-    """Up to ``count`` observers of ``pool`` running on ``service_id`` that may be handed over,
-    with the session holding each: to even the load, never a pinned one nor one on probation
-    (it runs in a child process there); a drain takes every one."""
+async def movable(session: AsyncSession, move: Move) -> list[tuple[uuid.UUID, uuid.UUID | None]]:
+    """Up to ``move.count`` observers of its pool running on its source that may be handed
+    over, with the session holding each: to even the load, never a pinned one nor one on
+    probation (it runs in a child process there); a drain takes every one. Either way only
+    what one of the services that may take it can run (``move.to``): a kind one of them
+    offers, and a child process only if one has process slots. Handed to services that cannot
+    run it, a start would come back to its source, and move again every round."""
+    kinds = set().union(*(m.kinds for m in move.to))
+    process_kinds = set().union(*(m.process_kinds for m in move.to))
     query = select(Observer.id, Observer.host_session_id).where(
-        hosted_on(service_id), Observer.status == ObserverStatus.PROCESSING, Observer.pool == pool
+        hosted_on(move.source),
+        Observer.status == ObserverStatus.PROCESSING,
+        Observer.pool == move.pool,
+        Observer.kind.in_(kinds),
     )
-    if not drain:
+    if not any(m.process_slots > 0 for m in move.to):
+        query = query.where(
+            or_(Observer.isolation == "async", and_(Observer.isolation.is_(None), Observer.kind.not_in(process_kinds)))
+        )
+    if move.reason != "drain":
         query = query.where(Observer.pinned.is_(False), Observer.probation_since.is_(None))
-    return list((await session.execute(query.limit(count))).tuples())
+    return list((await session.execute(query.limit(move.count))).tuples())
 
 
 async def set_drain_notes(session: AsyncSession, notes: Mapping[uuid.UUID, str]) -> None:

@@ -193,6 +193,7 @@ class EventType(enum.StrEnum):
     DUE = "due"  # its start_at came: its start was published (manager/state/scheduler.py)
     EXPIRED = "expired"  # its stop_at came: stopped (or, still Scheduled, Deleted unstarted)
     CANCELLED = "cancelled"  # stopped while Scheduled: Deleted, never started
+    DECLINED = "declined"  # service_id cannot run it (detail says why) and handed its start on
 
 
 class AppliedStateMessage(Base):

@@ -105,7 +105,7 @@ class Balance(Repair):
 
     async def _hand_over(self, move: planning.Move, name: str) -> None:
         async with self.sessions.begin() as session:
-            chosen = await balance.movable(session, move.source, move.pool, move.count, drain=move.reason == "drain")
+            chosen = await balance.movable(session, move)
         by_session: dict[uuid.UUID | None, list[uuid.UUID]] = {}
         asked = 0
         for observer_id, session_id in chosen:

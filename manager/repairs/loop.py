@@ -51,7 +51,7 @@ def state_side_repairs(
         Restop(sessions, broker, settings.restop_after_s),
         heartbeats,
         PendingStarts(sessions, broker, settings.pending_start_after_s, in_flight),
-        LostStarts(sessions, broker, settings.lost_start_after_s),
+        LostStarts(sessions, broker, rules.declines, settings.lost_start_after_s),
         DescribeUnknown(sessions, broker, rules, settings.unknown_grace_s),
         EndProbations(sessions),
         ForgetApplied(sessions, lambda: heartbeats.backlog_drained),

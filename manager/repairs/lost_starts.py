@@ -11,7 +11,9 @@ was in fact held by a service that had not reported it yet, or one that hands it
 every few seconds (its kind missing, its process slots full: the queue is then empty most
 of the time), the duplicate is absorbed by the rules (a second start reported while the
 first host lives is stopped); the wait doubles after each attempt for the same row (up to
-64 times), so such a row does not pile up copies.
+64 times), so such a row does not pile up copies. A start a service declined within the wait
+(it cannot run it, and handed it on: ``manager/state/declines.py``) is not lost: it is held
+or on its way, and a second copy would run beside the first once a service could take both.
 
 The memory of when each row was first seen is in this process only: a manager restart
 starts the wait over, which only delays the repair.
@@ -31,6 +33,8 @@ from manager.db import observers
 from manager.db.models import ObserverStatus
 from manager.repairs.base import Repair
 from manager.starts import start_message
+from manager.state.declines import Declines
+from shared.messages import DECLINED_HOLD_S
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +46,12 @@ S = ObserverStatus
 class LostStarts(Repair):
     name = "republish_lost"
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, after_s: float) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, declines: Declines, after_s: float
+    ) -> None:
         self.sessions = sessions
         self.broker = broker
+        self.declines = declines
         self.after_s = after_s
         self.period_s = after_s / 4
         self._seen: dict[uuid.UUID, float] = {}  # observer -> when first seen waiting in an empty pool
@@ -61,7 +68,9 @@ class LostStarts(Repair):
             return
         backlog = {pool: await self.broker.start_backlog(pool) for pool in {pool for _, pool in rows}}
         now = time.monotonic()
-        self._seen = {oid: self._seen.get(oid, now) for oid, pool in rows if backlog[pool] == 0}
+        # Declined since the last wait began, or since the service that holds it said so last.
+        declined = self.declines.recently(self.after_s + 2 * DECLINED_HOLD_S)
+        self._seen = {oid: self._seen.get(oid, now) for oid, pool in rows if backlog[pool] == 0 and oid not in declined}
         self._attempts = {oid: n for oid, n in self._attempts.items() if oid in self._seen}
         due = [
             oid

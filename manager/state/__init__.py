@@ -6,7 +6,8 @@
 one leads), ``consumer`` takes the state queue's batches and ``rules`` dispatches each report (it
 applies the service reports itself, ``observer_reports`` the observer reports); ``rows``
 writes a batch's observer rows back, ``follow_ups`` publishes what a batch decided,
-``probation`` and ``adoption`` are the rules' helpers (their SQL is in ``manager/db``);
+``probation`` and ``adoption`` are the rules' helpers (their SQL is in ``manager/db``),
+``declines`` the memory of starts services declined (the lost-start repair reads it);
 ``scheduler`` starts Scheduled observers and stops expired ones when due.
 
 Importing this package must stay light: the supervisor is imported before FastAPI.

@@ -25,6 +25,7 @@ from shared.messages import (
     ObserversHandedOver,
     ObserversStarted,
     ObserverStopped,
+    StartsDeclined,
 )
 
 if TYPE_CHECKING:
@@ -138,6 +139,15 @@ async def handed_over(rules: StateRules, session: AsyncSession, m: ObserversHand
             obs.status = S.CREATED
         if rules.handovers.of(obs.id) is None:  # not the balancer's: no start will say rebalanced
             rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=m.reason)
+
+
+def declined(rules: StateRules, session: AsyncSession, m: StartsDeclined, now: datetime) -> None:
+    """A service cannot run these starts and handed them on (``manager/state/declines.py``):
+    noted, so that no second copy is published, and said in each one's history."""
+    rows = rules.rows_of(session)
+    for observer_id in m.observer_ids:
+        if rules.declines.heard(observer_id, m.service_id, m.reason):
+            rows.event(observer_id, EventType.DECLINED, now, service_id=m.service_id, detail=m.reason)
 
 
 async def stopped(rules: StateRules, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:

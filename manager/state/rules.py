@@ -39,6 +39,7 @@ from manager.db.models import EventType, Observer, ObserverStatus, ServiceStatus
 from manager.db.sql import id_in
 from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
 from manager.state import observer_reports
+from manager.state.declines import Declines
 from manager.state.follow_ups import FollowUps
 from manager.state.observer_reports import STOPPING_OR_GONE
 from manager.state.probation import ProbationPolicy, host_died
@@ -60,6 +61,7 @@ from shared.messages import (
     ServiceHeartbeat,
     ServiceInventory,
     ServiceStopped,
+    StartsDeclined,
     StateMessage,
 )
 
@@ -67,7 +69,7 @@ logger = logging.getLogger(__name__)
 
 S = ObserverStatus
 # Service messages whose rules write the service without reading it first (``preload``).
-_WRITTEN_WITHOUT_READING = (ServiceHeartbeat, ServiceBorn, ServiceStopped)
+_WRITTEN_WITHOUT_READING = (ServiceHeartbeat, ServiceBorn, ServiceStopped, StartsDeclined)
 
 
 @dataclass
@@ -95,6 +97,8 @@ class StateRules:
         # heartbeat said it consumes under (``manager/repairs/balance.py``).
         self.handovers = Handovers()
         self.placements: dict[uuid.UUID, tuple[int, bool]] = {}
+        # The starts services declined (they cannot run them), held or on their way.
+        self.declines = Declines()
         # The rows of the transaction being applied (set by ``preload``).
         self._rows: tuple[ObserverRows, ServiceRows] | None = None
 
@@ -111,17 +115,17 @@ class StateRules:
                 await self._inventory(session, message, now, out)
             case ServiceDigest():
                 await self._digest(session, message, now, out)
-            case ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated():
-                await self._apply_observer_report(session, message, now, out)
+            case ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated() | ReportBatch():
+                for report in message.reports if isinstance(message, ReportBatch) else [message]:
+                    await self._apply_observer_report(session, report, now, out)
             case ObserversStarted():
                 await observer_reports.started_all(self, session, message, now, out)
             case ObserversHandedOver():
                 await observer_reports.handed_over(self, session, message, now)
+            case StartsDeclined():
+                observer_reports.declined(self, session, message, now)
             case ObserversDescribed():
                 await observer_reports.described(self, session, message, now, out)
-            case ReportBatch():
-                for report in message.reports:
-                    await self._apply_observer_report(session, report, now, out)
         return out
 
     async def _apply_observer_report(

@@ -15,7 +15,7 @@ def test_after_a_rolling_restart_the_full_one_hands_its_excess_to_the_empty_one(
     s1, s2, s3 = member("s1", 400), member("s2", 200), member("s3", 0)
     decided = plan([s1, s2, s3], tolerance=0.1, budget=1000)
     assert decided.priorities == {s1.id: OVER, s2.id: EVEN, s3.id: UNDER}
-    assert decided.moves == [Move(s1.id, "default", 200, "even load")]
+    assert decided.moves == [Move(s1.id, "default", 200, "even load", (s3,))]  # to the under one
     assert decided.imbalance == 1.0  # s1 and s3 both 100 % off their share of 200
 
 
@@ -48,7 +48,7 @@ def test_a_drain_cordons_and_moves_what_the_others_can_take() -> None:
     other = member("o", 50, capacity=120)
     decided = plan([draining, other], 0.1, budget=1000)
     assert decided.cordoned == {draining.id} and draining.id not in decided.priorities
-    assert decided.moves == [Move(draining.id, "default", 70, "drain")]
+    assert decided.moves == [Move(draining.id, "default", 70, "drain", (other,))]
     assert decided.drain_notes[draining.id] == (
         "handing over: 100 observer(s) left; the other services of pool default have room for 70 only"
     )

@@ -32,7 +32,7 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
     def deliver(count: int, to: FakeSession) -> None:
         for tag in range(count):
             body = StartObserver(observer_id=uuid.uuid4(), name=f"o{tag}", kind="idle").model_dump_json()
-            runner.on_start(body.encode(), None, tag, False, to)  # type: ignore[arg-type]
+            runner.on_start(body.encode(), None, tag, False, False, to)  # type: ignore[arg-type]
 
     deliver(50, session)
     await asyncio.sleep(0.3)

@@ -91,3 +91,29 @@ async def test_cordoned_or_stopped_it_consumes_nothing() -> None:
     await starts.place(Placement(priority=2))
     await starts.stop()
     assert len(fake.consumes) == 2 and fake.cancelled == ["tag-1", "tag-2"]
+
+
+async def test_a_queue_stepped_aside_is_consumed_below_every_placement_then_under_its_own_again() -> None:
+    starts, fake = await held_by(size=4)
+    starts.delivered(fake, 1)
+    await starts.place(Placement(priority=2))
+
+    await starts.step_aside("orch.start.default", 0.2)
+    assert fake.consumes[-1] == {"x-priority": -1}
+    assert starts.delivered(fake, 2)  # came to the consumer stepped aside
+    await starts.step_aside("orch.start.default", 0.3)  # extended: no new consume
+    assert len(fake.consumes) == 3
+
+    await asyncio.sleep(0.2)
+    assert fake.consumes[-1] == {"x-priority": -1}  # still aside: the second step extended it
+    await asyncio.sleep(0.2)
+    assert fake.consumes[-1] == {"x-priority": 2} and len(fake.consumes) == 4
+    assert not starts.delivered(fake, 3)
+
+
+async def test_a_cordoned_service_steps_aside_without_consuming() -> None:
+    starts, fake = await held_by(size=4)
+    await starts.place(Placement(cordoned=True))
+    await starts.step_aside("orch.start.default", 0.05)
+    await asyncio.sleep(0.1)
+    assert len(fake.consumes) == 1  # the first, before the cordon
