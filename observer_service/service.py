@@ -174,6 +174,9 @@ class ObserverService:
             self.outage.worked()
             self.refusals.session_opened()
             self.session = session
+            if session.placement != self.placement:
+                # Told while the session opened: its consumers still use the one it opened with.
+                self.runner.spawn(session.place(self.placement))
             self._send_inventory()
             await _wait_any(self.shutdown, session.closed)
             if self.shutdown.is_set() and not session.closed.is_set():
@@ -299,7 +302,8 @@ class ObserverService:
             lag = self.watchdog.take_lag()
             metrics.LOOP_LAG.set(lag / 1000)
             session = self.session
-            if session is not None and not session.closed.is_set():
+            placement = None if session is None else session.placement
+            if session is not None and placement is not None and not session.closed.is_set():
                 self.outbox.put(
                     ServiceHeartbeat(
                         service_id=self.service_id,
@@ -307,8 +311,10 @@ class ObserverService:
                         running=len(self.runner.running),
                         loop_lag_ms=round(lag, 3),
                         refused=self.refusals.summary(),
-                        priority=self.placement.priority,
-                        cordoned=self.placement.cordoned,
+                        # What the consumers do, not what was asked: the balancer sends its
+                        # placement again while the two differ.
+                        priority=placement.priority,
+                        cordoned=placement.cordoned,
                     )
                 )
 

@@ -255,6 +255,11 @@ class Session:
         except Exception as e:  # noqa: BLE001 - the channel or connection is gone
             self.fail(f"stepping aside from pool {pool} failed: {e!r}", e)
 
+    @property
+    def placement(self) -> Placement | None:
+        """The placement the start consumers consume under (None before they exist)."""
+        return None if self._holding is None else self._holding.starts.placement
+
     # --- settling start deliveries --------------------------------------------------------
     # Each is handed to the holding thread in order and sent there; the caller does not
     # wait for the frame to be written (nothing would come back: AMQP does not confirm a

@@ -7,13 +7,20 @@ every new start first.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from pathlib import Path
 from typing import Any
 
+import aio_pika
 import pytest
 
+from observer_service.service import ObserverService
+from observer_service.session import Session
+from shared import topology
+from shared.messages import ServiceHeartbeat, SetPlacement, decode_state
+from shared.settings import ServiceSettings
 from tests.system.test_fencing import assert_never_on_two_hosts
 from tools import infra
 from tools.harness import System, probe_args, wait_for
@@ -21,7 +28,7 @@ from tools.harness import System, probe_args, wait_for
 QUEUE = "orch.start.default"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def balanced(system: System) -> None:
     """The balancer on at its default pace (it sets the priorities), and the lost-start repair
     quick to act, so that a second copy of a start would be published within the tests."""
@@ -60,6 +67,7 @@ def declined_by(system: System, observer_id: str) -> list[tuple[str, str]]:
     return [(names[e["service_id"]], e["detail"]) for e in events if e["event"] == "declined"]
 
 
+@pytest.mark.usefixtures("balanced")
 def test_process_starts_reach_the_service_with_slots_and_wait_as_one_copy_when_none_is_free(
     with_test_plugin: System, tmp_path: Path, rabbit: infra.RabbitNode, vhost: str
 ) -> None:
@@ -96,6 +104,7 @@ def test_process_starts_reach_the_service_with_slots_and_wait_as_one_copy_when_n
     assert_never_on_two_hosts(ticks)
 
 
+@pytest.mark.usefixtures("balanced")
 def test_starts_of_a_kind_one_service_lacks_reach_the_one_that_has_it_and_are_not_moved_to_it(
     system: System, plugin_path: Path, tmp_path: Path, rabbit: infra.RabbitNode, vhost: str
 ) -> None:
@@ -121,3 +130,44 @@ def test_starts_of_a_kind_one_service_lacks_reach_the_one_that_has_it_and_are_no
     assert "rebalanced" not in events and "released" not in events, events
     assert start_messages(rabbit, vhost) == 60
     assert_never_on_two_hosts(ticks)
+
+
+async def test_a_placement_told_while_a_session_opens_is_applied_and_heartbeats_say_what_is_consumed(
+    rabbit: infra.RabbitNode, vhost: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real service, in this process, against the real broker: a cordon arrives while its
+    session opens (its control queue is consumed before the open returns). Before issue 62 the
+    consumers kept the placement they opened with, and heartbeats reported the new one, so the
+    balancer saw agreement and never sent it again: a drained service kept taking starts."""
+    settings = ServiceSettings(
+        amqp_url=rabbit.url_for(vhost), workers_count=5, service_name="racy", heartbeat_s=0.2, metrics_port=0
+    )
+    service = ObserverService(settings)
+    real_open = Session.open
+
+    async def open_then_cordoned(self: Session, *args: Any) -> None:
+        await real_open(self, *args)
+        service._on_control(SetPlacement(service_id=service.service_id, priority=1, cordoned=True))
+
+    monkeypatch.setattr(Session, "open", open_then_cordoned)
+    connection = await aio_pika.connect(rabbit.url_for(vhost))
+    channel = await connection.channel()
+    await topology.declare_common(channel)
+    state = await topology.declare_state_queue(channel)
+    running = asyncio.create_task(service.run())
+    try:
+        # The heartbeats say cordoned only once the start queue has no consumer left
+        async with asyncio.timeout(20):
+            while True:
+                message = await state.get(no_ack=True, fail=False)
+                if message is None:
+                    await asyncio.sleep(0.05)
+                    continue
+                beat = decode_state(message.body)
+                if isinstance(beat, ServiceHeartbeat) and beat.cordoned:
+                    break
+        assert await asyncio.to_thread(priorities, rabbit, vhost) == []
+    finally:
+        service.shutdown.set()
+        await asyncio.wait_for(running, 30)
+        await connection.close()
