@@ -227,16 +227,19 @@ class Runner:
             running.ended_by = "handed over"
         await self._end(ending)
         by_session: dict[Session, list[uuid.UUID]] = {}
-        for i, running in enumerate(ending):
-            await settle(running.session.requeue(running.channel, running.tag))
+        for running in ending:
             by_session.setdefault(running.session, []).append(running.observer_id)
-            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
-                await asyncio.sleep(0)
+        # Reported before the starts go back: one the broker gives back to this service is
+        # started and reported after it, so the manager never un-hosts a copy running here.
         for session, ids in by_session.items():
             report = ObserversHandedOver(
                 service_id=self.service_id, session_id=session.id, observer_ids=ids, reason=reason
             )
             self.outbox.put(report, session)  # true only while that session lives
+        for i, running in enumerate(ending):
+            await settle(running.session.requeue(running.channel, running.tag))
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
         if ending:
             self.gc.ended(len(ending), len(self.running))
             logger.info("handed %d observer(s) over (%s)", len(ending), reason)

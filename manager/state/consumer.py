@@ -23,7 +23,8 @@ rest).
 * Observer reports are applied once: their message ids are recorded in the same transaction
   (``applied_state_messages``), so a batch delivered again (the manager killed after its
   commit and before its ack, or its channel lost in between) is skipped. Replayed, a start
-  report of an old host would be judged a move and stop the only live copy.
+  report of an old host would be judged a move and stop the only live copy, and a hand-over
+  would un-host an observer that came back to the same host.
 * The database unreachable, not serving, or a lost race (``manager.db.errors.is_transient``):
   the batch is retried as a whole, nothing acked.
 * Any other failure: the batch is applied again one message per transaction, and the
@@ -53,6 +54,7 @@ from shared.collector import paused_collection
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.messages import (
     OBSERVER_REPORT_TYPES,
+    ObserversHandedOver,
     ObserversStarted,
     ReportBatch,
     StateMessage,
@@ -243,7 +245,9 @@ class StateConsumer:
                     await message.ack()
 
 
-_ONCE_ONLY = (*OBSERVER_REPORT_TYPES, ObserversStarted, ReportBatch)
+# A hand-over applied again after its observer came back to the same host (same session)
+# would un-host the copy running there.
+_ONCE_ONLY = (*OBSERVER_REPORT_TYPES, ObserversStarted, ObserversHandedOver, ReportBatch)
 
 
 async def _first_time(session: AsyncSession, reports: Sequence[StateMessage]) -> list[StateMessage]:

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from shared import topology
-from shared.messages import Message, ObserversStarted, StopObservers
+from shared.messages import Message, ObserversHandedOver, ObserversStarted, StopObservers
 from tests.system.test_fencing import assert_never_on_two_hosts
 from tests.system.test_manager_repairs import sql
 from tools import infra
@@ -388,3 +388,30 @@ def test_a_row_whose_start_is_in_no_queue_gets_it_again(system: System) -> None:
     assert manager is not None
     wait_for(lambda: "start(s) that were in no queue" in manager.text(), 30, "its start published again")
     system.wait_status(oid, "Processing", timeout=30)
+
+
+def test_a_hand_over_delivered_again_is_not_applied_twice(system: System) -> None:
+    """A service hands X over and the broker gives it back to the same service, in the same
+    session (issue 62, item 4). The hand-over report delivered again (a new leader, a channel
+    lost before the ack) is skipped: applied, it would un-host the copy running there."""
+    system.start_manager()
+    system.start_service("svc-a", workers=5)
+    oid = system.create("handed-back", args={"interval_s": 0.5, "emit": False})["id"]
+    system.wait_status(oid, "Processing")
+    a = system.service_by_name("svc-a")
+    assert a is not None
+    held_in = sql(system.database_url, "SELECT host_session_id FROM observers WHERE id = $1", uuid.UUID(oid))
+    assert isinstance(held_in, uuid.UUID)
+    handed = ObserversHandedOver(
+        service_id=uuid.UUID(a["id"]), session_id=held_in, observer_ids=[uuid.UUID(oid)], reason="even load"
+    )
+    publish_report(system, handed)  # applied: hostless until svc-a's inventory says it runs there
+    wait_for(lambda: "released" in event_names(system, oid), 20, "the hand-over applied")
+    wait_for(lambda: system.observer(oid)["service_name"] == "svc-a", 30, "Processing on svc-a again")
+
+    publish_report(system, handed)  # the same message id again
+    assert system.manager is not None
+    manager = system.manager
+    wait_for(lambda: "applied before (delivered again)" in manager.text(), 20, "the replay skipped")
+    assert event_names(system, oid).count("released") == 1
+    stays(system, oid, "svc-a", 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
@@ -59,3 +60,35 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
         assert running.task is not None
         running.task.cancel()
     await asyncio.sleep(0.05)
+
+
+async def test_a_hand_over_is_reported_before_its_starts_go_back() -> None:
+    """A start given back may come straight back to this service (issue 62, item 4): its new
+    start report must follow the hand-over report in the outbox, or the manager applies the
+    hand-over last and un-hosts the copy running here."""
+    lease = Lease(heartbeat_s=10)
+    lease.renew(time.monotonic())
+    session = FakeSession(lease)
+    outbox = Outbox()
+    runner = Runner(ServiceSettings(), uuid.uuid4(), outbox, {"idle": discover_kinds()["idle"]})
+    ids = [uuid.uuid4() for _ in range(3)]
+    for tag, oid in enumerate(ids):
+        body = StartObserver(observer_id=oid, name=f"o{tag}", kind="idle").model_dump_json()
+        runner.on_start(body.encode(), None, tag, False, False, session)  # type: ignore[arg-type]
+    await until(lambda: len(runner.running) == 3)
+
+    happened: list[str] = []
+    put = outbox.put
+
+    def recorded_put(message: Any, session: object | None = None) -> None:
+        happened.append(type(message).__name__)
+        put(message, session)
+
+    outbox.put = recorded_put  # type: ignore[method-assign]
+
+    async def requeue(channel: object, tag: int) -> None:
+        happened.append(f"requeue {tag}")
+
+    session.requeue = requeue  # type: ignore[attr-defined]
+    await runner.hand_over(ids, None, "even load")
+    assert happened == ["ObserversHandedOver", "requeue 0", "requeue 1", "requeue 2"]
