@@ -113,7 +113,13 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
             client_timeout_s=client_timeout_s,
         )
         broker = BrokerLink(settings)
-        commands = ObserverCommands(sessions, broker, settings.default_retry(), Admission(settings.api_in_flight))
+        commands = ObserverCommands(
+            sessions,
+            broker,
+            settings.default_retry(),
+            Admission(settings.api_in_flight),
+            settings.schedule_max_ahead_days,
+        )
         app.state.sessions = sessions
         app.state.read_sessions = make_sessionmaker(read_engine)
         app.state.broker = broker

@@ -64,8 +64,10 @@ class ObserverCommands:
         broker: BrokerLink,
         default_retry: RetryPolicy,
         admission: Admission,
+        schedule_max_ahead_days: float = 366.0,
     ) -> None:
         self.sessions = sessions
+        self.schedule_max_ahead_days = schedule_max_ahead_days
         self.admission = admission
         self.broker = broker
         self.default_retry = default_retry
@@ -90,6 +92,11 @@ class ObserverCommands:
 
     async def _validated(self, specs: list[NewObserver]) -> list[NewObserver]:
         many = len(specs) > 1
+
+        now = datetime.now(UTC)
+        for i, spec in enumerate(specs):
+            if (far := schedule.too_far(spec.start_at, now, self.schedule_max_ahead_days)) is not None:
+                raise Invalid(f"observers[{i}].{far}" if many else far)
 
         def validated(catalog: KindCatalog) -> list[NewObserver]:
             return [
@@ -201,6 +208,12 @@ class ObserverCommands:
     async def _check_capacity(self, session: AsyncSession, pool: str, wanted: int) -> None:
         total, used = await services.pool_capacity(session, pool)
         if not total:
+            draining = await services.draining_in(session, pool)
+            if draining:
+                raise NoCapacity(
+                    f"every live service of pool {pool!r} is being drained ({', '.join(draining)}): uncordon one "
+                    "(POST /api/services/{id}/uncordon) or start another"
+                )
             raise NoCapacity(f"no live observer service serves pool {pool!r}; start one or use another pool")
         if used + wanted > total:
             raise NoCapacity(
@@ -334,6 +347,8 @@ class ObserverCommands:
     async def reschedule(self, observer_id: uuid.UUID, start_at: datetime) -> Observer:
         """A Scheduled observer's new start time (a past one: it starts at the scheduler's
         next pass). ``Conflict`` once it is no longer Scheduled."""
+        if (far := schedule.too_far(start_at, datetime.now(UTC), self.schedule_max_ahead_days)) is not None:
+            raise Invalid(far)
 
         async def transaction() -> Observer:
             async with self.sessions.begin() as session:

@@ -38,6 +38,14 @@ def problems(start_at: datetime | None, stop_at: datetime | None, run_for_s: flo
     return found
 
 
+def too_far(start_at: datetime | None, now: datetime, max_ahead_days: float) -> str | None:
+    """Why ``start_at`` is too far ahead, if it is: a Scheduled observer holds its pool's
+    worker from its create, so year 9999 would hold one for ever."""
+    if start_at is None or (start_at - now).total_seconds() <= max_ahead_days * 86_400:
+        return None
+    return f"start_at: at most {max_ahead_days:g} days ahead (ORCH_SCHEDULE_MAX_AHEAD_DAYS)"
+
+
 def plan(start_at: datetime | None, stop_at: datetime | None, run_for_s: float | None, now: datetime) -> NewSchedule:
     """What a create stores: Scheduled only for a start_at still to come (a past one starts
     now). ``run_for_s`` becomes a stop_at when the observer starts (at create, or when due)."""

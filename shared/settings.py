@@ -276,6 +276,12 @@ class ManagerSettings(CommonSettings):
         ge=0,
         description="history (`observer_events`) older than this is deleted in batches (`0` keeps it for ever)",
     )
+    schedule_max_ahead_days: float = Field(
+        default=366.0,
+        gt=0,
+        description="a start_at further ahead than this is refused (422): a Scheduled observer holds a worker "
+        "of its pool from its create",
+    )
     repair_interval_s: float = Field(default=1.0, gt=0, description="period of the background repairs")
     balance_tolerance: float = Field(
         default=0.1,

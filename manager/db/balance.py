@@ -78,8 +78,12 @@ async def set_draining(session: AsyncSession, service_id: uuid.UUID, draining: b
     service = await session.get(Service, service_id, with_for_update=True)
     if service is None:
         raise NotFound(f"no service with id {service_id}")
-    if draining and service.status != ServiceStatus.ALIVE:
-        raise Conflict(f"service {service.name} is {service.status.value}: only an alive service can be drained")
+    if service.status != ServiceStatus.ALIVE:
+        what = "drained" if draining else "uncordoned"
+        raise Conflict(
+            f"service {service.name} is {service.status.value}: only an alive service can be {what} "
+            "(one started again under its name takes starts)"
+        )
     service.draining = draining
     service.drain_note = "starting" if draining else None
     return service

@@ -78,6 +78,16 @@ async def pool_capacity(session: AsyncSession, pool: str) -> tuple[int, int]:
     return int(total), int(used)
 
 
+async def draining_in(session: AsyncSession, pool: str) -> list[str]:
+    """The names of the alive services of ``pool`` that are being drained."""
+    result = await session.execute(
+        select(Service.name)
+        .where(Service.status == ServiceStatus.ALIVE, Service.pools.contains([pool]), Service.draining.is_(True))
+        .order_by(Service.name)
+    )
+    return list(result.scalars())
+
+
 async def alive_offers(session: AsyncSession) -> list[tuple[list[str], list[dict[str, Any]]]]:
     """(pools, kinds announced) of every alive service."""
     rows = await session.execute(select(Service.pools, Service.kind_infos).where(Service.status == ServiceStatus.ALIVE))

@@ -186,3 +186,21 @@ def test_new_creates_go_to_the_emptiest_service_first(system: System) -> None:
     # ... every create goes there, not round-robin, until it is no longer under its share
     placed = [system.wait_status(i, "Processing")["service_id"] for i in bulk(system, "new", 8)]
     assert placed == [empty_id] * 8, placed
+
+
+def test_a_pool_all_drained_and_a_lost_service_get_clear_answers(system: System) -> None:
+    """Issue 62, item 9: a create in a pool whose services are all being drained says so (not
+    'no live service'), and a drain or uncordon of a lost service is a 409."""
+    system.start_manager()
+    only = system.start_service("only", workers=10)
+    only_id = next(s["id"] for s in system.services() if s["name"] == "only")
+    assert system.post(f"/api/services/{only_id}/drain", {}).status_code == 202
+    refused = system.post("/api/observers", {"name": "nowhere", "kind": "ticker"})
+    assert refused.status_code == 503, refused.text
+    assert "every live service of pool 'default' is being drained (only)" in refused.json()["detail"], refused.text
+
+    only.kill9()
+    wait_for(lambda: system.get(f"/api/services/{only_id}").json()["status"] == "lost", 30, "the service lost")
+    for action in ("uncordon", "drain"):
+        answer = system.post(f"/api/services/{only_id}/{action}", {})
+        assert answer.status_code == 409 and "only an alive service can be" in answer.json()["detail"], answer.text

@@ -116,6 +116,7 @@ def test_cancel_and_reschedule_before_the_start_and_the_422s(system: System) -> 
         ({"start_at": _at(60), "stop_at": _at(30)}, "stop_at: must be after start_at"),
         ({"stop_at": _at(-5)}, "stop_at: is not in the future"),
         ({"run_for_s": 0}, "run_for_s"),
+        ({"start_at": "9999-01-01T00:00:00Z"}, "start_at: at most 366 days ahead (ORCH_SCHEDULE_MAX_AHEAD_DAYS)"),
     ):
         answer = system.post("/api/observers", {"name": unique("bad"), "kind": "ticker"} | body)
         assert answer.status_code == 422 and says in answer.text, (body, answer.text)
@@ -125,6 +126,11 @@ def test_cancel_and_reschedule_before_the_start_and_the_422s(system: System) -> 
     )
     assert bulk.status_code == 422 and "observers" in bulk.text and "add a UTC offset" in bulk.text
     assert _patch(system, moved["id"], {"start_at": naive}).status_code == 422
+    far = {"name": "far", "kind": "ticker", "start_at": _at(86_400 * 400)}
+    bulk = system.post("/api/observers/bulk", {"observers": [{"name": unique("near"), "kind": "ticker"}, far]})
+    assert bulk.status_code == 422 and "observers[1].start_at: at most 366 days ahead" in bulk.text, bulk.text
+    waiting = system.create(unique("waiting"), start_at=_at(3600))
+    assert _patch(system, waiting["id"], {"start_at": _at(86_400 * 400)}).status_code == 422
 
     # The command line: the same fields
     start_at = _at(3600)
