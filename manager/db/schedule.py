@@ -98,11 +98,42 @@ _EXPIRE_DUE = text(
 )
 
 
-async def start_due(session: AsyncSession, now: datetime, limit: int) -> list[StartObserver]:
-    """Up to ``limit`` due Scheduled rows made Created with a pending start each; their
-    start messages, to publish after the commit."""
+# A due row whose start cannot be built is set aside: Failed, its pending start gone, an event
+# saying why.
+_SET_ASIDE = text(
+    """
+    WITH broken AS (SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:errors AS text[])) AS b(id, error)),
+    failed AS (
+        UPDATE observers AS o SET status = 'Failed', last_error = broken.error, modified_at = :now
+        FROM broken WHERE o.id = broken.id
+        RETURNING o.id, broken.error
+    ), pending AS (
+        DELETE FROM pending_starts WHERE observer_id IN (SELECT id FROM failed)
+    )
+    INSERT INTO observer_events (observer_id, at, event, detail) SELECT id, :now, :event, error FROM failed
+    """
+)
+
+
+async def start_due(
+    session: AsyncSession, now: datetime, limit: int
+) -> tuple[list[StartObserver], list[tuple[uuid.UUID, str]]]:
+    """Up to ``limit`` due Scheduled rows made Created with a pending start each: their
+    start messages, to publish after the commit. A row whose start cannot be built (its
+    stored fields no longer validate: edited by hand, written by another version) is made
+    Failed with the reason instead, in the same transaction, so it never holds back the
+    others; returned as (id, reason)."""
     rows = (await session.execute(_START_DUE, {"now": now, "limit": limit, "event": EventType.DUE.value})).all()
-    return [_start(row) for row in rows]
+    starts, broken = [], []
+    for row in rows:
+        try:
+            starts.append(_start(row))
+        except Exception as e:  # noqa: BLE001 - whatever is wrong, it is this row's alone
+            broken.append((row.id, f"its start could not be built at its start_at: {e}"))
+    if broken:
+        values = {"ids": [i for i, _ in broken], "errors": [e for _, e in broken]}
+        await session.execute(_SET_ASIDE, values | {"now": now, "event": EventType.FAILED.value})
+    return starts, broken
 
 
 def _start(row: Any) -> StartObserver:

@@ -90,16 +90,21 @@ class Scheduler:
         return min(self.poll_s, max(0.0, (due - datetime.now(UTC)).total_seconds()))
 
     async def fire(self) -> bool:
-        """One batch of due starts and one of due stops; True if either was full (more may be due)."""
-        started = await self.start_due()
-        expired = await self.expire_due()
+        """One batch of due starts and one of due stops; True if either was full (more may be
+        due). Stops are not held back by starts that fail (nor the reverse: the next pass)."""
+        try:
+            started = await self.start_due()
+        finally:
+            expired = await self.expire_due()
         return started >= self.batch or expired >= self.batch
 
     async def start_due(self) -> int:
         async with self.sessions.begin() as session:
-            starts = await rows.start_due(session, datetime.now(UTC), self.batch)
+            starts, broken = await rows.start_due(session, datetime.now(UTC), self.batch)
+        for observer_id, reason in broken:
+            logger.error("scheduled observer %s is Failed: %s; the other due starts go on", observer_id, reason)
         if not starts:
-            return 0
+            return len(broken)
         ids = [s.observer_id for s in starts]
         self.in_flight.update(ids)
         try:
@@ -110,7 +115,7 @@ class Scheduler:
             await observers.mark_published(session, ids)
         SCHEDULED_STARTS.inc(len(starts))
         logger.info("started %d scheduled observer(s)", len(starts))
-        return len(starts)
+        return len(starts) + len(broken)
 
     async def expire_due(self) -> int:
         async with self.sessions.begin() as session:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from tests.system.test_cli import cli_json
+from tests.system.test_manager_repairs import sql
 from tests.system.test_two_managers import _second, event_counts
 from tools.harness import Proc, System, metric, probe_args, read_probe_lines, unique, wait_for
 
@@ -213,3 +215,23 @@ def test_a_manager_killed_while_it_fires_loses_none_and_fires_none_twice(system:
     wait_for(lambda: system.services()[0]["running"] == 500, 30, "the service to run 500")
     counts = event_counts(system.database_url)
     assert Counter(counts[(i, "due")] for i in ids) == {1: 500}
+
+
+def test_a_row_whose_start_cannot_be_built_fails_alone(system: System) -> None:
+    """Issue 62, item 8: a Scheduled row whose stored fields no longer make a start (edited by
+    hand here; another version's row in real life) rolled back every batch, so every due start
+    and every stop_at waited behind it. It is now Failed, saying why, and the others go on."""
+    system.start_manager()
+    system.start_service("svc-a", workers=10)
+    expiring = system.create(unique("expiring"), run_for_s=3)
+    due = [system.create(unique("due"), start_at=_at(2)) for _ in range(3)]
+    broken = due[0]["id"]
+    sql(system.database_url, 'UPDATE observers SET retry = \'{"factor": "lots"}\' WHERE id = $1', uuid.UUID(broken))
+
+    for observer in due[1:]:
+        system.wait_status(observer["id"], "Processing")
+    failed = system.wait_status(broken, "Failed")
+    assert "its start could not be built at its start_at" in failed["last_error"] and "factor" in failed["last_error"]
+    assert [e["event"] for e in _events(system, broken)][-2:] == ["due", "failed"]
+    system.wait_status(expiring["id"], "Deleted")
+    assert system.queue_counts("orch.start.default")[0] == 0  # nothing published for the broken one
