@@ -12,6 +12,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from manager.db.errors import sqlstates
+
 # "orch" in ASCII, and the state side's lock within it.
 _NAMESPACE = 0x6F726368
 _STATE_SIDE = 1
@@ -34,9 +36,23 @@ async def try_lock(connection: AsyncConnection) -> bool:
     return bool(await connection.scalar(text("SELECT pg_try_advisory_lock(:a, :b)"), _KEYS))
 
 
-async def still_here(connection: AsyncConnection) -> None:
-    """One statement on the lock's session: resets its idle clock and proves it is alive."""
-    await connection.execute(text("SELECT 1"))
+# One write (migration 0017): a hot standby, or a primary set read-only for a switchover,
+# grants the advisory lock but refuses this.
+_WRITE = text(
+    "INSERT INTO leader (id, name, at) VALUES (1, :name, now()) "
+    "ON CONFLICT (id) DO UPDATE SET name = excluded.name, at = excluded.at"
+)
+_READ_ONLY = "25006"  # read_only_sql_transaction
+
+
+async def still_here(connection: AsyncConnection, name: str) -> None:
+    """One write on the lock's session: resets its idle clock and proves that the session is
+    alive and its server a writable primary."""
+    await connection.execute(_WRITE, {"name": name})
+
+
+def refused_as_read_only(error: BaseException) -> bool:
+    return _READ_ONLY in sqlstates(error)
 
 
 # The name of the session that holds this database's lock (the leader's name); no row when

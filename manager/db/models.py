@@ -7,7 +7,22 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime, Enum, Float, ForeignKey, Identity, Index, Integer, String, Text, func, text
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Enum,
+    Float,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    SmallInteger,
+    String,
+    Text,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -194,6 +209,17 @@ class EventType(enum.StrEnum):
     EXPIRED = "expired"  # its stop_at came: stopped (or, still Scheduled, Deleted unstarted)
     CANCELLED = "cancelled"  # stopped while Scheduled: Deleted, never started
     DECLINED = "declined"  # service_id cannot run it (detail says why) and handed its start on
+
+
+class Leader(Base):
+    """The leader's proof that it can write (migration 0017): its one row, written by the
+    leader on its lock's session (``manager/state/leadership.py``)."""
+
+    __tablename__ = "leader"
+
+    id: Mapped[int] = mapped_column(SmallInteger, CheckConstraint("id = 1", name="ck_leader_one_row"), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, nullable=False)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
 
 
 class AppliedStateMessage(Base):

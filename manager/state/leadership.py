@@ -4,11 +4,16 @@ Every manager serves the API; only the leader's state side consumes ``orch.state
 ``manager/repairs``. The leader is whoever holds the leader lock, a PostgreSQL session-level
 advisory lock (``manager/db/leader.py``) on a connection of its own:
 
+* The lock proves a session, not a writable primary: PostgreSQL grants it on a hot standby
+  and on a primary set read-only for a switchover, so a manager that reached one of those
+  would lead beside the one on the primary. So the leader also writes its row of ``leader``
+  on that session, when it takes the lock and at each check: a server that refuses the
+  write is not led from (the lock is dropped, the manager stands by and says why).
 * A manager that exits, or is killed, closes the connection and the lock is free at once; a
   standby tries for it every ``_TRY_EVERY_S``, so it takes over within about a second.
 * A leader frozen or cut off from PostgreSQL keeps the connection open but sends nothing:
   the server ends that session after ``ORCH_LEADER_TIMEOUT_S`` (``idle_session_timeout``),
-  which frees the lock. The leader says a statement every quarter of that to stay leader.
+  which frees the lock. The leader writes every quarter of that to stay leader.
 * A leader whose statement fails, or gets no answer within half of it, gives up the lead at
   once: its state side stops (its consumer's channel closed, so whatever it had not applied
   goes back to the queue), and it becomes a standby. Either way the lock is lost only after
@@ -31,6 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from manager.db import leader
 from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import STATE_LEADER
+from shared.outage import OutageLog
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +50,12 @@ class LeaderLock:
         self.timeout_s = timeout_s
         self._connection: AsyncConnection | None = None
         self._database = database_outage("waiting to lead", logger)
+        self._read_only = OutageLog(
+            logger,
+            "not leading: the database this manager reached refuses writes (a standby, or a primary being "
+            "demoted); its leader lock proves nothing there",
+            "the database takes writes again: this manager may lead",
+        )
         self._doubted = asyncio.Event()
 
     async def acquire(self) -> None:
@@ -77,7 +89,19 @@ class LeaderLock:
                     "PostgreSQL is older than 14 (no idle_session_timeout): a frozen leader keeps the lead "
                     "until its connection breaks"
                 )
-        return await leader.try_lock(self._connection)
+        if not await leader.try_lock(self._connection):
+            return False
+        try:
+            # Bounded: a primary whose synchronous standby is gone takes no commit either.
+            await asyncio.wait_for(leader.still_here(self._connection, self.name), self.timeout_s / 2)
+        except Exception as e:
+            await self._drop()  # the lock with it
+            if not leader.refused_as_read_only(e):
+                raise
+            self._read_only.failed(describe(e))
+            return False
+        self._read_only.worked()
+        return True
 
     async def lost(self) -> str:
         """Return, with the reason, when this manager can no longer prove it holds the lock."""
@@ -88,7 +112,7 @@ class LeaderLock:
                 await asyncio.wait_for(self._doubted.wait(), every_s)
             self._doubted.clear()
             try:
-                await asyncio.wait_for(leader.still_here(self._connection), self.timeout_s / 2)
+                await asyncio.wait_for(leader.still_here(self._connection, self.name), self.timeout_s / 2)
             except TimeoutError:
                 return f"the leader lock's session got no answer from PostgreSQL within {self.timeout_s / 2:.1f}s"
             except Exception as e:  # noqa: BLE001 - any failure: the lock may be gone

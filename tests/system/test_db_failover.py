@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.system.test_two_managers import event_counts
+from tests.system.test_two_managers import _leader, _second, event_counts
 from tools import infra
 from tools.harness import REPO, System, free_port, wait_for
 from tools.infra.pg_pair import PgPair
@@ -214,3 +214,23 @@ def test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice(failove
         f"stopped though answered 503: {sum(status_of.get(o) == 'Deleted' for o in unsure_stops)}; "
         f"events: {dict(Counter(event for _, event in events))}"
     )
+
+
+def test_a_manager_that_reaches_a_hot_standby_does_not_lead(failover_system: System, pair: PgPair) -> None:
+    """Issue 62, item 7: PostgreSQL grants an advisory lock on a hot standby, so a manager given
+    the replica's address alone took the leader lock there, beside the leader on the primary.
+    The leader proves it can write: on the standby the write is refused, and it stands by."""
+    a, b = failover_system, _second(failover_system)
+    try:
+        a.start_manager(ORCH_MANAGER_NAME="manager-a")
+        wait_for(lambda: _leader(a) == "manager-a", 30, "manager-a to lead")
+        manager_b = b.start_manager(wait=False, ORCH_MANAGER_NAME="manager-b", ORCH_DATABASE_URL=pair.replica.url())
+        wait_for(lambda: "the database this manager reached refuses writes" in manager_b.text(), 30, "b standing by")
+        time.sleep(3)  # three of its attempts to lead
+        assert "now applies state reports" not in manager_b.text()
+        assert _leader(a) == "manager-a"
+        a.start_service("svc-a", workers=5)  # the leader on the primary applies reports as before
+        created = a.create("after-b", args={"interval_s": 1})
+        a.wait_status(created["id"], "Processing")
+    finally:
+        b.stop_all()
