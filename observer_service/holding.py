@@ -215,7 +215,7 @@ class HoldingConnection:
         with contextlib.suppress(Exception):
             await declare.close()
         for prefetch in prefetches:
-            await self._hold_on_new_channel(queue.name, prefetch)
+            await self._hold_on_new_channel(pool, queue.name, prefetch)
         self._to_main.post(self._on_refused, pool, None)
 
     async def _hold_later(self, pool: str, prefetches: list[int]) -> None:
@@ -225,11 +225,11 @@ class HoldingConnection:
         except Exception as e:  # noqa: BLE001 - the session is broken: end it like any loss
             self._fail(f"consuming pool {pool} failed: {e!r}", e)
 
-    async def _hold_on_new_channel(self, queue: str, prefetch: int) -> None:
+    async def _hold_on_new_channel(self, pool: str, queue: str, prefetch: int) -> None:
         channel = await self._channel()
         raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
         self._watch_cancels(raw, queue)
-        await self.starts.hold(channel, raw, queue, prefetch)  # sets the prefetch: start_consumers.py
+        await self.starts.hold(channel, raw, pool, prefetch)  # sets the prefetch: start_consumers.py
 
     def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum

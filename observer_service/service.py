@@ -238,7 +238,7 @@ class ObserverService:
             case StopObservers():
                 self.runner.on_stop(command)
             case SetPlacement():
-                self._place(Placement(command.priority, command.cordoned))
+                self._place(Placement(command.priority, command.cordoned, tuple(sorted(command.pools.items()))))
             case InventoryRequest():
                 self._send_inventory()
             case IsolateObservers():
@@ -315,6 +315,7 @@ class ObserverService:
                         # placement again while the two differ.
                         priority=placement.priority,
                         cordoned=placement.cordoned,
+                        pool_priorities=dict(placement.pools),
                     )
                 )
 

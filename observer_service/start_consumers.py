@@ -42,16 +42,22 @@ ASIDE = -1  # the priority of a queue stepped aside from: below every placement 
 class Placement:
     """How this service takes new starts: its consumer priority, or none while cordoned. Until
     the balancer says otherwise, the priority of a service at its fair share (``EVEN``): one
-    that just joined takes its turn with the others at once, not after them."""
+    that just joined takes its turn with the others at once, not after them. ``pools`` gives
+    a pool a priority of its own, as (pool, priority) pairs."""
 
     priority: int = 1  # manager.balance.plan.EVEN
     cordoned: bool = False
+    pools: tuple[tuple[str, int], ...] = ()
+
+    def priority_in(self, pool: str) -> int:
+        return dict(self.pools).get(pool, self.priority)
 
 
 @dataclass
 class _Consumer:
     channel: AbstractChannel  # aio-pika's, closed to hand every delivery back at once
     raw: StartChannel
+    pool: str
     queue: str
     size: int  # the most this channel may hold
     tag: str | None = None  # None while not consuming
@@ -73,9 +79,9 @@ class StartConsumers:
         self._tasks: set[asyncio.Task[None]] = set()
         self._aside_until: dict[str, float] = {}  # queue -> when its step aside ends (monotonic)
 
-    async def hold(self, channel: AbstractChannel, raw: StartChannel, queue: str, size: int) -> None:
-        """Consume ``queue`` on a channel of its own, holding at most ``size`` deliveries."""
-        consumer = _Consumer(channel, raw, queue, size)
+    async def hold(self, channel: AbstractChannel, raw: StartChannel, pool: str, size: int) -> None:
+        """Consume ``pool``'s start queue on a channel of its own, holding at most ``size`` deliveries."""
+        consumer = _Consumer(channel, raw, pool, topology.start_queue_name(pool), size)
         self._consumers[id(raw)] = consumer
         if self._consuming():
             await self._consume(consumer)
@@ -186,7 +192,8 @@ class StartConsumers:
             consumer.returned = max(1, consumer.size // 20) - 1  # the next settle consumes again
             return
         await consumer.channel.set_qos(prefetch_count=window)
-        arguments = {**self._arguments, "x-priority": ASIDE if consumer.aside else self.placement.priority}
+        priority = ASIDE if consumer.aside else self.placement.priority_in(consumer.pool)
+        arguments = {**self._arguments, "x-priority": priority}
         consumer.tag = await consumer.raw.consume(consumer.queue, arguments)
 
     async def _cancel(self, consumer: _Consumer) -> None:

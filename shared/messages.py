@@ -132,12 +132,16 @@ class SetPlacement(Message):
     """How the named service takes new starts from now on (docs/design.md, "Even load"): it
     consumes its pools' start queues with consumer priority ``priority`` (the broker gives each
     start to the highest priority with a free worker), or not at all while ``cordoned`` (a
-    drain). The manager's balancer sends it whenever a heartbeat reports something else."""
+    drain). ``pools`` gives a pool a priority of its own (a service in two pools may be under
+    its share in one and over it in the other); only sent when they differ, since a service
+    older than it refuses the field. The manager's balancer sends it whenever a heartbeat
+    reports something else."""
 
     type: Literal["SetPlacement"] = "SetPlacement"
     service_id: uuid.UUID
     priority: int = Field(default=0, ge=-100, le=100)
     cordoned: bool = False
+    pools: dict[str, Annotated[int, Field(ge=-100, le=100)]] = Field(default_factory=dict)
 
 
 class InventoryRequest(Message):
@@ -192,6 +196,7 @@ class ServiceHeartbeat(Message):
     # The placement it consumes under (``SetPlacement``).
     priority: int = 0
     cordoned: bool = False
+    pool_priorities: dict[str, int] = Field(default_factory=dict)
 
 
 class ServiceStopped(Message):

@@ -1,32 +1,41 @@
 """What the balancer decides in one round, from the fleet as the rows say it (pure logic).
 
-Each service's fair share of a pool is its capacity times the pool's load factor (observers
-over workers of the services that take starts); shares are relative to capacity, so services
-of different sizes are even when equally full. A pool is evened once one of its services is more
-than ``tolerance`` above or below its share; then services above their share are *over*,
-those below *under*. The decisions:
+Each pool is evened on its own, from what each service runs *in that pool*: a service serving
+two pools holds ``workers_count`` starts of each (each pool's queue has its own prefetch), so
+its load in one says nothing of its room in the other. A service's fair share of a pool is
+its capacity times the pool's load factor (observers over workers of the services that take
+its starts); shares are relative to capacity, so services of different sizes are even when
+equally full. A pool is evened once one of its services is more than ``tolerance`` above or
+below its share; then services above their share are *over*, those below *under*. The
+decisions:
 
-* placement: under services consume at priority 2, even ones at 1, over ones at 0 (the broker
-  gives each start to the highest priority with a free worker, so new creates and every
-  observer handed over go to the emptiest first); draining services are cordoned;
+* placement, per pool: under services consume that pool's queue at priority 2, even ones at
+  1, over ones at 0 (the broker gives each start to the highest priority with a free worker,
+  so new creates and every observer handed over go to the emptiest first); draining services
+  are cordoned;
 * moves: over services hand observers over, down to their share, no more than the under ones
-  lack and than the round's budget allows; a service whose last hand-over has not landed yet
-  waits (it would be counted twice);
-* drains: a draining service hands everything over as fast as the budget and the free
-  workers of the others allow, and says so when they are too few to take it all.
+  lack; a service whose last hand-over has not landed yet waits (it would be counted twice);
+* drains: a draining service hands everything over as fast as the free workers of the others
+  allow, and says so when they are too few to take it all.
 
 Only moves that make the fleet more even are made: a source ends no lower than its share
-rounded up, a destination no higher than its share rounded down.
+rounded up, a destination no higher than its share rounded down. How many observers a round
+moves at most is the caller's (``manager/repairs/balance.py``): a move whose observers cannot
+all go (pinned, or of a kind no taker runs) spends only what it moves.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 UNDER, EVEN, OVER = 2, 1, 0  # consumer priorities
+
+# A placement as ``SetPlacement`` carries it and heartbeats report it: the priority, whether
+# cordoned, and the (pool, priority) pairs of pools that have one of their own.
+Placed = tuple[int, bool, tuple[tuple[str, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -35,8 +44,8 @@ class Member:
 
     id: uuid.UUID
     name: str
-    capacity: int  # workers
-    running: int  # observers the rows say it hosts
+    capacity: int  # workers, in each of its pools
+    running: int  # observers the rows say it hosts, in all its pools
     pools: tuple[str, ...]
     draining: bool = False
     busy: bool = False  # its last hand-over has not landed yet
@@ -45,6 +54,13 @@ class Member:
     kinds: frozenset[str] = frozenset()
     process_kinds: frozenset[str] = frozenset()
     process_slots: int = 0
+    # Of ``running``, how many in each pool; empty: all of it in its one pool.
+    by_pool: Mapping[str, int] = field(default_factory=dict)
+
+    def running_in(self, pool: str) -> int:
+        if self.by_pool:
+            return self.by_pool.get(pool, 0)
+        return self.running if pool in self.pools else 0
 
 
 @dataclass(frozen=True)
@@ -59,61 +75,73 @@ class Move:
 
 @dataclass
 class Plan:
-    priorities: dict[uuid.UUID, int] = field(default_factory=dict)
+    # Each taking service's priority in each of its pools.
+    priorities: dict[uuid.UUID, dict[str, int]] = field(default_factory=dict)
     cordoned: set[uuid.UUID] = field(default_factory=set)
-    moves: list[Move] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)  # drains first
     drain_notes: dict[uuid.UUID, str] = field(default_factory=dict)
     imbalance: float = 0.0  # the largest deviation from a share, as a fraction of that share
-    # Each service's deviation from its share in the pool where it is furthest from it, which
-    # decides its priority (one per service, however many pools it serves).
-    deviations: dict[uuid.UUID, float] = field(default_factory=dict)
 
 
-def plan(members: list[Member], tolerance: float, budget: int) -> Plan:
-    """One round's decisions; ``budget`` bounds the observers moved in it."""
+def plan(members: list[Member], tolerance: float) -> Plan:
+    """One round's decisions."""
     out = Plan()
     takers = [m for m in members if not m.draining]
     for m in members:
         if m.draining:
             out.cordoned.add(m.id)
         else:
-            out.priorities[m.id] = EVEN
+            out.priorities[m.id] = dict.fromkeys(m.pools, EVEN)
+    evens: list[Move] = []
     for pool in sorted({p for m in members for p in m.pools}):
         in_pool = [m for m in takers if pool in m.pools]
-        budget -= _drain(out, pool, in_pool, [m for m in members if m.draining and pool in m.pools], budget)
-        budget -= _even(out, pool, in_pool, tolerance, budget)
+        _drain(out, pool, in_pool, [m for m in members if m.draining and pool in m.pools])
+        evens += _even(out, pool, in_pool, tolerance)
+    out.moves += evens
     return out
+
+
+def placement(decided: Plan, service_id: uuid.UUID) -> Placed:
+    """The placement ``decided`` gives a service: one priority when its pools agree (what a
+    service older than per-pool priorities understands), else one per pool."""
+    if service_id in decided.cordoned:
+        return (EVEN, True, ())
+    levels = decided.priorities.get(service_id, {})
+    if len(set(levels.values())) <= 1:
+        return (next(iter(levels.values()), EVEN), False, ())
+    return (EVEN, False, tuple(sorted(levels.items())))
 
 
 def drain_note(members: list[Member], service_id: uuid.UUID) -> str:
     """What the drain of ``service_id`` (a draining member) can do now, as the next round
     will say it: the answer to the request that starts it."""
-    return plan(members, 0.0, sys.maxsize).drain_notes.get(service_id, "drained")
+    return plan(members, 0.0).drain_notes.get(service_id, "drained")
 
 
 def imbalance(members: list[Member], tolerance: float = 0.1) -> float:
     """The largest deviation of a service from its fair share of a pool, as a fraction of that
     share (0: even), among the services that take starts."""
-    return plan(members, tolerance, 0).imbalance
+    return plan(members, tolerance).imbalance
 
 
-def shares(members: list[Member]) -> dict[uuid.UUID, float]:
-    """Each member's fair share of what they run together, in proportion to capacity."""
+def shares(members: list[Member], pool: str) -> dict[uuid.UUID, float]:
+    """Each member's fair share of what they run together in ``pool``, in proportion to capacity."""
     capacity = sum(m.capacity for m in members)
-    running = sum(m.running for m in members)
+    running = sum(m.running_in(pool) for m in members)
     factor = running / capacity if capacity else 0.0
     return {m.id: m.capacity * factor for m in members}
 
 
-def _even(out: Plan, pool: str, members: list[Member], tolerance: float, budget: int) -> int:
+def _even(out: Plan, pool: str, members: list[Member], tolerance: float) -> list[Move]:
     if len(members) < 2:
-        return 0
-    share = shares(members)
-    deviation = {m.id: (m.running - share[m.id]) / share[m.id] if share[m.id] > 0 else 0.0 for m in members}
+        return []
+    share = shares(members, pool)
+    running = {m.id: m.running_in(pool) for m in members}
+    deviation = {m.id: (running[m.id] - share[m.id]) / share[m.id] if share[m.id] > 0 else 0.0 for m in members}
     # Only a service beyond the tolerance, either way, sets the pool moving; then every one
     # above its share gives and every one below takes, down and up to the share: a service
     # 15 % under must get its observers even when nobody is 10 % over.
-    active = any(abs(deviation[m.id]) > tolerance and abs(m.running - share[m.id]) >= 1 for m in members)
+    active = any(abs(deviation[m.id]) > tolerance and abs(running[m.id] - share[m.id]) >= 1 for m in members)
     excess: dict[uuid.UUID, int] = {}
     lack = 0
     takers: list[Member] = []
@@ -121,44 +149,42 @@ def _even(out: Plan, pool: str, members: list[Member], tolerance: float, budget:
         fair = share[m.id]
         out.imbalance = max(out.imbalance, abs(deviation[m.id]))
         level = EVEN
-        if active and m.running - math.ceil(fair) >= 1:
-            excess[m.id], level = m.running - math.ceil(fair), OVER
-        elif active and math.floor(fair) - m.running >= 1:
-            lack, level = lack + math.floor(fair) - m.running, UNDER
+        if active and running[m.id] - math.ceil(fair) >= 1:
+            excess[m.id], level = running[m.id] - math.ceil(fair), OVER
+        elif active and math.floor(fair) - running[m.id] >= 1:
+            lack, level = lack + math.floor(fair) - running[m.id], UNDER
             takers.append(m)
-        if abs(deviation[m.id]) >= abs(out.deviations.get(m.id, 0.0)):
-            out.deviations[m.id], out.priorities[m.id] = deviation[m.id], level
-    left = min(lack, max(budget, 0))
+        out.priorities[m.id][pool] = level
+    moves = []
     moved = 0
     for m in sorted(members, key=lambda m: -excess.get(m.id, 0)):
-        count = min(excess.get(m.id, 0), left - moved)
+        count = min(excess.get(m.id, 0), lack - moved)
         if count > 0 and not m.busy:
-            out.moves.append(Move(m.id, pool, count, "even load", tuple(takers)))
+            moves.append(Move(m.id, pool, count, "even load", tuple(takers)))
             moved += count
-    return moved
+    return moves
 
 
-def _drain(out: Plan, pool: str, takers: list[Member], draining: list[Member], budget: int) -> int:
-    free = sum(max(m.capacity - m.running, 0) for m in takers)
+def _drain(out: Plan, pool: str, takers: list[Member], draining: list[Member]) -> None:
+    free = sum(max(m.capacity - m.running_in(pool), 0) for m in takers)
     moved = 0
     for m in draining:
-        if m.running == 0:
+        left = m.running_in(pool)
+        if left == 0:
             out.drain_notes.setdefault(m.id, "drained")
             continue
         room = free - moved
-        count = min(m.running, room, max(budget - moved, 0))
+        count = min(left, room)
         if room <= 0:
-            out.drain_notes[m.id] = (
-                f"waiting: the other services of pool {pool} have no free worker ({m.running} observer(s) left)"
-            )
-        elif room < m.running:
-            out.drain_notes[m.id] = (
-                f"handing over: {m.running} observer(s) left; the other services of pool {pool} have room "
-                f"for {room} only"
-            )
+            note = f"waiting: the other services of pool {pool} have no free worker ({left} observer(s) left)"
+        elif room < left:
+            note = f"handing over: {left} observer(s) left; the other services of pool {pool} have room for {room} only"
         else:
-            out.drain_notes[m.id] = f"handing over: {m.running} observer(s) left"
+            note = f"handing over: {left} observer(s) left"
+        # One note per service: the pools it still has observers in, in order.
+        out.drain_notes[m.id] = (
+            note if out.drain_notes.get(m.id, "drained") == "drained" else f"{out.drain_notes[m.id]}; {note}"
+        )
         if count > 0 and not m.busy:
             out.moves.append(Move(m.id, pool, count, "drain", tuple(takers)))
             moved += count
-    return moved

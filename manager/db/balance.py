@@ -12,8 +12,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from manager.balance.plan import Member, Move
 from manager.db.digests import held_per_service
 from manager.db.hosts import hosted_on
-from manager.db.models import Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.models import Observer, ObserverHost, ObserverStatus, Service, ServiceStatus
 from manager.errors import Conflict, NotFound
+
+
+# What a service's digest counts as held (migration 0008).
+_HELD = (ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
 
 
 async def members(session: AsyncSession, busy: set[uuid.UUID]) -> tuple[list[Member], dict[uuid.UUID, str | None]]:
@@ -26,6 +30,7 @@ async def members(session: AsyncSession, busy: set[uuid.UUID]) -> tuple[list[Mem
             .where(Service.status == ServiceStatus.ALIVE)
         )
     ).all()
+    by_pool = await _running_by_pool(session, [svc.id for svc, _ in rows if len(svc.pools) > 1])
     fleet = [
         Member(
             svc.id,
@@ -38,10 +43,30 @@ async def members(session: AsyncSession, busy: set[uuid.UUID]) -> tuple[list[Mem
             kinds=frozenset(svc.kinds),
             process_kinds=frozenset(k["name"] for k in svc.kind_infos if k.get("isolation") == "process"),
             process_slots=svc.process_slots,
+            by_pool=by_pool.get(svc.id, {}),
         )
         for svc, running in rows
     ]
     return fleet, {svc.id: svc.drain_note for svc, _ in rows}
+
+
+async def _running_by_pool(session: AsyncSession, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, int]]:
+    """What each of these services (those in several pools) runs in each pool. Read through
+    the hosts' index, so it costs what they run, not the fleet; a service in one pool runs all
+    it runs there, which its digest already counts."""
+    if not ids:
+        return {}
+    query = (
+        select(Observer.service_id, Observer.pool, func.count())
+        .where(Observer.id.in_(select(ObserverHost.observer_id).where(ObserverHost.service_id.in_(ids))))
+        .where(Observer.service_id.in_(ids), Observer.status.in_(_HELD), Observer.host_session_id.is_not(None))
+        .group_by(Observer.service_id, Observer.pool)
+    )
+    found: dict[uuid.UUID, dict[str, int]] = {}
+    for service_id, pool, count in (await session.execute(query)).tuples():
+        if service_id is not None:
+            found.setdefault(service_id, {})[pool] = int(count)
+    return found
 
 
 async def movable(session: AsyncSession, move: Move) -> list[tuple[uuid.UUID, uuid.UUID | None]]:

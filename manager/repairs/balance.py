@@ -7,8 +7,12 @@ to drain (docs/design.md, "Even load"), by the decisions of ``manager/balance/pl
   ``hand_over``): each ends its copy first, then gives the start back to its queue, and the
   broker gives it to the highest priority with a free worker, so an observer never runs
   twice and is not running only for the moment the broker takes to deliver it again.
-* A round that changed a placement moves nothing: the services consume under the new
-  priorities first, or the starts would go where the old ones point.
+* A pool where a placement changed moves nothing that round: its services consume under
+  the new priorities first, or the starts would go where the old ones point. The other
+  pools move as usual.
+* The round's budget (``ORCH_BALANCE_MOVES_PER_S`` times the period) is spent on what is
+  asked to move, drains first: a planned move of observers that cannot go (pinned, of a kind
+  no taker runs) takes nothing from the others.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import math
 import time
 import uuid
+from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -51,43 +56,50 @@ class Balance(Repair):
         self.tolerance = settings.balance_tolerance
         self.moves_per_s = settings.balance_moves_per_s
         self.period_s = settings.repair_interval_s
-        self._sent: dict[uuid.UUID, tuple[tuple[int, bool], float]] = {}  # placement, when
+        self._sent: dict[uuid.UUID, tuple[planning.Placed, float]] = {}  # placement, when
         self._refused: set[str] = set()  # services a command could not reach, said once
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
             fleet, notes = await balance.members(session, self.rules.handovers.busy())
-        budget = math.ceil(self.moves_per_s * self.period_s)
-        decided = planning.plan(fleet, self.tolerance, budget)
+        decided = planning.plan(fleet, self.tolerance)
         FLEET_IMBALANCE.set(decided.imbalance)
         placed = await self._place(fleet, decided)
         changed = {i: note for i, note in decided.drain_notes.items() if notes.get(i) != note}
         if changed:
             async with self.sessions.begin() as session:
                 await balance.set_drain_notes(session, changed)
-        if placed:
-            return
+        # A pool where a placement just changed moves nothing this round: its services consume
+        # under the new priorities first, or the starts would go where the old ones point.
+        waiting = {pool for m in fleet if m.id in placed for pool in m.pools}
         names = {m.id: m.name for m in fleet}
-        for move in decided.moves:
-            await self._hand_over(move, names[move.source])
+        budget = math.ceil(self.moves_per_s * self.period_s)
+        for move in decided.moves:  # drains first
+            if budget <= 0:
+                break
+            if move.pool not in waiting:
+                budget -= await self._hand_over(replace(move, count=min(move.count, budget)), names[move.source])
 
-    async def _place(self, fleet: list[planning.Member], decided: planning.Plan) -> bool:
+    async def _place(self, fleet: list[planning.Member], decided: planning.Plan) -> set[uuid.UUID]:
         """Send each placement that changed, or that heartbeats still contradict after a
-        while; True if one changed (the round then moves nothing)."""
-        changed = False
+        while; the services whose placement changed."""
+        changed = set()
         now = time.monotonic()
         alive = {m.id for m in fleet}
         self._sent = {i: sent for i, sent in self._sent.items() if i in alive}
         for m in fleet:
-            want = (decided.priorities.get(m.id, planning.EVEN), m.id in decided.cordoned)
+            want = planning.placement(decided, m.id)
             sent = self._sent.get(m.id)
             if sent is not None and sent[0] == want:
                 if self.rules.placements.get(m.id, want) == want or now - sent[1] < _RESEND_AFTER_S:
                     continue
             else:
-                changed = True
+                changed.add(m.id)
             self._sent[m.id] = (want, now)  # sent or not: resent while heartbeats disagree
-            await self._publish(SetPlacement(service_id=m.id, priority=want[0], cordoned=want[1]), m.name)
+            priority, cordoned, pools = want
+            await self._publish(
+                SetPlacement(service_id=m.id, priority=priority, cordoned=cordoned, pools=dict(pools)), m.name
+            )
         return changed
 
     async def _publish(self, message: SetPlacement | StopObservers, name: str) -> bool:
@@ -103,7 +115,8 @@ class Balance(Repair):
         self._refused.discard(name)
         return True
 
-    async def _hand_over(self, move: planning.Move, name: str) -> None:
+    async def _hand_over(self, move: planning.Move, name: str) -> int:
+        """Ask ``move``'s source to hand over what may move of it; how many it was asked."""
         async with self.sessions.begin() as session:
             chosen = await balance.movable(session, move)
         by_session: dict[uuid.UUID | None, list[uuid.UUID]] = {}
@@ -126,3 +139,4 @@ class Balance(Repair):
         if asked:
             HANDOVERS.labels(move.reason).inc(asked)
             logger.info("%s: %s hands %d observer(s) of pool %s over", move.reason, name, asked, move.pool)
+        return asked

@@ -32,6 +32,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.balance.handovers import Handovers
+from manager.balance.plan import Placed
 from manager.db import observers
 from manager.db.digests import held_digest
 from manager.db.hosts import ids_on
@@ -96,7 +97,7 @@ class StateRules:
         # The hand-overs the balancer asked for, and the placement each service's last
         # heartbeat said it consumes under (``manager/repairs/balance.py``).
         self.handovers = Handovers()
-        self.placements: dict[uuid.UUID, tuple[int, bool]] = {}
+        self.placements: dict[uuid.UUID, Placed] = {}
         # The starts services declined (they cannot run them), held or on their way.
         self.declines = Declines()
         # The rows of the transaction being applied (set by ``preload``).
@@ -158,7 +159,7 @@ class StateRules:
 
     async def _heartbeat(self, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: FollowUps) -> None:
         services = self.services_of(session)
-        self.placements[m.service_id] = (m.priority, m.cordoned)
+        self.placements[m.service_id] = (m.priority, m.cordoned, tuple(sorted(m.pool_priorities.items())))
         if not await services.touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms, m.refused):
             await self.introduce_if_unknown(session, m.service_id, out)
 

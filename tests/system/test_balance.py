@@ -204,3 +204,49 @@ def test_a_pool_all_drained_and_a_lost_service_get_clear_answers(system: System)
     for action in ("uncordon", "drain"):
         answer = system.post(f"/api/services/{only_id}/{action}", {})
         assert answer.status_code == 409 and "only an alive service can be" in answer.json()["detail"], answer.text
+
+
+def pool_loads(system: System, pool: str) -> dict[str, int]:
+    """Processing observers of ``pool`` per alive service name."""
+    alive = {s["id"]: s["name"] for s in system.services() if s["status"] == "alive"}
+    counts = collections.Counter(
+        alive.get(o["service_id"], "?") for o in system.observers(status="Processing", pool=pool)
+    )
+    return dict(counts)
+
+
+def test_services_in_two_pools_are_evened_in_each_and_drained_where_their_observers_are(system: System) -> None:
+    """Issue 62, item 3: the balancer judged a two-pool service by its load in all its pools.
+    Its drain then spent every round's budget on a pool where it ran nothing (600 left 90 s
+    after the drain), and it looked over in a pool because of its load in the other."""
+    system.start_manager()
+    system.start_service("both", workers=300, ORCH_POOLS="a,b")
+    bulk(system, "a", 100, pool="a")
+    bulk(system, "b", 100, pool="b")
+    wait_for(lambda: loads(system) == {"both": 200}, 30, "200 Processing on the two-pool service")
+
+    # Evened in each pool on its own: half of a to only-a, half of b to only-b
+    system.start_service("only-a", workers=300, ORCH_POOLS="a")
+    system.start_service("only-b", workers=300, ORCH_POOLS="b")
+    wait_for(
+        lambda: (
+            pool_loads(system, "a") == {"both": 50, "only-a": 50}
+            and pool_loads(system, "b") == {"both": 50, "only-b": 50}
+        ),
+        60,
+        "each pool even",
+    )
+    time.sleep(3)  # and it stays so
+    assert pool_loads(system, "a") == {"both": 50, "only-a": 50} and pool_loads(system, "b") == {
+        "both": 50,
+        "only-b": 50,
+    }
+
+    # Drained: its pool-b observers go to only-b though pool a also has room elsewhere
+    both_id = next(s["id"] for s in system.services() if s["name"] == "both")
+    bulk(system, "more-b", 150, pool="b", rebalance=False)  # pinned: they stay until the drain
+    wait_for(lambda: sum(pool_loads(system, "b").values()) == 250, 30, "250 Processing in pool b")
+    assert system.post(f"/api/services/{both_id}/drain", {}).status_code == 202
+    wait_for(lambda: "both" not in pool_loads(system, "a") | pool_loads(system, "b"), 60, "the drain to end")
+    assert pool_loads(system, "a") == {"only-a": 100} and pool_loads(system, "b") == {"only-b": 250}
+    wait_for(lambda: system.get(f"/api/services/{both_id}").json()["drain_note"] == "drained", 10, "drained")

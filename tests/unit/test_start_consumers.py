@@ -35,7 +35,7 @@ class FakeChannel:
 async def held_by(size: int) -> tuple[StartConsumers, FakeChannel]:
     starts = StartConsumers(quorum=False, placement=Placement())
     fake = FakeChannel()
-    await starts.hold(cast(AbstractChannel, fake), cast(StartChannel, fake), "orch.start.default", size)
+    await starts.hold(cast(AbstractChannel, fake), cast(StartChannel, fake), "default", size)
     return starts, fake
 
 
