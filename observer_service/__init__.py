@@ -8,7 +8,8 @@ Where things are handled:
   the control queue, the lease round trips, consumer cancels, refused start queues);
   ``start_consumers`` consumes the start queues under the manager's placement (priority,
   cordon) within the channel's window; ``start_channel`` hands start deliveries to a plain
-  function; ``lease`` is the fencing lease; ``refusals`` says what the broker refuses for good.
+  function; ``lease`` is the fencing lease; ``refusals`` says what the broker refuses for good;
+  ``queue_watch`` tells a deleted start queue (its starts with it) from one merely out of reach.
 * The observers: ``inbox`` (start deliveries admitted in order, in chunks), ``runner``
   (starting, stopping, fencing, handing over), ``stop_memory`` (broadcast stops of observers
   not here yet), ``declines`` (starts this service cannot run, handed on to one that can),

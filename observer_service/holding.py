@@ -39,7 +39,7 @@ import aiormq
 import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
-from observer_service import metrics
+from observer_service import metrics, queue_watch
 from observer_service.lease import Lease
 from observer_service.loop_thread import Mailbox
 from observer_service.start_channel import as_start_channel
@@ -102,6 +102,10 @@ class HoldingConnection:
         self._settles: collections.deque[tuple[Settle, DeliveryChannel, int]] = collections.deque()
         self._settle_wakeup: asyncio.Event | None = None
         self._settling = asyncio.Lock()
+        # Pools whose start queue was deleted while this session held starts from it
+        # (``queue_watch.py``): read by the service once the session has ended.
+        self.gone_pools: set[str] = set()
+        self._pools: list[str] = []
 
     async def open(
         self,
@@ -138,11 +142,13 @@ class HoldingConnection:
         control = await self._declare_control_queue(work, service_id, session_id)
         self._watch_cancels(await work.get_underlay_channel(), control.name)
         await control.consume(self._on_control_message)
+        self._pools = [pool for pool, _ in holds]
         for pool, prefetches in holds:
             await self._hold_pool(pool, prefetches)
         self._tasks += [
             asyncio.create_task(self._lease_loop(), name="lease"),
             asyncio.create_task(self._settle_loop(), name="settle"),
+            asyncio.create_task(self._watch_queues(), name="watch queues"),
         ]
 
     async def _declare_control_queue(
@@ -228,27 +234,50 @@ class HoldingConnection:
     async def _hold_on_new_channel(self, pool: str, queue: str, prefetch: int) -> None:
         channel = await self._channel()
         raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
-        self._watch_cancels(raw, queue)
+        self._watch_cancels(raw, queue, pool)
         await self.starts.hold(channel, raw, pool, prefetch)  # sets the prefetch: start_consumers.py
 
-    def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str) -> None:
+    def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str, pool: str | None = None) -> None:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum
         queue's consumer timeout) ends the session. The broker has already given its
         deliveries back, or lost them with the queue, so the observers they started are no
         longer this host's to run: the session's end fences them at once, and the next
         session declares the queues again and consumes. Ending the whole session costs a
         move of the other observers too, but keeps one rule for every loss of a lease:
-        deliveries belong to a session, and a session is whole or gone."""
+        deliveries belong to a session, and a session is whole or gone. For a start queue it
+        is first asked whether the queue was deleted (``queue_watch.py``)."""
 
         def cancelled(frame: aiormq.spec.Basic.Cancel) -> None:
             if not self._closing:
-                self._fail(
-                    f"the broker cancelled the consumer of {queue} (consumer tag {frame.consumer_tag}): the queue was "
-                    "deleted, its node went down, or a quorum queue's consumer timeout fired",
-                    None,
-                )
+                task = asyncio.create_task(self._cancelled(queue, pool, frame.consumer_tag))
+                self._tasks.append(task)
 
         channel.on_consumer_cancel_callbacks.add(cancelled)
+
+    async def _cancelled(self, queue: str, pool: str | None, tag: str | None) -> None:
+        gone = pool is not None and self._connection is not None and await queue_watch.deleted(self._connection, queue)
+        if gone and pool is not None:
+            self.gone_pools.add(pool)
+        why = (
+            "the queue was deleted"
+            if gone
+            else "the queue was deleted, its node went down, or a quorum queue's consumer timeout fired"
+        )
+        self._fail(f"the broker cancelled the consumer of {queue} (consumer tag {tag}): {why}", None)
+
+    async def _watch_queues(self) -> None:
+        """While the start queues are not consumed (cordoned), no cancel says one was deleted:
+        ask the broker about each every ``WATCH_EVERY_S``."""
+        while True:
+            await asyncio.sleep(queue_watch.WATCH_EVERY_S)
+            if self._closing or self.starts.consuming() or self._connection is None:
+                continue
+            for pool in self._pools:
+                queue = topology.start_queue_name(pool)
+                if await queue_watch.deleted(self._connection, queue):
+                    self.gone_pools.add(pool)
+                    self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
+                    return
 
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle

@@ -32,7 +32,7 @@ from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
 from shared.backoff import backoff_delay
 from shared.broker_nodes import BrokerNodes
-from shared.errors import BrokerRefused, BrokerUnavailable
+from shared.errors import BrokerRefused, BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
 from shared.messages import (
@@ -48,7 +48,10 @@ from shared.messages import (
     ServiceInventory,
     ServiceStopped,
     SetPlacement,
+    StartObserver,
+    StartsGone,
     StopObservers,
+    decode_start,
 )
 from shared.outage import OutageLog
 from shared.settings import ServiceSettings, hostname
@@ -182,8 +185,11 @@ class ObserverService:
             if self.shutdown.is_set() and not session.closed.is_set():
                 return  # graceful stop uses this live session
             self.session = None
+            gone = self._starts_gone(session)
             await self.runner.fence(session)
             await session.close(session.close_reason)
+            if gone is not None:
+                self.outbox.put(gone)  # after the fence: no copy of them runs any more
             stale = self.outbox.discard_started(session)
             if stale:
                 logger.warning("dropped %d unpublished start report(s) and inventories of the dead session", stale)
@@ -191,6 +197,24 @@ class ObserverService:
             # On a cluster the next session starts at the next node: the one this session
             # lost may be down, or up but cut off from the others (which answers a connect).
             self.nodes.failed()
+
+    def _starts_gone(self, session: Session) -> StartsGone | None:
+        """The starts this ended session held from a start queue that was deleted: those of
+        the observers it ran, and of those still waiting to be admitted."""
+        pools = session.gone_pools
+        if not pools:
+            return None
+        held = [r.start() for r in self.runner.running.values() if r.session is session]
+        held += [start for d in self.runner.inbox.waiting if d.session is session and (start := _decoded(d.body))]
+        ids = [start.observer_id for start in held if start.pool in pools]
+        if not ids:
+            return None
+        logger.warning(
+            "%d start(s) went with the deleted start queue(s) of %s: the manager publishes them again",
+            len(ids),
+            ", ".join(sorted(pools)),
+        )
+        return StartsGone(service_id=self.service_id, session_id=session.id, pools=sorted(pools), observer_ids=ids)
 
     async def _graceful_stop(self) -> None:
         session = self.session
@@ -335,6 +359,13 @@ class ObserverService:
             await asyncio.sleep(self.settings.inventory_s)
             if self.session is not None and not self.session.closed.is_set():
                 self._send_digest()
+
+
+def _decoded(body: bytes) -> StartObserver | None:
+    try:
+        return decode_start(body)
+    except DecodeError:
+        return None
 
 
 async def _wait_any(*events: asyncio.Event, timeout: float | None = None) -> None:

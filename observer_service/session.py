@@ -256,6 +256,11 @@ class Session:
             self.fail(f"stepping aside from pool {pool} failed: {e!r}", e)
 
     @property
+    def gone_pools(self) -> set[str]:
+        """Pools whose start queue was deleted while this session held starts from it."""
+        return set() if self._holding is None else set(self._holding.gone_pools)
+
+    @property
     def placement(self) -> Placement | None:
         """The placement the start consumers consume under (None before they exist)."""
         return None if self._holding is None else self._holding.starts.placement

@@ -83,7 +83,7 @@ class StartConsumers:
         """Consume ``pool``'s start queue on a channel of its own, holding at most ``size`` deliveries."""
         consumer = _Consumer(channel, raw, pool, topology.start_queue_name(pool), size)
         self._consumers[id(raw)] = consumer
-        if self._consuming():
+        if self.consuming():
             await self._consume(consumer)
 
     # --- called for each delivery and each settle, on the holding loop ----------------------
@@ -108,7 +108,7 @@ class StartConsumers:
         consumer.unsettled -= 1
         if tag <= consumer.floor:
             consumer.returned += 1
-        if self._consuming() and consumer.returned >= max(1, consumer.size // 20):
+        if self.consuming() and consumer.returned >= max(1, consumer.size // 20):
             consumer.returned = 0  # at most one re-consume on its way per batch of slots
             self._spawn(self._again(consumer))
 
@@ -151,7 +151,7 @@ class StartConsumers:
         for consumer in self._consumers.values():
             if queue in (None, consumer.queue):
                 await self._cancel(consumer)
-                if self._consuming():
+                if self.consuming():
                     await self._consume(consumer)
 
     async def stop(self) -> None:
@@ -173,12 +173,13 @@ class StartConsumers:
             with contextlib.suppress(Exception):
                 await consumer.channel.close()
 
-    def _consuming(self) -> bool:
+    def consuming(self) -> bool:
+        """Whether the start queues are consumed (not cordoned, not shutting down)."""
         return not self._stopped and not self.placement.cordoned
 
     async def _again(self, consumer: _Consumer) -> None:
         async with self._changing:
-            if self._consuming() and id(consumer.raw) in self._consumers:
+            if self.consuming() and id(consumer.raw) in self._consumers:
                 await self._cancel(consumer)
                 await self._consume(consumer)
 

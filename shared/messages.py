@@ -283,6 +283,19 @@ class StartsDeclined(Message):
     reason: str
 
 
+class StartsGone(Message):
+    """The start queue of ``pools`` was deleted while this service held these starts from it
+    in session ``session_id`` (``observer_service/queue_watch.py``): the broker dropped them
+    with the queue, and the service has stopped the observers. The manager publishes them
+    again at once (no copy is left anywhere), or ends a stop that was under way."""
+
+    type: Literal["StartsGone"] = "StartsGone"
+    service_id: uuid.UUID
+    session_id: uuid.UUID
+    pools: list[str]
+    observer_ids: list[uuid.UUID] = Field(min_length=1)
+
+
 class ObserversDescribed(Message):
     """The start messages of the observers named in a ``DescribeRequest`` that this service
     runs (the others it does not run: nothing to adopt)."""
@@ -404,6 +417,7 @@ StateMessage = Annotated[
     | ObserversStarted
     | ObserversHandedOver
     | StartsDeclined
+    | StartsGone
     | ObserverStopped
     | ObserverRetrying
     | ObserverFailed

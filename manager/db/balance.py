@@ -15,7 +15,6 @@ from manager.db.hosts import hosted_on
 from manager.db.models import Observer, ObserverHost, ObserverStatus, Service, ServiceStatus
 from manager.errors import Conflict, NotFound
 
-
 # What a service's digest counts as held (migration 0008).
 _HELD = (ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
 

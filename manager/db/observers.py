@@ -164,6 +164,26 @@ async def delete_unpublished(session: AsyncSession, ids: Sequence[uuid.UUID]) ->
     )
 
 
+async def mark_pending(session: AsyncSession, ids: Sequence[uuid.UUID], now: datetime) -> None:
+    """These rows' starts are about to be published again: pending until the broker confirmed
+    them, so that a crash in between leaves them to the pending-start repair (invariant 6)."""
+    await session.execute(
+        text(
+            "INSERT INTO pending_starts (observer_id, created_at) "
+            "SELECT unnest(CAST(:ids AS uuid[])), :now ON CONFLICT DO NOTHING"
+        ),
+        {"ids": list(ids), "now": now},
+    )
+
+
+async def created_hostless(session: AsyncSession, ids: Sequence[uuid.UUID]) -> list[Observer]:
+    """The rows among ``ids`` still Created with no host: waiting for a start."""
+    query = select(Observer).where(
+        id_in(Observer.id, ids), Observer.status == ObserverStatus.CREATED, Observer.service_id.is_(None)
+    )
+    return list(await session.scalars(query))
+
+
 async def mark_published(session: AsyncSession, ids: Sequence[uuid.UUID]) -> None:
     """The broker confirmed these starts: they are no longer pending."""
     await session.execute(delete(PendingStart).where(id_in(PendingStart.observer_id, ids)))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.db import observers
 from manager.db.models import EventType, ObserverStatus, ServiceStatus
 from manager.state.adoption import adopt
 from manager.state.follow_ups import FollowUps
@@ -26,6 +27,7 @@ from shared.messages import (
     ObserversStarted,
     ObserverStopped,
     StartsDeclined,
+    StartsGone,
 )
 
 if TYPE_CHECKING:
@@ -139,6 +141,36 @@ async def handed_over(rules: StateRules, session: AsyncSession, m: ObserversHand
             obs.status = S.CREATED
         if rules.handovers.of(obs.id) is None:  # not the balancer's: no start will say rebalanced
             rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=m.reason)
+
+
+async def starts_gone(rules: StateRules, session: AsyncSession, m: StartsGone, now: datetime, out: FollowUps) -> None:
+    """A start queue was deleted while ``m.service_id`` held these starts from it in
+    ``m.session_id``: the broker dropped them, and that service stopped the observers before
+    it said so. No copy is left anywhere: a live one waits hostless and its start is published
+    again after the commit (pending until confirmed, invariant 6); a stop under way is done.
+    A row another host or a newer session holds has a start of its own, and is left alone."""
+    rows = rules.rows_of(session)
+    again = []
+    for observer_id in m.observer_ids:
+        obs = await _observer(rules, session, observer_id)
+        if obs is None or obs.status not in (S.CREATED, S.PROCESSING, S.ON_DELETING):
+            continue
+        if obs.service_id is not None and (obs.service_id, obs.host_session_id) != (m.service_id, m.session_id):
+            continue
+        obs.host(None)
+        obs.modified_at = now
+        if obs.status == S.ON_DELETING:
+            obs.status = S.DELETED
+            detail = "its start queue was deleted while it was being stopped"
+            rows.event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=detail)
+            continue
+        obs.status = S.CREATED
+        detail = f"its start went with the deleted start queue of pool {', '.join(m.pools)}: published again"
+        rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=detail)
+        again.append(obs.id)
+    if again:
+        await observers.mark_pending(session, again, now)
+        out.starts += again
 
 
 def declined(rules: StateRules, session: AsyncSession, m: StartsDeclined, now: datetime) -> None:

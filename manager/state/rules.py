@@ -63,6 +63,7 @@ from shared.messages import (
     ServiceInventory,
     ServiceStopped,
     StartsDeclined,
+    StartsGone,
     StateMessage,
 )
 
@@ -106,16 +107,8 @@ class StateRules:
     async def apply(self, session: AsyncSession, message: StateMessage, now: datetime) -> FollowUps:
         out = FollowUps()
         match message:
-            case ServiceBorn():
-                await self._born(session, message, now, out)
-            case ServiceHeartbeat():
-                await self._heartbeat(session, message, now, out)
-            case ServiceStopped():
-                await self._service_gone(session, message.service_id, now)
-            case ServiceInventory():
-                await self._inventory(session, message, now, out)
-            case ServiceDigest():
-                await self._digest(session, message, now, out)
+            case ServiceBorn() | ServiceHeartbeat() | ServiceStopped() | ServiceInventory() | ServiceDigest():
+                await self._apply_service_report(session, message, now, out)
             case ObserverStopped() | ObserverRetrying() | ObserverFailed() | ObserverIsolated() | ReportBatch():
                 for report in message.reports if isinstance(message, ReportBatch) else [message]:
                     await self._apply_observer_report(session, report, now, out)
@@ -125,9 +118,30 @@ class StateRules:
                 await observer_reports.handed_over(self, session, message, now)
             case StartsDeclined():
                 observer_reports.declined(self, session, message, now)
+            case StartsGone():
+                await observer_reports.starts_gone(self, session, message, now, out)
             case ObserversDescribed():
                 await observer_reports.described(self, session, message, now, out)
         return out
+
+    async def _apply_service_report(
+        self,
+        session: AsyncSession,
+        report: ServiceBorn | ServiceHeartbeat | ServiceStopped | ServiceInventory | ServiceDigest,
+        now: datetime,
+        out: FollowUps,
+    ) -> None:
+        match report:
+            case ServiceBorn():
+                await self._born(session, report, now, out)
+            case ServiceHeartbeat():
+                await self._heartbeat(session, report, now, out)
+            case ServiceStopped():
+                await self._service_gone(session, report.service_id, now)
+            case ServiceInventory():
+                await self._inventory(session, report, now, out)
+            case ServiceDigest():
+                await self._digest(session, report, now, out)
 
     async def _apply_observer_report(
         self, session: AsyncSession, report: ObserverReport, now: datetime, out: FollowUps
@@ -318,7 +332,7 @@ class StateRules:
         observer_ids: set[uuid.UUID] = set()
         service_ids: set[uuid.UUID] = set()
         for message in messages:
-            if isinstance(message, ObserversStarted | ObserversHandedOver):
+            if isinstance(message, ObserversStarted | ObserversHandedOver | StartsGone):
                 observer_ids.update(message.observer_ids)
             reports = message.reports if isinstance(message, ReportBatch) else [message]
             for report in reports:

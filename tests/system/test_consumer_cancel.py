@@ -7,8 +7,10 @@ to another host, or lost it with the queue. aiormq only logs the cancel, so a se
 did not watch for it ran those observers on, and never consumed again. Here the start queue
 is deleted under 50 observers on 3 services (the test plug-in's ``probe``, whose ticks show
 which host acted when): every service must fence and consume again, and since the starts
-went with the queue, the manager's lost-start repair publishes them again (its wait is
-short here: ``ORCH_LOST_START_AFTER_S``)."""
+went with the queue, each service says which ones it held (``StartsGone``) and the manager
+publishes them again at once, not after the lost-start repair's minute (issue 62, item 10:
+131 s were seen). A service that consumes nothing (cordoned by a drain) gets no cancel, and
+must notice the deletion all the same (item 6)."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ CANCELLED = "the broker cancelled the consumer of orch.start.default"
 def test_a_deleted_start_queue_fences_its_observers_and_every_service_consumes_again(
     system: System, tmp_path: Path, rabbit: infra.RabbitNode, vhost: str
 ) -> None:
-    system.start_manager(ORCH_LOST_START_AFTER_S="3")
+    system.start_manager()  # the lost-start repair at its default minute: it must not be needed
     services = [system.start_service(name, workers=60) for name in SERVICES]
     log = tmp_path / "ticks.log"
     ids = [system.create(f"c-{i}", kind="probe", args=probe_args(log, 0.1))["id"] for i in range(50)]
@@ -42,8 +44,10 @@ def test_a_deleted_start_queue_fences_its_observers_and_every_service_consumes_a
 
     # Every service consumed the queue, so every one says why it fenced what it ran
     wait_for(lambda: all(CANCELLED in p.text() for p in services), 30, "every service to notice the cancel")
-    wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 120, "all 50 running again")
+    wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 30, "all 50 running again")
     assert_never_on_two_hosts(log)
+    released = [e for e in system.get(f"/api/observers/{ids[0]}/events").json() if e["event"] == "released"]
+    assert released and "deleted start queue of pool default: published again" in released[-1]["detail"], released
 
     # Every service consumes again: new creates reach each of them
     more = [system.create(f"m-{i}", kind="probe", args=probe_args(log, 1.0))["id"] for i in range(30)]
@@ -74,3 +78,50 @@ def test_a_deleted_state_queue_is_consumed_again_by_the_manager(
     system.wait_status(second["id"], "Processing", timeout=60)
     assert system.delete(f"/api/observers/{first['id']}").status_code == 202
     system.wait_status(first["id"], "Deleted", timeout=60)
+
+
+def test_a_cordoned_service_notices_its_start_queue_deleted(
+    system: System, tmp_path: Path, rabbit: infra.RabbitNode, vhost: str
+) -> None:
+    """Cordoned, a service consumes nothing, so the broker sends it no cancel when the queue
+    goes: before issue 62 it ran its observers on for ever on starts that no longer existed,
+    and its drain's nacks then dropped them silently."""
+    system.start_manager()
+    system.start_service("leaving", workers=20)
+    log = tmp_path / "ticks.log"
+    ids = [system.create(f"d-{i}", kind="probe", args=probe_args(log, 0.2))["id"] for i in range(20)]
+    for oid in ids:
+        system.wait_status(oid, "Processing")
+    system.start_service("small", workers=10)
+    ids += [system.create(f"s-{i}", kind="probe", args=probe_args(log, 0.2))["id"] for i in range(10)]
+    wait_for(lambda: on(system, "small", ids) == 10, 30, "ten on the small service")
+    leaving = system.service_by_name("leaving")
+    assert leaving is not None
+    assert system.post(f"/api/services/{leaving['id']}/drain", {}).status_code == 202  # cordoned (no moves here)
+    wait_for(lambda: "cordoned: no new starts here" in system.procs[1].text(), 30, "the cordon applied")
+
+    rabbit.ctl("delete_queue", "-p", vhost, "orch.start.default")
+
+    # The twenty of the cordoned service are fenced there and wait in the queue again; the
+    # small one took its own ten back
+    wait_for(lambda: ready(system) == 20, 30, "the cordoned service's twenty waiting in the queue")
+    wait_for(lambda: on(system, "leaving", ids) == 0 and on(system, "small", ids) == 10, 30, "ten on small only")
+    # Uncordoned, it takes them back; no observer ever ran on two hosts
+    assert system.post(f"/api/services/{leaving['id']}/uncordon", {}).status_code == 200
+    wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 30, "all 30 running again")
+    assert_never_on_two_hosts(log)
+
+
+def ready(system: System) -> int:
+    """Ready starts in the default pool's queue (-1 while it does not exist)."""
+    try:
+        return system.queue_counts("orch.start.default")[0]
+    except Exception:  # noqa: BLE001 - deleted and not declared again yet
+        return -1
+
+
+def on(system: System, name: str, ids: list[str]) -> int:
+    svc = system.service_by_name(name)
+    assert svc is not None
+    running = (system.observer(oid) for oid in ids)
+    return sum(1 for o in running if o["status"] == "Processing" and o["service_id"] == svc["id"])
