@@ -192,14 +192,7 @@ class Bench:
 
         async def send(chunk: range) -> None:
             body = {"observers": [{"name": f"{prefix}-{i}", "kind": "ticker", "args": args} for i in chunk]}
-            for _ in range(5):
-                async with gate:
-                    response = await self.http.post("/api/observers/bulk", json=body)
-                if response.status_code != 503:
-                    break
-                # What a client should do with 503: wait and retry (all or nothing, so safe).
-                self.retries.append(response.json().get("detail", ""))
-                await asyncio.sleep(2)
+            response = await self._post_retrying("/api/observers/bulk", body, gate)
             if response.is_error:
                 raise RuntimeError(f"bulk create failed: {response.status_code} {response.text}")
 
@@ -207,8 +200,23 @@ class Bench:
 
     async def bulk_stop(self, ids: list[str]) -> None:
         for i in range(0, len(ids), 10_000):
-            response = await self.http.post("/api/observers/bulk-stop", json={"ids": ids[i : i + 10_000]})
+            response = await self._post_retrying("/api/observers/bulk-stop", {"ids": ids[i : i + 10_000]})
             response.raise_for_status()
+
+    async def _post_retrying(
+        self, path: str, body: dict[str, Any], gate: asyncio.Semaphore | None = None
+    ) -> httpx.Response:
+        """What a client should do with 503: wait and retry (a bulk create is all or nothing,
+        a stop idempotent, so both are safe). Seen in CI: a bulk stop right after the broker
+        lost its data, while the API's broker link was still reconnecting."""
+        for _ in range(5):
+            async with gate or contextlib.nullcontext():
+                response = await self.http.post(path, json=body)
+            if response.status_code != 503:
+                break
+            self.retries.append(response.json().get("detail", ""))
+            await asyncio.sleep(2)
+        return response
 
     async def ids(self, status: str) -> list[str]:
         assert self.db is not None
