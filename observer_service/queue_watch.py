@@ -45,7 +45,12 @@ async def deleted(connection: AbstractConnection, queue: str) -> bool:
         text = str(e)
         if "home node" in text or "down or inaccessible" in text:
             return False
-        logger.error("the start queue %s was deleted, and with it every start this service held from it", queue)
+        # A WARNING: the manager publishes those starts again, nobody has to act.
+        logger.warning(
+            "the start queue %s was deleted, and with it every start this service held from it: "
+            "the service says which, for the manager to publish them again",
+            queue,
+        )
         return True
     except Exception:  # noqa: BLE001 - unanswered or refused otherwise: not evidence of a deletion
         return False

@@ -286,8 +286,9 @@ class StartsDeclined(Message):
 class StartsGone(Message):
     """The start queue of ``pools`` was deleted while this service held these starts from it
     in session ``session_id`` (``observer_service/queue_watch.py``): the broker dropped them
-    with the queue, and the service has stopped the observers. The manager publishes them
-    again at once (no copy is left anywhere), or ends a stop that was under way."""
+    with the queue, and the service has stopped the observers. The manager publishes again
+    those it still knows on this host in this session (no copy is left anywhere), or ends a
+    stop that was under way."""
 
     type: Literal["StartsGone"] = "StartsGone"
     service_id: uuid.UUID

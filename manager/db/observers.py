@@ -176,10 +176,12 @@ async def mark_pending(session: AsyncSession, ids: Sequence[uuid.UUID], now: dat
     )
 
 
-async def created_hostless(session: AsyncSession, ids: Sequence[uuid.UUID]) -> list[Observer]:
-    """The rows among ``ids`` still Created with no host: waiting for a start."""
-    query = select(Observer).where(
-        id_in(Observer.id, ids), Observer.status == ObserverStatus.CREATED, Observer.service_id.is_(None)
+async def pending_hostless(session: AsyncSession, ids: Sequence[uuid.UUID]) -> list[Observer]:
+    """The rows among ``ids`` still Created with no host and a start still pending."""
+    query = (
+        select(Observer)
+        .join(PendingStart, PendingStart.observer_id == Observer.id)
+        .where(id_in(Observer.id, ids), Observer.status == ObserverStatus.CREATED, Observer.service_id.is_(None))
     )
     return list(await session.scalars(query))
 

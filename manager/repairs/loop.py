@@ -24,7 +24,7 @@ from manager.repairs.base import Repair
 from manager.repairs.housekeeping import EndProbations, FoldDeltas, ForgetApplied, PruneHistory
 from manager.repairs.liveness import JudgeHeartbeats
 from manager.repairs.lost_starts import LostStarts
-from manager.repairs.pending_starts import PendingStarts
+from manager.repairs.pending_starts import GoneStarts, PendingStarts
 from manager.repairs.rebuild import BrokerRebuild
 from manager.repairs.restop import Restop
 from manager.repairs.unknown import DescribeUnknown
@@ -50,6 +50,7 @@ def state_side_repairs(
         BrokerRebuild(sessions, broker),
         Restop(sessions, broker, settings.restop_after_s),
         heartbeats,
+        GoneStarts(sessions, broker, rules.gone_starts),
         PendingStarts(sessions, broker, settings.pending_start_after_s, in_flight),
         LostStarts(sessions, broker, rules.declines, settings.lost_start_after_s),
         DescribeUnknown(sessions, broker, rules, settings.unknown_grace_s),

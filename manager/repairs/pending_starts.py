@@ -1,25 +1,43 @@
-"""Starts a crash left unconfirmed are published again (the pending-start repair).
+"""Starts published again because the broker has none: left unconfirmed by a crash (the
+pending-start repair), or gone with a deleted start queue (the gone-start repair).
 
 A create commits its row and a ``pending_starts`` row together, publishes the start and
 deletes the pending row once the broker confirmed it; a crash between commit and confirm
 leaves it. The API process may be publishing a start right now that this (other) process
 cannot see, so a pending start is left alone until it is ``ORCH_PENDING_START_AFTER_S`` old;
-a start published twice anyway is absorbed by the rules."""
+a start published twice anyway is absorbed by the rules.
+
+A start queue deleted under a service took the starts it held: the ``starts_gone`` rule makes
+their rows Created and pending, and names them to the gone-start repair, which publishes them
+at its next pass. Both run in the repair loop after the broker rebuild, never beside it: a
+row the rebuild published is no longer pending, and is skipped.
+"""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.db import observers
+from manager.db.models import Observer
 from manager.repairs.base import Repair
 from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
+
+
+async def _publish_again(
+    sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, rows: Sequence[Observer]
+) -> None:
+    """Publish the rows' starts and, once the broker confirmed them, end their pending rows."""
+    await broker.publish_starts([start_message(obs) for obs in rows])
+    async with sessions.begin() as session:
+        await observers.mark_published(session, [o.id for o in rows])
 
 
 class PendingStarts(Repair):
@@ -45,7 +63,28 @@ class PendingStarts(Repair):
         rows = [obs for obs in found if obs.id not in self.in_flight]
         if not rows:
             return
-        await self.broker.publish_starts([start_message(obs) for obs in rows])
-        async with self.sessions.begin() as session:
-            await observers.mark_published(session, [o.id for o in rows])
+        await _publish_again(self.sessions, self.broker, rows)
         logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))
+
+
+class GoneStarts(Repair):
+    """Every pass: the starts ``gone`` names (the state rules add to it), still pending and
+    hostless, published again; the names are forgotten once the broker confirmed them."""
+
+    name = "republish_gone"
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, gone: set[uuid.UUID]) -> None:
+        self.sessions = sessions
+        self.broker = broker
+        self.gone = gone
+
+    async def run(self) -> None:
+        if not self.gone:
+            return
+        asked = list(self.gone)
+        async with self.sessions() as session:
+            rows = await observers.pending_hostless(session, asked)
+        if rows:
+            await _publish_again(self.sessions, self.broker, rows)
+            logger.warning("published again %d start(s) that went with a deleted start queue", len(rows))
+        self.gone.difference_update(asked)

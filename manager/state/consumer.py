@@ -38,7 +38,6 @@ import collections
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -46,10 +45,9 @@ from aio_pika.abc import AbstractIncomingMessage
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db import applied, observers
+from manager.db import applied
 from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
-from manager.starts import start_message
 from manager.state.follow_ups import FollowUps
 from manager.state.rules import StateRules
 from shared.collector import paused_collection
@@ -231,23 +229,6 @@ class StateConsumer:
             except BrokerUnavailable as e:
                 # Re-stops and inventories are repeated by the background loops.
                 logger.warning("could not publish %s: %s", type(follow_up).__name__, e)
-        if follow_ups.starts:
-            await self._publish_starts(follow_ups.starts)
-
-    async def _publish_starts(self, ids: list[uuid.UUID]) -> None:
-        """Starts to publish again (their queue was deleted with them), pending until confirmed:
-        one the broker refuses now is the pending-start repair's."""
-        async with self.sessions() as session:
-            starts = [start_message(obs) for obs in await observers.created_hostless(session, ids)]
-        try:
-            await self.broker.publish_starts(starts)
-        except BrokerUnavailable as e:
-            logger.warning("could not publish %d start(s) again now (%s): the pending-start repair will", len(ids), e)
-            return
-        async with self.sessions.begin() as session:
-            await observers.mark_published(session, [start.observer_id for start in starts])
-        if starts:
-            logger.info("published again %d start(s) that went with a deleted start queue", len(starts))
 
     @staticmethod
     async def _ack(deliveries: list[Delivery]) -> None:

@@ -35,9 +35,6 @@ class FollowUps:
     # may decide the same stop twice (a start report and an inventory naming one observer).
     stops: dict[StopTarget, dict[uuid.UUID, None]] = field(default_factory=dict)
     isolations: dict[uuid.UUID, list[uuid.UUID]] = field(default_factory=dict)
-    # Observers whose start is to be published again (its queue was deleted with it), once
-    # the transaction that made them Created with a pending start committed.
-    starts: list[uuid.UUID] = field(default_factory=list)
 
     def stop(
         self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str, session_id: uuid.UUID | None = None
@@ -59,7 +56,6 @@ class FollowUps:
             self.stops.setdefault(target, {}).update(stopped)
         for host, isolated in other.isolations.items():
             self.isolations.setdefault(host, []).extend(isolated)
-        self.starts += other.starts
 
     def batched(self) -> list[Message]:
         """Stops with the same target and reason merged into ``StopObservers``, isolations

@@ -143,19 +143,24 @@ async def handed_over(rules: StateRules, session: AsyncSession, m: ObserversHand
             rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=m.reason)
 
 
-async def starts_gone(rules: StateRules, session: AsyncSession, m: StartsGone, now: datetime, out: FollowUps) -> None:
+async def starts_gone(rules: StateRules, session: AsyncSession, m: StartsGone, now: datetime) -> None:
     """A start queue was deleted while ``m.service_id`` held these starts from it in
     ``m.session_id``: the broker dropped them, and that service stopped the observers before
-    it said so. No copy is left anywhere: a live one waits hostless and its start is published
-    again after the commit (pending until confirmed, invariant 6); a stop under way is done.
-    A row another host or a newer session holds has a start of its own, and is left alone."""
+    it said so. No copy is left anywhere: a live one waits hostless, pending, and the
+    gone-start repair publishes its start again (``manager/repairs/pending_starts.py``); a
+    stop under way is done.
+
+    Only a row this host holds in that session is taken. Any other has a start of its own:
+    another host's or a newer session's, or, hostless, one the broker holds or the rebuild
+    published (it releases every row when the broker lost its data, the deleted start
+    queues with it, and publishes them all; a second copy would run on two hosts)."""
     rows = rules.rows_of(session)
     again = []
     for observer_id in m.observer_ids:
         obs = await _observer(rules, session, observer_id)
         if obs is None or obs.status not in (S.CREATED, S.PROCESSING, S.ON_DELETING):
             continue
-        if obs.service_id is not None and (obs.service_id, obs.host_session_id) != (m.service_id, m.session_id):
+        if obs.service_id != m.service_id or obs.host_session_id not in (None, m.session_id):
             continue
         obs.host(None)
         obs.modified_at = now
@@ -170,7 +175,7 @@ async def starts_gone(rules: StateRules, session: AsyncSession, m: StartsGone, n
         again.append(obs.id)
     if again:
         await observers.mark_pending(session, again, now)
-        out.starts += again
+        rules.gone_starts.update(again)
 
 
 def declined(rules: StateRules, session: AsyncSession, m: StartsDeclined, now: datetime) -> None:

@@ -101,6 +101,9 @@ class StateRules:
         self.placements: dict[uuid.UUID, Placed] = {}
         # The starts services declined (they cannot run them), held or on their way.
         self.declines = Declines()
+        # Observers whose start went with a deleted start queue, pending, for the gone-start
+        # repair to publish again (an id whose row a rolled-back batch did not change is skipped).
+        self.gone_starts: set[uuid.UUID] = set()
         # The rows of the transaction being applied (set by ``preload``).
         self._rows: tuple[ObserverRows, ServiceRows] | None = None
 
@@ -119,7 +122,7 @@ class StateRules:
             case StartsDeclined():
                 observer_reports.declined(self, session, message, now)
             case StartsGone():
-                await observer_reports.starts_gone(self, session, message, now, out)
+                await observer_reports.starts_gone(self, session, message, now)
             case ObserversDescribed():
                 await observer_reports.described(self, session, message, now, out)
         return out
