@@ -57,6 +57,15 @@ class Context:
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
         return logging.LoggerAdapter(logging.getLogger(f"observer.{self.kind}"), {"observer_id": str(self.observer_id)})
 
+    def fresh(self) -> Context:
+        """The same observer's context, not stopping: for a run that follows one which was
+        fenced by ``request_stop`` (probation's move into a child, ``probation.py``)."""
+        return Context(self.observer_id, self.name, self.kind, self.service_id, self._session)
+
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
     def request_stop(self) -> None:
         """Tell the body to stop (``stopping``); from now on it may not act (``ensure_lease``)."""
         self._stop_requested = True
@@ -180,7 +189,7 @@ async def supervise(
                     await loaded.kind.run(args, ctx)
                 error = "observer returned"
             except LeaseLost:
-                if ctx.lease_deadline() == 0.0 or running.ended_by is not None:
+                if ctx.lease_deadline() == 0.0 or running.ended_by is not None or ctx.stop_requested:
                     raise
                 await _lease_back(ctx)
                 continue

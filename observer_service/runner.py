@@ -69,7 +69,7 @@ class Runner:
         self.inbox = Inbox(outbox, self.gc, self._admit, self.spawn)
         self.start_log = StartLog()
         self.declines = Declines(service_id, outbox, self.spawn)
-        self.probation = Probation(settings, service_id, outbox, kinds, self.running, self._run, self.spawn)
+        self.probation = Probation(settings, service_id, outbox, kinds, self.running, self._run, self.fail, self.spawn)
 
     # --- start -------------------------------------------------------------------------
 
@@ -313,8 +313,10 @@ class Runner:
         if running.task is asyncio.current_task():
             running.task = None  # ended: nothing is left to cancel or wait for
         cancelled = isinstance(outcome, asyncio.CancelledError)
-        if running.isolating and cancelled:
-            return  # paused on purpose, to run again in a child process (``probation.py``)
+        if running.isolating:
+            # Paused on purpose, to run again in a child process: cancelled, or, having
+            # ignored that, fenced (``probation.py``).
+            return
         if running.ended_by is not None:
             if outcome is not None and not cancelled:
                 logger.debug("observer %s ended with %r", running.observer_id, outcome)
@@ -338,6 +340,12 @@ class Runner:
             reason = "observer task ended"
         else:
             reason = f"{type(outcome).__name__}: {outcome}"
+        self.fail(running, reason)
+
+    def fail(self, running: Running, reason: str) -> None:
+        """End it Failed: said to the manager, its start dead-lettered to the pool's error
+        queue (kept for inspection, never run again)."""
+        running.ended_by = "failed"
         logger.error("observer %s failed: %s", running.observer_id, reason)
         metrics.FAILURES.inc()
         self.running.remove(running.observer_id)
@@ -345,7 +353,6 @@ class Runner:
         self.outbox.put(
             ObserverFailed(observer_id=running.observer_id, service_id=self.service_id, reason=reason[:MAX_ERROR_CHARS])
         )
-        # Dead-lettered to the pool's error queue: kept for inspection, never run again.
         self.spawn(settle(running.session.reject(running.channel, running.tag)))
 
     def spawn(self, coro: Any) -> None:

@@ -160,6 +160,44 @@ def test_an_observer_that_keeps_killing_its_hosts_ends_failed_in_its_own_process
     assert not {pids[3], pids[4]} & {p.popen.pid for p in services}
 
 
+def test_a_body_that_ignores_cancellation_is_fenced_when_put_on_probation(plugged: System, tmp_path: Path) -> None:
+    """Issue 62, item 5: probation moves an observer into a child process by cancelling its
+    task first. One that swallows the cancellation is fenced (its context refuses side
+    effects); ``stubborn`` asks before each tick, so it ends and runs on in a child; ``deaf``
+    never asks, cannot be moved, and is Failed at once, saying why."""
+    plugged.start_manager(
+        ORCH_PROBATION_AFTER_HOST_DEATHS="1", ORCH_PROBATION_WINDOW_S="300", ORCH_PROBATION_BUDGET="1.0"
+    )
+    first = plugged.start_service("svc-a", workers=5, ORCH_STOP_GRACE_S="1")
+    log = tmp_path / "runs.log"
+    stubborn = plugged.create("stubborn-1", kind="stubborn", args={"log_file": str(log)})
+    deaf = plugged.create("deaf-1", kind="deaf", args={"log_file": str(log)})
+    for created in (stubborn, deaf):
+        plugged.wait_status(created["id"], "Processing")
+    second = plugged.start_service("svc-b", workers=5, ORCH_STOP_GRACE_S="1")
+
+    first.kill9()  # one host death puts both on probation: svc-b must move them into children
+
+    failed = plugged.wait_status(deaf["id"], "Failed", timeout=60)
+    assert "ignored cancellation and then its fence" in failed["last_error"], failed
+    wait_for(
+        lambda: (plugged.observer(stubborn["id"])["probation"] or {}).get("isolated_since") is not None,
+        60,
+        "stubborn running in a child process",
+    )
+    moved = plugged.observer(stubborn["id"])
+    assert moved["status"] == "Processing" and moved["service_name"] == "svc-b", moved
+    assert "fenced, its context allows no more side effects" in second.text()
+    assert second.alive()
+
+    # Fenced, stubborn ticked no more in svc-b's process; its child ticks on.
+    time.sleep(2)
+    ticks = [(pid, at) for oid, _, pid, at in read_ticks(log) if oid == stubborn["id"]]
+    in_service = [at for pid, at in ticks if pid == second.popen.pid]
+    in_child = [at for pid, at in ticks if pid not in (first.popen.pid, second.popen.pid)]
+    assert in_service and in_child and max(in_service) < min(in_child), ticks
+
+
 def test_a_service_without_the_kind_hands_the_start_to_one_that_has_it(system: System, plugin_path: Path) -> None:
     system.start_manager()
     system.start_service("bare", workers=5)  # no plug-in

@@ -152,3 +152,17 @@ async def stubborn(args: StubbornArgs, ctx: ObserverContext) -> None:
 STUBBORN = ObserverKind(
     name="stubborn", args_model=StubbornArgs, run=stubborn, description="ignores cancellation, ticks on"
 )
+
+
+async def deaf(args: StubbornArgs, ctx: ObserverContext) -> None:
+    """Swallows cancellation and never asks its context before it acts: nothing but the end
+    of its process ends it. One line per tick."""
+    while True:
+        try:
+            _log_run(args, ctx)
+            await asyncio.sleep(args.interval_s)
+        except asyncio.CancelledError:
+            continue
+
+
+DEAF = ObserverKind(name="deaf", args_model=StubbornArgs, run=deaf, description="ignores cancellation and its fence")
