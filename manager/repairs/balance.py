@@ -9,7 +9,8 @@ to drain (docs/design.md, "Even load"), by the decisions of ``manager/balance/pl
   twice and is not running only for the moment the broker takes to deliver it again.
 * A pool where a placement changed moves nothing that round: its services consume under
   the new priorities first, or the starts would go where the old ones point. The other
-  pools move as usual.
+  pools move as usual, and the pool itself moves the next round whatever changed in it
+  then (``Settle``): drains and uncordons flapping would otherwise hold it still.
 * The round's budget (``ORCH_BALANCE_MOVES_PER_S`` times the period) is spent on what is
   asked to move, drains first: a planned move of observers that cannot go (pinned, of a kind
   no taker runs) takes nothing from the others.
@@ -40,6 +41,20 @@ logger = logging.getLogger(__name__)
 _RESEND_AFTER_S = 10.0  # a placement a service's heartbeats do not confirm is sent again
 
 
+class Settle:
+    """The pools that move nothing this round because a placement in them just changed; never
+    the same pool two rounds running, so that a pool whose placements change every round
+    (drain and uncordon requests flapping) still moves every other round."""
+
+    def __init__(self) -> None:
+        self._held: set[str] = set()
+
+    def held(self, changed: set[str]) -> set[str]:
+        held = changed - self._held
+        self._held = held
+        return held
+
+
 class Balance(Repair):
     name = "balance"
 
@@ -58,6 +73,7 @@ class Balance(Repair):
         self.period_s = settings.repair_interval_s
         self._sent: dict[uuid.UUID, tuple[planning.Placed, float]] = {}  # placement, when
         self._refused: set[str] = set()  # services a command could not reach, said once
+        self._settle = Settle()
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
@@ -69,9 +85,7 @@ class Balance(Repair):
         if changed:
             async with self.sessions.begin() as session:
                 await balance.set_drain_notes(session, changed)
-        # A pool where a placement just changed moves nothing this round: its services consume
-        # under the new priorities first, or the starts would go where the old ones point.
-        waiting = {pool for m in fleet if m.id in placed for pool in m.pools}
+        waiting = self._settle.held({pool for m in fleet if m.id in placed for pool in m.pools})
         names = {m.id: m.name for m in fleet}
         budget = math.ceil(self.moves_per_s * self.period_s)
         for move in decided.moves:  # drains first

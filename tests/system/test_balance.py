@@ -7,6 +7,8 @@ they keep observers where they put them); here it runs at its default pace.
 from __future__ import annotations
 
 import collections
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.system.test_fencing import assert_never_on_two_hosts
+from tools import infra
 from tools.harness import System, metric, probe_args, wait_for
 
 
@@ -250,3 +253,67 @@ def test_services_in_two_pools_are_evened_in_each_and_drained_where_their_observ
     wait_for(lambda: "both" not in pool_loads(system, "a") | pool_loads(system, "b"), 60, "the drain to end")
     assert pool_loads(system, "a") == {"only-a": 100} and pool_loads(system, "b") == {"only-b": 250}
     wait_for(lambda: system.get(f"/api/services/{both_id}").json()["drain_note"] == "drained", 10, "drained")
+
+
+def test_creates_and_stops_go_on_while_a_rebuild_on_one_service_is_evened_out(
+    system: System, rabbit: infra.RabbitNode, vhost: str
+) -> None:
+    """Issue 62, item 11: the broker loses its data while two of three services are frozen,
+    so the rebuild puts every observer on the third; the other two come back and the balancer
+    hands two thirds over. Meanwhile a create runs and a stop is applied, as at any time."""
+    system.start_manager()
+    procs = {name: system.start_service(name, workers=300) for name in ("s1", "s2", "s3")}
+    ids = bulk(system, "t", 210)
+    wait_for(lambda: sum(loads(system).values()) == 210, 60, "210 Processing")
+
+    for name in ("s2", "s3"):
+        procs[name].signal(signal.SIGSTOP)
+    rabbit.delete_vhost(vhost)
+    rabbit.add_vhost(vhost)
+    wait_for(lambda: loads(system).get("s1") == 210, 60, f"all 210 on s1 after the rebuild (now {loads(system)})")
+    for name in ("s2", "s3"):
+        procs[name].signal(signal.SIGCONT)
+
+    # A create and a stop every half second while the hand-over runs: each answered at once
+    # and applied, as at any other time.
+    created, stopped = [], ids[:20]
+    for i, oid in enumerate(stopped):
+        response = system.post("/api/observers", {"name": f"late-{i}", "kind": "ticker", "args": {"interval_s": 5}})
+        assert response.status_code == 201, response.text
+        created.append(response.json()["id"])
+        response = system.delete(f"/api/observers/{oid}")
+        assert response.status_code == 202, response.text
+        time.sleep(0.5)
+    print(f"loads after the creates and stops: {loads(system)}")
+    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in created), 30, "the creates running")
+    wait_for(lambda: all(system.observer(oid)["status"] == "Deleted" for oid in stopped), 30, "the stops applied")
+    wait_for(lambda: within(loads(system), 210, tolerance=0.15), 90, f"even load (now {loads(system)})")
+
+
+def test_drains_and_uncordons_flapping_hold_no_pool_still(system: System) -> None:
+    """Issue 62, item 9: a script drains and uncordons one service as fast as the API answers;
+    the pool's other services are evened out meanwhile, and all ends even once it stops."""
+    system.start_manager()
+    system.start_service("s1", workers=200)
+    bulk(system, "f", 120)
+    wait_for(lambda: loads(system) == {"s1": 120}, 60, "120 Processing on s1")
+    for name in ("s2", "s3"):
+        system.start_service(name, workers=200)
+    flapping = next(s["id"] for s in system.services() if s["name"] == "s3")
+    done = threading.Event()
+
+    def flap() -> None:
+        while not done.is_set():
+            for action in ("drain", "uncordon"):
+                response = system.post(f"/api/services/{flapping}/{action}", {})
+                assert response.status_code in (200, 202), response.text
+
+    flapper = threading.Thread(target=flap)
+    flapper.start()
+    try:
+        wait_for(lambda: loads(system)["s1"] <= 60, 60, f"s1 handing over while s3 flaps (now {loads(system)})")
+        assert flapper.is_alive()
+    finally:
+        done.set()
+        flapper.join(30)
+    wait_for(lambda: within(loads(system), 120, tolerance=0.15), 60, f"even load (now {loads(system)})")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from manager.balance.plan import EVEN, OVER, UNDER, Member, Move, Plan, drain_note, placement, plan
+from manager.repairs.balance import Settle
 
 
 def levels(decided: Plan, pool: str) -> dict[uuid.UUID, int]:
@@ -106,3 +107,15 @@ def test_one_service_under_the_tolerance_is_filled_from_those_above_their_share_
     decided = plan([a, b, c], 0.1)
     assert levels(decided, "default") == {a.id: OVER, b.id: OVER, c.id: UNDER}
     assert sorted(m.count for m in decided.moves) == [548, 952]  # both down to 10,000, c up to it
+
+
+def test_a_pool_whose_placements_change_every_round_moves_every_other_round() -> None:
+    # Drain and uncordon requests flapping change a placement in "default" each round; a
+    # change in "gpu" once. Each pool waits one round after a change, never two running.
+    settle = Settle()
+    assert settle.held({"default"}) == {"default"}
+    assert settle.held({"default", "gpu"}) == {"gpu"}
+    assert settle.held({"default"}) == {"default"}
+    assert settle.held({"default"}) == set()
+    assert settle.held(set()) == set()
+    assert settle.held({"default"}) == {"default"}
