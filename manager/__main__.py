@@ -38,7 +38,10 @@ def main() -> None:
     # Imported only now, while the child imports its own half.
     from manager.db.startup import database_ready_or_exit
 
-    database_ready_or_exit(settings.database_url, "the API", logger)  # waits for it; refused: status 2
+    database_ready_or_exit(settings, "the API", logger)  # waits for it; refused: status 2
+    from manager.broker_startup import broker_tls_or_exit
+
+    broker_tls_or_exit(settings, "the API", logger)  # a certificate refused: status 2
     import uvicorn
 
     from manager.app import create_app

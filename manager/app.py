@@ -95,8 +95,10 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
         # The client's own bound, for a database that answers nothing: later than the
         # server's, which says why (a lock, a slow statement) and keeps the connection.
         client_timeout_s = settings.api_db_timeout_s + _CLIENT_TIMEOUT_MARGIN_S
+        tls = settings.database_tls_context()
         engine = make_engine(
             settings.database_url,
+            tls=tls,
             lock_timeout_s=lock_timeout_s,
             client_timeout_s=client_timeout_s if settings.state_process else None,
         )
@@ -108,6 +110,7 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
         # fill the read pool and the rest wait out the pool's timeout for a connection.
         read_engine = make_engine(
             settings.database_url,
+            tls=tls,
             read_only=True,
             statement_timeout_s=settings.api_db_timeout_s,
             client_timeout_s=client_timeout_s,

@@ -39,7 +39,9 @@ def _do_run(connection: Connection) -> None:
 
 
 async def run_migrations_online() -> None:
-    engine = create_async_engine(_url())
+    # The manager's own TLS (``ORCH_DATABASE_TLS``, ``ORCH_DATABASE_CA_FILE``...): verified.
+    tls = ManagerSettings().database_tls_context()
+    engine = create_async_engine(_url(), connect_args={"ssl": tls} if tls is not None else {})
     async with engine.connect() as connection:
         await connection.run_sync(_do_run)
     await engine.dispose()

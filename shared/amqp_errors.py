@@ -5,7 +5,8 @@ aiormq reports a virtual host that the broker refuses (it does not exist, or the
 no permissions on it) as ``InvalidFrameError: Invalid frame received: "Expected one of
 ['Connection.OpenOk'], got <Connection.Close object at 0x...>"``: the broker's reason is
 lost with the frame, so a mistyped vhost in ``ORCH_AMQP_URL`` is named here. Every other
-failure (refused, bad credentials, timed out) already names itself and is quoted as it is.
+failure (refused, bad credentials, timed out) already names itself and is quoted as it is,
+but a TLS handshake the certificates failed, which names the setting to fix (``amqp_tls_refusal``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 from urllib.parse import unquote, urlsplit
 
 import aiormq
+
+from shared.tls import tls_refusal
 
 _VHOST_REFUSED = ("Connection.OpenOk", "Connection.Close")
 
@@ -37,9 +40,17 @@ def vhost_refused_text(amqp_url: str) -> str:
     )
 
 
+def amqp_tls_refusal(error: BaseException) -> str | None:
+    """A TLS handshake with the broker that the certificates failed, in one line naming the
+    setting to fix; None for any other failure."""
+    return tls_refusal(error, "ORCH_AMQP_CA_FILE", "ORCH_AMQP_CERT_FILE", "the host in ORCH_AMQP_URL or ORCH_AMQP_URLS")
+
+
 def describe_connect_failure(error: BaseException, amqp_url: str) -> str:
     """``error`` (an attempt to connect to ``amqp_url`` that failed) in one line."""
-    return vhost_refused_text(amqp_url) if vhost_refused(error) else repr(error)
+    if vhost_refused(error):
+        return vhost_refused_text(amqp_url)
+    return amqp_tls_refusal(error) or repr(error)
 
 
 def describe_close(error: BaseException | None, heartbeat_s: int) -> str:
@@ -113,6 +124,9 @@ def refusal(error: BaseException | None, amqp_url: str = "") -> str | None:
         return None
     if vhost_refused(error):
         return vhost_refused_text(amqp_url)
+    tls = amqp_tls_refusal(error)
+    if tls is not None:
+        return tls
     said = str(error.args[0]) if error.args else str(error)
     if isinstance(error, aiormq.exceptions.ConnectionInternalError) and "deprecated" in said:
         return (

@@ -37,4 +37,4 @@ class BrokerNodes:
 
 def node_name(url: str) -> str:
     parts = urlsplit(url)
-    return f"{parts.hostname or '?'}:{parts.port or 5672}"
+    return f"{parts.hostname or '?'}:{parts.port or (5671 if parts.scheme == 'amqps' else 5672)}"

@@ -12,18 +12,21 @@ from __future__ import annotations
 import os
 import re
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, Self, TypeVar
+from urllib.parse import quote
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from shared.egress import DEFAULT_DENY, DENY_ENV, Network, parse_networks
 from shared.event_loop import EventLoopChoice
 from shared.kinds.periodic import parse_modules
 from shared.messages import RetryPolicy
+from shared.tls import client_context
 
 AUTO = 0
 AUTO_SLOTS = -1
@@ -31,6 +34,23 @@ AUTO_SLOTS = -1
 T = TypeVar("T")
 
 _POOL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _readable(path: str | None) -> str | None:
+    if path is not None:
+        if not path:
+            return None
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    return path
+
+
+# A PEM file this process must be able to read (checked at start: a typo is a clear error
+# then, not a handshake that fails later); empty means unset.
+TlsFile = Annotated[str | None, AfterValidator(_readable)]
 
 
 class CommonSettings(BaseSettings):
@@ -66,14 +86,52 @@ class CommonSettings(BaseSettings):
         default="auto", description="`uvloop` (installed on Linux; `auto` picks it) or `asyncio`"
     )
 
+    amqp_ca_file: TlsFile = Field(
+        default=None,
+        description="with `amqps://` URLs: the CA certificates (PEM) the broker's certificate is verified "
+        "against (its host name too); unset: the system's trust store",
+        json_schema_extra={"shown_default": "unset"},
+    )
+    amqp_cert_file: TlsFile = Field(
+        default=None,
+        description="with `amqps://` URLs: this client's certificate (PEM), for a broker that asks for one "
+        "(mutual TLS)",
+        json_schema_extra={"shown_default": "unset"},
+    )
+    amqp_key_file: TlsFile = Field(
+        default=None,
+        description="the private key of `ORCH_AMQP_CERT_FILE` (PEM); unset: the key is in that file",
+        json_schema_extra={"shown_default": "unset"},
+    )
+
     @field_validator("amqp_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: object) -> object:
         return [url.strip() for url in value.split(",") if url.strip()] if isinstance(value, str) else value
 
+    @model_validator(mode="after")
+    def _tls_needs_amqps(self) -> Self:
+        if self.amqp_ca_file or self.amqp_cert_file or self.amqp_key_file:
+            plain = [url for url in self.broker_urls() if not url.startswith("amqps://")]
+            if plain:
+                raise ValueError(
+                    "ORCH_AMQP_CA_FILE/CERT_FILE/KEY_FILE are set, but a broker URL is not amqps:// "
+                    "(ORCH_AMQP_URL or ORCH_AMQP_URLS): use amqps:// and the broker's TLS port (5671)"
+                )
+        if self.amqp_key_file and not self.amqp_cert_file:
+            raise ValueError("ORCH_AMQP_KEY_FILE is set without ORCH_AMQP_CERT_FILE: set both, or neither")
+        return self
+
     def broker_urls(self) -> list[str]:
-        """The node URLs to connect to: ``amqp_urls``, or ``amqp_url`` alone."""
-        return list(self.amqp_urls) or [self.amqp_url]
+        """The node URLs to connect to: ``amqp_urls``, or ``amqp_url`` alone; with the TLS
+        files in each one's query, where aiormq reads them for every connection made to it
+        (``cafile``, ``certfile``, ``keyfile``: verified, host name included)."""
+        urls = list(self.amqp_urls) or [self.amqp_url]
+        tls = {"cafile": self.amqp_ca_file, "certfile": self.amqp_cert_file, "keyfile": self.amqp_key_file}
+        query = "&".join(f"{key}={quote(path, safe='/')}" for key, path in tls.items() if path)
+        if not query:
+            return urls
+        return [f"{url}{'&' if '?' in url else '?'}{query}" for url in urls]
 
 
 class ServiceSettings(CommonSettings):
@@ -224,6 +282,26 @@ class ManagerSettings(CommonSettings):
     database_url: str = Field(
         default="postgresql+asyncpg://orch:orch@127.0.0.1:5442/orch",
         description="PostgreSQL URL (the manager's, and alembic's)",
+    )
+    database_tls: bool = Field(
+        default=False,
+        description="connect to PostgreSQL over TLS, verifying its certificate and host name (against "
+        "`ORCH_DATABASE_CA_FILE`, else the system's trust store); on when a CA file is set",
+    )
+    database_ca_file: TlsFile = Field(
+        default=None,
+        description="the CA certificates (PEM) PostgreSQL's certificate is verified against",
+        json_schema_extra={"shown_default": "unset"},
+    )
+    database_cert_file: TlsFile = Field(
+        default=None,
+        description="this client's certificate (PEM), for a server that asks for one (`clientcert` in pg_hba.conf)",
+        json_schema_extra={"shown_default": "unset"},
+    )
+    database_key_file: TlsFile = Field(
+        default=None,
+        description="the private key of `ORCH_DATABASE_CERT_FILE` (PEM); unset: the key is in that file",
+        json_schema_extra={"shown_default": "unset"},
     )
     manager_host: str = Field(default="127.0.0.1", description="the address the API listens on")
     manager_port: int = Field(default=8000, ge=0, le=65535, description="the port the API listens on")
@@ -397,6 +475,22 @@ class ManagerSettings(CommonSettings):
     def silence_s(self) -> float:
         """How long a service may go unheard before the broker is asked whether it lives."""
         return self.heartbeat_s * self.lost_after_heartbeats
+
+    @model_validator(mode="after")
+    def _database_tls_consistent(self) -> Self:
+        if self.database_cert_file and not (self.database_tls or self.database_ca_file):
+            raise ValueError("ORCH_DATABASE_CERT_FILE is set but TLS is off: set ORCH_DATABASE_TLS=true")
+        if self.database_key_file and not self.database_cert_file:
+            raise ValueError("ORCH_DATABASE_KEY_FILE is set without ORCH_DATABASE_CERT_FILE: set both, or neither")
+        return self
+
+    def database_tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of every connection to PostgreSQL (API, state process, leader lock,
+        Alembic), or None for plain text. asyncpg's ``sslmode=require`` would encrypt without
+        verifying anything: this one verifies the certificate and the host name."""
+        if not (self.database_tls or self.database_ca_file):
+            return None
+        return client_context(self.database_ca_file, self.database_cert_file, self.database_key_file)
 
     def default_retry(self) -> RetryPolicy:
         return RetryPolicy(

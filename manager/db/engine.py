@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ def make_engine(
     statement_timeout_s: float | None = None,
     lock_timeout_s: float | None = None,
     client_timeout_s: float | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncEngine:
     """The engine of the manager's writers, or with ``read_only`` the API's reads (lists,
     gets, stats, metrics, readiness): autocommit, so a request costs PostgreSQL two round
@@ -52,6 +54,8 @@ def make_engine(
     if lock_timeout_s is not None:
         server_settings["lock_timeout"] = str(max(1, round(lock_timeout_s * 1000)))
     connect_args: dict[str, Any] = {"server_settings": server_settings}
+    if tls is not None:  # ``ManagerSettings.database_tls_context``: verified, host name included
+        connect_args["ssl"] = tls
     # The server's timeouts need a server that answers. One cut off by the network (packets
     # dropped), frozen or gone without a reset answers nothing, and a request would wait as
     # long as TCP keeps trying (docs/design.md, invariant 14). asyncpg's own clock bounds each

@@ -36,6 +36,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, SQLAlch
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from shared.outage import OutageLog
+from shared.tls import tls_refusal
 
 # SQLSTATE classes: 08 connection exception, 53 insufficient resources (too many
 # connections, out of memory, disk full), 57 operator intervention (admin shutdown, cannot
@@ -57,7 +58,10 @@ DATABASE_ERRORS: tuple[type[Exception], ...] = (SQLAlchemyError, OSError)
 
 def describe(error: BaseException) -> str:
     """One line for a log: a DBAPIError's text goes on with its SQL and parameters (10,000
-    ids in a bulk statement)."""
+    ids in a bulk statement). A certificate the handshake refused says which setting to fix."""
+    tls = tls_refusal(error, "ORCH_DATABASE_CA_FILE", "ORCH_DATABASE_CERT_FILE", "the host in ORCH_DATABASE_URL")
+    if tls is not None:
+        return tls
     lines = str(error).splitlines()
     said = lines[0] if lines else ""
     if not said and isinstance(error, TimeoutError):  # asyncpg's clock ran out: it says nothing

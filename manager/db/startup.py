@@ -5,10 +5,11 @@ A manager started before its PostgreSQL (a host booting, `docker compose up` wit
 ordering, an outage under way) waits for it, as for the broker, saying so as every loop says
 an outage (``shared.outage``: once when it begins, once a minute, once when it ends), and carries
 on once the database answers. What waiting cannot fix (a wrong password, a database or role
-that does not exist, a schema behind the migrations) is one CRITICAL line naming the setting
-to fix, and the process exits with status 2, as for a metrics port that is taken. Both sides
-call it: the API process before it serves (``manager/__main__.py``), the state process
-before it applies anything (``manager/state/process.py``).
+that does not exist, a certificate refused either way, a schema behind the migrations) is
+one CRITICAL line naming the setting to fix, and the process exits with status 2, as for a
+metrics port that is taken. Both sides call it: the API process before it serves
+(``manager/__main__.py``), the state process before it applies anything
+(``manager/state/process.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from manager.db.engine import SchemaOutdated, check_schema, make_engine
 from manager.db.errors import DATABASE_ERRORS, database_outage, describe, is_transient
+from shared.settings import ManagerSettings
+from shared.tls import tls_refusal
 
 _RETRY_S = 1.0
 
@@ -40,8 +43,11 @@ async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -
         except SchemaOutdated:
             raise
         except DATABASE_ERRORS as e:
+            url = make_url(engine.url).render_as_string(hide_password=True)
+            tls = tls_refusal(e, "ORCH_DATABASE_CA_FILE", "ORCH_DATABASE_CERT_FILE", "the host in ORCH_DATABASE_URL")
+            if tls is not None:
+                raise DatabaseRefused(f"cannot use the database at {url}: {tls}") from e
             if not is_transient(e):
-                url = make_url(engine.url).render_as_string(hide_password=True)
                 raise DatabaseRefused(
                     f"cannot use the database at {url} ({describe(e)}): fix ORCH_DATABASE_URL "
                     "(user, password, database name) or the database's roles"
@@ -53,12 +59,12 @@ async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -
         return
 
 
-def database_ready_or_exit(database_url: str, what: str, log: logging.Logger) -> None:
+def database_ready_or_exit(settings: ManagerSettings, what: str, log: logging.Logger) -> None:
     """``wait_for_schema`` on an engine of its own, before an event loop runs; a refusal is
     one CRITICAL line and ``SystemExit(2)``."""
 
     async def check() -> None:
-        engine = make_engine(database_url)
+        engine = make_engine(settings.database_url, tls=settings.database_tls_context())
         try:
             await wait_for_schema(engine, what, log)
         finally:

@@ -189,7 +189,7 @@ async def _let_closing_finish(timeout_s: float = 2.0) -> None:
 
 
 async def _run_until_signalled(settings: ManagerSettings) -> None:
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, tls=settings.database_tls_context())
     sessions = make_sessionmaker(engine)
     broker = BrokerLink(settings)
     side = StateSide(settings, engine, sessions, broker)

@@ -1,13 +1,17 @@
 """``shared.settings``: pools parsed and bad names refused, the AMQP heartbeat added to a URL,
-``workers=auto`` resolved."""
+``workers=auto`` resolved, TLS files checked and used."""
 
 from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 from pydantic import ValidationError
 
 from observer_service.capacity import sized
-from shared.settings import ServiceSettings, amqp_url_with_heartbeat
+from shared.settings import ManagerSettings, ServiceSettings, amqp_url_with_heartbeat
 
 
 def test_settings_parse_pools_and_reject_bad_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,3 +38,35 @@ def test_workers_auto_is_resolved_to_numbers(monkeypatch: pytest.MonkeyPatch) ->
     assert sized(ServiceSettings()) == (ServiceSettings(), None)
     with pytest.raises(ValueError):
         ServiceSettings(workers_count=-5)
+
+
+def test_broker_tls_files_go_into_every_node_url_and_need_amqps(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ca = tmp_path / "my ca.pem"
+    ca.write_text("x")
+    monkeypatch.setenv("ORCH_AMQP_URLS", "amqps://u:p@n1:5671/v, amqps://u:p@n2:5671/v?x=1")
+    monkeypatch.setenv("ORCH_AMQP_CA_FILE", str(ca))
+    urls = ServiceSettings().broker_urls()
+    assert urls == [
+        f"amqps://u:p@n1:5671/v?cafile={quote(str(ca))}",
+        f"amqps://u:p@n2:5671/v?x=1&cafile={quote(str(ca))}",
+    ]
+    monkeypatch.setenv("ORCH_AMQP_URLS", "amqps://u:p@n1:5671/v,amqp://u:p@n2:5672/v")
+    with pytest.raises(ValidationError, match="not amqps://"):
+        ServiceSettings()
+    monkeypatch.delenv("ORCH_AMQP_URLS")
+    monkeypatch.setenv("ORCH_AMQP_CA_FILE", str(tmp_path / "missing.pem"))
+    with pytest.raises(ValidationError, match="cannot read"):
+        ServiceSettings()
+
+
+def test_database_tls_verifies_and_a_client_certificate_needs_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ManagerSettings().database_tls_context() is None
+    monkeypatch.setenv("ORCH_DATABASE_TLS", "true")
+    context = ManagerSettings().database_tls_context()
+    assert context is not None and context.check_hostname and context.verify_mode == ssl.CERT_REQUIRED
+    monkeypatch.delenv("ORCH_DATABASE_TLS")
+    monkeypatch.setenv("ORCH_DATABASE_CERT_FILE", __file__)
+    with pytest.raises(ValidationError, match="TLS is off"):
+        ManagerSettings()

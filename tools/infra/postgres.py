@@ -33,6 +33,7 @@ from tools.infra.system import (
     wait_gone,
     write_private,
 )
+from tools.infra.tls import TlsFiles
 
 PG_OS_USER = "postgres"
 # What PostgreSQL's defaults (shared_buffers 128MB, max_wal_size 1GB) cost at scale: a
@@ -106,6 +107,9 @@ class PostgresNode:
     user: str = DEFAULT_USER
     password: str = field(default_factory=new_password, repr=False)
     start_timeout: float = 60.0
+    # With ``tls``: ``ssl = on`` and every TCP client must use TLS and present a certificate
+    # signed by ``tls.ca`` (``hostssl`` only, ``clientcert=verify-ca``); the socket stays peer.
+    tls: TlsFiles | None = None
 
     # ----- paths
 
@@ -218,9 +222,28 @@ class PostgresNode:
             f"listen_addresses = '{LOOPBACK}'\n"
             f"port = {self.port}\n"
             f"unix_socket_directories = '{self.socket_dir}'\n"
-            + "".join(f"{name} = '{value}'\n" for name, value in TUNING.items()),
+            + "".join(f"{name} = '{value}'\n" for name, value in TUNING.items())
+            + self._tls_conf(),
         )
         os.chown(conf, uid, gid)
+
+    def _tls_conf(self) -> str:
+        """With ``tls``: the files copied where the server may read them, and a pg_hba.conf
+        that takes TCP clients over TLS with a certificate only."""
+        if self.tls is None:
+            return ""
+        uid, gid = _postgres_ids()
+        files = self.tls.copy_to(self.data_dir / "tls", owner=(uid, gid))
+        os.chown(self.data_dir / "tls", uid, gid)
+        hba = self.data_dir / "pg_hba.conf"
+        write_private(
+            hba,
+            "# Written by tools/infra/postgres.py (PostgresNode.tls): TLS with a client certificate only.\n"
+            "local all all peer\n"
+            f"hostssl all all {LOOPBACK}/32 scram-sha-256 clientcert=verify-ca\n",
+        )
+        os.chown(hba, uid, gid)
+        return f"ssl = on\nssl_ca_file = '{files.ca}'\nssl_cert_file = '{files.cert}'\nssl_key_file = '{files.key}'\n"
 
     # ----- process state
 

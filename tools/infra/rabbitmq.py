@@ -37,6 +37,7 @@ from tools.infra.system import (
     wait_until,
     write_private,
 )
+from tools.infra.tls import TlsFiles
 
 # Distribution (node to node, rabbitmqctl) on loopback only, like AMQP.
 _ERL_LOOPBACK_ARGS = "-kernel inet_dist_use_interface {127,0,0,1}"
@@ -76,6 +77,10 @@ class RabbitNode:
     # cluster gives each member its own, so that ``partition`` can cut one member's traffic to
     # the others by address while rabbitmqctl (from 127.0.0.1) still reaches every node.
     dist_source: str = ""
+    # With ``tls``, a second listener on ``tls_port`` speaks TLS only, and asks every client
+    # for a certificate signed by ``tls.ca`` (mutual TLS); the plain one stays.
+    tls: TlsFiles | None = None
+    tls_port: int = 0
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ----- names and paths
@@ -119,6 +124,11 @@ class RabbitNode:
     @property
     def url(self) -> str:
         return f"amqp://{quote(self.user, safe='')}:{quote(self.password, safe='')}@{LOOPBACK}:{self.port}/"
+
+    def tls_url_for(self, vhost: str, host: str = LOOPBACK) -> str:
+        """The ``amqps://`` URL of ``vhost`` on the TLS listener, reached as ``host``."""
+        path = "" if vhost == "/" else quote(vhost, safe="")
+        return f"amqps://{quote(self.user, safe='')}:{quote(self.password, safe='')}@{host}:{self.tls_port}/{path}"
 
     def url_for(self, vhost: str) -> str:
         """AMQP URL for ``vhost`` (the default vhost "/" gives :attr:`url`)."""
@@ -193,6 +203,18 @@ class RabbitNode:
             conf += ["", f"# {SHIPPED_CONF.name}", SHIPPED_CONF.read_text().strip()]
             if self.install.series != "3.10":
                 conf += ["", f"# {SHIPPED_DENY_DEPRECATED.name}", SHIPPED_DENY_DEPRECATED.read_text().strip()]
+        if self.tls is not None:
+            files = self.tls.copy_to(self.base / "tls")  # the node's folder is what its root sees
+            conf += [
+                "",
+                "# tls (RabbitNode.tls): a TLS listener that asks each client for a certificate",
+                f"listeners.ssl.default = {LOOPBACK}:{self.tls_port}",
+                f"ssl_options.cacertfile = {files.ca}",
+                f"ssl_options.certfile = {files.cert}",
+                f"ssl_options.keyfile = {files.key}",
+                "ssl_options.verify = verify_peer",
+                "ssl_options.fail_if_no_peer_cert = true",
+            ]
         if self.extra_conf.strip():
             conf += ["", "# extra_conf", self.extra_conf.strip()]
         write_private(self.config_file, "\n".join(conf) + "\n")

@@ -1,0 +1,181 @@
+"""TLS on every connection (issue 63, item 1), with a real RabbitMQ and PostgreSQL that speak
+TLS only to clients with a certificate (mutual TLS), certificates made per run by ``trustme``.
+
+The server certificates name 127.0.0.1 only: reached as ``localhost``, a server is one whose
+certificate does not name the host connected to. A second CA, that signed nothing the servers
+hold, stands for a CA file pointing at the wrong authority.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tools import infra
+from tools.harness import REPO, System, free_port, unique, wait_for
+from tools.infra.tls import TlsFiles
+
+
+@dataclass
+class Pki:
+    ca: Path  # the CA of the servers and of the client
+    other_ca: Path  # a CA that signed nothing here
+    client_cert: Path
+    client_key: Path
+    server: TlsFiles
+
+
+@dataclass
+class TlsWorld:
+    pki: Pki
+    rabbit: infra.RabbitNode
+    postgres: infra.PostgresNode
+
+    def env(self, **changes: str) -> dict[str, str]:
+        """The TLS settings of every process here, with ``changes``."""
+        return {
+            "ORCH_AMQP_CA_FILE": str(self.pki.ca),
+            "ORCH_AMQP_CERT_FILE": str(self.pki.client_cert),
+            "ORCH_AMQP_KEY_FILE": str(self.pki.client_key),
+            "ORCH_DATABASE_CA_FILE": str(self.pki.ca),
+            "ORCH_DATABASE_CERT_FILE": str(self.pki.client_cert),
+            "ORCH_DATABASE_KEY_FILE": str(self.pki.client_key),
+        } | changes
+
+
+def _pki(folder: Path) -> Pki:
+    folder.mkdir()
+    ca, other = trustme.CA(), trustme.CA()
+    server = ca.issue_cert("127.0.0.1")
+    client = ca.issue_cert("orch-client")
+    paths = {name: folder / name for name in ("ca", "other", "server", "server.key", "client", "client.key")}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    other.cert_pem.write_to_path(str(paths["other"]))
+    for blob in server.cert_chain_pems:
+        blob.write_to_path(str(paths["server"]), append=True)
+    server.private_key_pem.write_to_path(str(paths["server.key"]))
+    client.cert_chain_pems[0].write_to_path(str(paths["client"]))
+    client.private_key_pem.write_to_path(str(paths["client.key"]))
+    return Pki(
+        paths["ca"],
+        paths["other"],
+        paths["client"],
+        paths["client.key"],
+        TlsFiles(paths["ca"], paths["server"], paths["server.key"]),
+    )
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsWorld]:
+    base = tmp_path_factory.mktemp("tls")
+    pki = _pki(base / "pki")
+    rabbit = infra.RabbitNode(
+        name=unique("orch-tls"),
+        base=base / "rabbitmq",
+        port=free_port(),
+        dist_port=free_port(),
+        user="orch",
+        password="test-password",
+        tls=pki.server,
+        tls_port=free_port(),
+    )
+    postgres = infra.PostgresNode(base=base / "postgres", port=free_port(), tls=pki.server)
+    world = TlsWorld(pki, rabbit, postgres)
+    try:
+        rabbit.start()
+        postgres.start()
+        postgres.create_database("orch")
+        # Alembic over TLS too: it reads the manager's settings.
+        tls = {key: value for key, value in world.env().items() if key.startswith("ORCH_DATABASE_")}
+        env = {"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": postgres.url("orch")} | tls
+        subprocess.run([sys.executable, "-m", "alembic", "upgrade", "head"], cwd=REPO, env=env, check=True)
+        yield world
+    finally:
+        rabbit.destroy()
+        postgres.destroy()
+
+
+@pytest.fixture
+def system(world: TlsWorld, tmp_path: Path) -> Iterator[System]:
+    vhost = unique("t")
+    world.rabbit.add_vhost(vhost)
+    database = unique("t")
+    world.postgres.create_database(database, template="orch")
+    sysm = System(amqp_url=world.rabbit.tls_url_for(vhost), database_url=world.postgres.url(database), workdir=tmp_path)
+    sysm.env |= world.env()
+    yield sysm
+    sysm.stop_all()
+    world.rabbit.delete_vhost(vhost)
+    world.postgres.drop_database(database)
+
+
+def _refused(system: System, phrase: str, **env: str) -> str:
+    """Start a manager with ``env``; it must exit with status 2, saying ``phrase``."""
+    manager = system.start_manager(wait=False, **env)
+    assert manager.popen.wait(60) == 2, manager.text()[-3000:]
+    text = manager.text()
+    assert phrase in text, text[-3000:]
+    return text
+
+
+def test_a_create_runs_and_moves_with_every_connection_over_tls(system: System, world: TlsWorld) -> None:
+    system.start_manager()
+    services = {name: system.start_service(name, workers=5) for name in ("svc-a", "svc-b")}
+    created = system.create("over-tls")
+    host = system.wait_status(created["id"], "Processing", timeout=60)["service_name"]
+
+    services[host].kill9()
+    wait_for(
+        lambda: system.observer(created["id"])["service_name"] not in (None, host),
+        60,
+        "the observer moved to the other service",
+    )
+    assert system.observer(created["id"])["status"] == "Processing"
+
+    # Every connection of ours is a TLS one: the API's, the state process's, the probes', each
+    # service's sessions and holding connections (the node has a plain listener too).
+    vhost = system.amqp_url.rsplit("/", 1)[1]
+    rows = [line.split("\t") for line in world.rabbit.ctl("list_connections", "vhost", "ssl", "-q").splitlines()]
+    ours = [ssl for name, ssl, *_ in rows if name == vhost]
+    assert len(ours) >= 4 and all(ssl == "true" for ssl in ours), rows
+    # PostgreSQL takes nothing else (hostssl only), and says each of ours is TLS.
+    plain = world.postgres.psql(
+        "SELECT count(*) FROM pg_stat_activity JOIN pg_stat_ssl USING (pid) WHERE client_addr IS NOT NULL AND NOT ssl"
+    )
+    assert plain.strip() == "0"
+
+
+def test_a_broker_certificate_the_client_cannot_verify_is_refused_naming_the_setting(
+    system: System, world: TlsWorld
+) -> None:
+    other = str(world.pki.other_ca)
+    _refused(system, "set ORCH_AMQP_CA_FILE to the CA that signed it", ORCH_AMQP_CA_FILE=other)
+    # A service says it as a refusal, not as an outage, and keeps trying.
+    service = system.start_service("svc-other-ca", wait=False, ORCH_AMQP_CA_FILE=other)
+    wait_for(lambda: "set ORCH_AMQP_CA_FILE to the CA that signed it" in service.text(), 30, "the refusal said")
+    assert service.alive()
+
+
+def test_a_broker_reached_by_a_name_its_certificate_lacks_is_refused(system: System, world: TlsWorld) -> None:
+    wrong_host = system.amqp_url.replace("@127.0.0.1:", "@localhost:")
+    _refused(system, "does not name the host connected to", ORCH_AMQP_URL=wrong_host)
+
+
+def test_a_client_without_the_certificate_the_broker_asks_for_is_refused(system: System) -> None:
+    _refused(system, "refused this client's certificate", ORCH_AMQP_CERT_FILE="", ORCH_AMQP_KEY_FILE="")
+
+
+def test_a_database_certificate_the_client_cannot_verify_or_a_wrong_host_is_refused(
+    system: System, world: TlsWorld
+) -> None:
+    _refused(
+        system, "set ORCH_DATABASE_CA_FILE to the CA that signed it", ORCH_DATABASE_CA_FILE=str(world.pki.other_ca)
+    )
+    wrong_host = system.database_url.replace("@127.0.0.1:", "@localhost:")
+    _refused(system, "does not name the host connected to", ORCH_DATABASE_URL=wrong_host)
