@@ -4,6 +4,7 @@ the token, and the mapping of failures to exit codes (1: the API refused, 3: unr
 from __future__ import annotations
 
 import json
+import ssl
 from typing import Any
 
 import httpx
@@ -34,12 +35,15 @@ class Unreachable(CliError):
 
 
 class Client:
-    def __init__(self, base_url: str, token: str | None, timeout: float) -> None:
+    def __init__(self, base_url: str, token: str | None, timeout: float, ca_file: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.has_token = bool(token)
         self.timeout = timeout
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        # An https:// manager's certificate and host name are verified: against ``ca_file``
+        # (a private CA), else the CAs httpx trusts.
+        verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, verify=verify)
 
     def close(self) -> None:
         self._http.close()
@@ -54,6 +58,11 @@ class Client:
                 "raise --timeout, or check that the manager is healthy",
             ) from e
         except httpx.TransportError as e:
+            if "CERTIFICATE_VERIFY_FAILED" in str(e):
+                raise Unreachable(
+                    f"the manager at {self.base_url} has a certificate this client cannot verify: {e}",
+                    "set --ca-file or ORCH_CA_FILE to the CA that signed it, and use a host name it holds",
+                ) from e
             raise Unreachable(
                 f"cannot reach the manager at {self.base_url}: {e or type(e).__name__}",
                 "is it running? Set the address with --url or ORCH_URL",

@@ -52,8 +52,12 @@ def _global_options(
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="print the raw JSON answer, for scripts")] = False,
     timeout: Annotated[float, typer.Option(min=0.1, help="seconds to wait for each answer")] = 10.0,
+    ca_file: Annotated[
+        str | None,
+        typer.Option(envvar="ORCH_CA_FILE", show_default=False, help="CA (PEM) of an https:// manager's certificate"),
+    ] = None,
 ) -> None:
-    client = Client(url, token, timeout)
+    client = Client(url, token, timeout, ca_file)
     ctx.call_on_close(client.close)
     ctx.obj = State(client, json_output)
 

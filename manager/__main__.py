@@ -54,6 +54,8 @@ def main() -> None:
         log_config=None,
         loop="uvloop" if uses_uvloop(settings.event_loop) else "asyncio",
         access_log=False,
+        ssl_certfile=settings.manager_tls_cert_file,  # HTTPS when set
+        ssl_keyfile=settings.manager_tls_key_file,
     )
 
 

@@ -305,6 +305,16 @@ class ManagerSettings(CommonSettings):
     )
     manager_host: str = Field(default="127.0.0.1", description="the address the API listens on")
     manager_port: int = Field(default=8000, ge=0, le=65535, description="the port the API listens on")
+    manager_tls_cert_file: TlsFile = Field(
+        default=None,
+        description="serve the API over HTTPS with this certificate chain (PEM); unset: plain HTTP",
+        json_schema_extra={"shown_default": "unset"},
+    )
+    manager_tls_key_file: TlsFile = Field(
+        default=None,
+        description="the private key of `ORCH_MANAGER_TLS_CERT_FILE` (PEM); unset: the key is in that file",
+        json_schema_extra={"shown_default": "unset"},
+    )
     manager_name: str = Field(
         default="",
         max_length=63,
@@ -480,6 +490,10 @@ class ManagerSettings(CommonSettings):
     def _database_tls_consistent(self) -> Self:
         if self.database_cert_file and not (self.database_tls or self.database_ca_file):
             raise ValueError("ORCH_DATABASE_CERT_FILE is set but TLS is off: set ORCH_DATABASE_TLS=true")
+        if self.manager_tls_key_file and not self.manager_tls_cert_file:
+            raise ValueError(
+                "ORCH_MANAGER_TLS_KEY_FILE is set without ORCH_MANAGER_TLS_CERT_FILE: set both, or neither"
+            )
         if self.database_key_file and not self.database_cert_file:
             raise ValueError("ORCH_DATABASE_KEY_FILE is set without ORCH_DATABASE_CERT_FILE: set both, or neither")
         return self

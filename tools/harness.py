@@ -11,6 +11,7 @@ import random
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -132,6 +133,8 @@ class System:
     manager: Proc | None = None
     # Sent as a bearer token by the HTTP helpers (a manager started with ORCH_API_TOKENS).
     token: str | None = None
+    # The CA of a manager that serves HTTPS (ORCH_MANAGER_TLS_CERT_FILE): the helpers verify it.
+    https_ca: Path | None = None
 
     # --- processes -----------------------------------------------------------------------
 
@@ -180,19 +183,22 @@ class System:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.manager_port}"
+        return f"{'https' if self.https_ca else 'http'}://127.0.0.1:{self.manager_port}"
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
+    def _verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=str(self.https_ca)) if self.https_ca else True
+
     def get(self, path: str, **params: Any) -> httpx.Response:
-        return httpx.get(self.base_url + path, params=params, headers=self.headers(), timeout=10)
+        return httpx.get(self.base_url + path, params=params, headers=self.headers(), timeout=10, verify=self._verify())
 
     def post(self, path: str, json: Any) -> httpx.Response:
-        return httpx.post(self.base_url + path, json=json, headers=self.headers(), timeout=10)
+        return httpx.post(self.base_url + path, json=json, headers=self.headers(), timeout=10, verify=self._verify())
 
     def delete(self, path: str) -> httpx.Response:
-        return httpx.delete(self.base_url + path, headers=self.headers(), timeout=10)
+        return httpx.delete(self.base_url + path, headers=self.headers(), timeout=10, verify=self._verify())
 
     def create(
         self, name: str, kind: str = "ticker", args: dict[str, Any] | None = None, **extra: Any

@@ -8,6 +8,7 @@ hold, stands for a CA file pointing at the wrong authority.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import trustme
 
+from tests.system.test_cli import cli
 from tools import infra
 from tools.harness import REPO, System, free_port, unique, wait_for
 from tools.infra.tls import TlsFiles
@@ -179,3 +181,22 @@ def test_a_database_certificate_the_client_cannot_verify_or_a_wrong_host_is_refu
     )
     wrong_host = system.database_url.replace("@127.0.0.1:", "@localhost:")
     _refused(system, "does not name the host connected to", ORCH_DATABASE_URL=wrong_host)
+
+
+def test_the_api_over_https_verified_by_the_cli(system: System, world: TlsWorld) -> None:
+    server = world.pki.server
+    system.https_ca = world.pki.ca  # the harness's own requests verify it too
+    system.start_manager(ORCH_MANAGER_TLS_CERT_FILE=str(server.cert), ORCH_MANAGER_TLS_KEY_FILE=str(server.key))
+    system.start_service("svc-a", workers=5)
+    assert system.base_url.startswith("https://")
+
+    shown = cli(system.base_url, "--json", "stats", env={"ORCH_CA_FILE": str(world.pki.ca)})
+    assert shown.returncode == 0 and json.loads(shown.stdout)["services"]["alive"] == 1, shown.stderr
+    # Without the CA, or by a name the certificate lacks: refused, saying what to set.
+    for url, env in (
+        (system.base_url, {}),
+        (system.base_url.replace("127.0.0.1", "localhost"), {"ORCH_CA_FILE": str(world.pki.ca)}),
+    ):
+        refused = cli(url, "stats", env=env)
+        assert refused.returncode == 3, refused.stderr
+        assert "a certificate this client cannot verify" in refused.stderr and "ORCH_CA_FILE" in refused.stderr
