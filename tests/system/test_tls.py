@@ -200,3 +200,18 @@ def test_the_api_over_https_verified_by_the_cli(system: System, world: TlsWorld)
         refused = cli(url, "stats", env=env)
         assert refused.returncode == 3, refused.stderr
         assert "a certificate this client cannot verify" in refused.stderr and "ORCH_CA_FILE" in refused.stderr
+
+
+def test_a_database_url_of_several_hosts_works_over_tls(system: System, world: TlsWorld) -> None:
+    """The switchover URL's form (``tools/infra/pg_pair.py``): each host is tried in turn, and
+    the one that answers is verified by its own name. The first one here is down."""
+    credentials, database = (
+        system.database_url.split("//", 1)[1].split("@", 1)[0],
+        system.database_url.rsplit("/", 1)[1],
+    )
+    hosts = f"host=127.0.0.1:{free_port()}&host=127.0.0.1:{world.postgres.port}"
+    system.database_url = f"postgresql+asyncpg://{credentials}@/{database}?{hosts}&target_session_attrs=read-write"
+    system.start_manager()
+    system.start_service("svc-a", workers=2)
+    created = system.create("several-hosts")
+    assert system.wait_status(created["id"], "Processing", timeout=60)["service_name"] == "svc-a"
