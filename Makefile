@@ -14,7 +14,7 @@ export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check alerts-check bench bench-quick bench-versions bench-scale bench-cluster ci clean
+.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check alerts-check bench bench-quick bench-tls bench-versions bench-scale bench-cluster ci clean
 
 venv: $(VENV)/.installed
 
@@ -64,6 +64,12 @@ BENCH_ARGS ?=
 
 bench: venv
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.tls
+
+# TLS off and on in one run: create and failover (issue 63)
+TLS_ARGS ?=
+bench-tls: venv
+	$(PY) -m bench.tls $(TLS_ARGS)
 
 bench-quick: venv
 	$(PY) -m bench.run --quick

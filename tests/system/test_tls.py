@@ -1,9 +1,9 @@
 """TLS on every connection (issue 63, item 1), with a real RabbitMQ and PostgreSQL that speak
-TLS only to clients with a certificate (mutual TLS), certificates made per run by ``trustme``.
+TLS only to clients with a certificate (mutual TLS).
 
-The server certificates name 127.0.0.1 only: reached as ``localhost``, a server is one whose
-certificate does not name the host connected to. A second CA, that signed nothing the servers
-hold, stands for a CA file pointing at the wrong authority.
+Certificates by ``tools/pki.py``: the servers' name 127.0.0.1 only, so a server reached as
+``localhost`` is one whose certificate does not name the host connected to; a second CA, that
+signed nothing here, stands for a CA file pointing at the wrong authority.
 """
 
 from __future__ import annotations
@@ -16,21 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import trustme
 
 from tests.system.test_cli import cli
 from tools import infra
 from tools.harness import REPO, System, free_port, unique, wait_for
-from tools.infra.tls import TlsFiles
-
-
-@dataclass
-class Pki:
-    ca: Path  # the CA of the servers and of the client
-    other_ca: Path  # a CA that signed nothing here
-    client_cert: Path
-    client_key: Path
-    server: TlsFiles
+from tools.pki import Pki, make_pki
 
 
 @dataclass
@@ -41,42 +31,13 @@ class TlsWorld:
 
     def env(self, **changes: str) -> dict[str, str]:
         """The TLS settings of every process here, with ``changes``."""
-        return {
-            "ORCH_AMQP_CA_FILE": str(self.pki.ca),
-            "ORCH_AMQP_CERT_FILE": str(self.pki.client_cert),
-            "ORCH_AMQP_KEY_FILE": str(self.pki.client_key),
-            "ORCH_DATABASE_CA_FILE": str(self.pki.ca),
-            "ORCH_DATABASE_CERT_FILE": str(self.pki.client_cert),
-            "ORCH_DATABASE_KEY_FILE": str(self.pki.client_key),
-        } | changes
-
-
-def _pki(folder: Path) -> Pki:
-    folder.mkdir()
-    ca, other = trustme.CA(), trustme.CA()
-    server = ca.issue_cert("127.0.0.1")
-    client = ca.issue_cert("orch-client")
-    paths = {name: folder / name for name in ("ca", "other", "server", "server.key", "client", "client.key")}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    other.cert_pem.write_to_path(str(paths["other"]))
-    for blob in server.cert_chain_pems:
-        blob.write_to_path(str(paths["server"]), append=True)
-    server.private_key_pem.write_to_path(str(paths["server.key"]))
-    client.cert_chain_pems[0].write_to_path(str(paths["client"]))
-    client.private_key_pem.write_to_path(str(paths["client.key"]))
-    return Pki(
-        paths["ca"],
-        paths["other"],
-        paths["client"],
-        paths["client.key"],
-        TlsFiles(paths["ca"], paths["server"], paths["server.key"]),
-    )
+        return self.pki.env() | changes
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsWorld]:
     base = tmp_path_factory.mktemp("tls")
-    pki = _pki(base / "pki")
+    pki = make_pki(base / "pki")
     rabbit = infra.RabbitNode(
         name=unique("orch-tls"),
         base=base / "rabbitmq",

@@ -107,9 +107,11 @@ class PostgresNode:
     user: str = DEFAULT_USER
     password: str = field(default_factory=new_password, repr=False)
     start_timeout: float = 60.0
-    # With ``tls``: ``ssl = on`` and every TCP client must use TLS and present a certificate
-    # signed by ``tls.ca`` (``hostssl`` only, ``clientcert=verify-ca``); the socket stays peer.
+    # With ``tls``: ``ssl = on``, and a TCP client over TLS must present a certificate signed
+    # by ``tls.ca`` (``clientcert=verify-ca``); with ``tls_only`` (the default) no other TCP
+    # client is taken (``hostssl`` only). The socket stays peer.
     tls: TlsFiles | None = None
+    tls_only: bool = True
 
     # ----- paths
 
@@ -229,7 +231,8 @@ class PostgresNode:
 
     def _tls_conf(self) -> str:
         """With ``tls``: the files copied where the server may read them, and a pg_hba.conf
-        that takes TCP clients over TLS with a certificate only."""
+        that takes TCP clients over TLS with a certificate (and, unless ``tls_only``, plain
+        ones with a password)."""
         if self.tls is None:
             return ""
         uid, gid = _postgres_ids()
@@ -240,7 +243,8 @@ class PostgresNode:
             hba,
             "# Written by tools/infra/postgres.py (PostgresNode.tls): TLS with a client certificate only.\n"
             "local all all peer\n"
-            f"hostssl all all {LOOPBACK}/32 scram-sha-256 clientcert=verify-ca\n",
+            f"hostssl all all {LOOPBACK}/32 scram-sha-256 clientcert=verify-ca\n"
+            + ("" if self.tls_only else f"hostnossl all all {LOOPBACK}/32 scram-sha-256\n"),
         )
         os.chown(hba, uid, gid)
         return f"ssl = on\nssl_ca_file = '{files.ca}'\nssl_cert_file = '{files.cert}'\nssl_key_file = '{files.key}'\n"
