@@ -9,6 +9,7 @@ import asyncio
 from logging.config import fileConfig
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -32,10 +33,23 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
+# Two `alembic upgrade head` at once (two Jobs, a Job and an operator) take turns: the second
+# waits until the first is done, then finds the schema at the head and does nothing. A lock of
+# the session, taken before alembic reads the current revision and held to the end: some
+# migrations commit half-way (``autocommit_block``, for CREATE INDEX CONCURRENTLY), which
+# would end a lock of the transaction there.
+# The two-key form in the leader lock's namespace, "orch" (``manager/db/leader.py``).
+_MIGRATION_LOCK = {"a": 0x6F726368, "b": 2}
+
+
 def _do_run(connection: Connection) -> None:
+    connection.execute(text("SELECT pg_advisory_lock(:a, :b)"), _MIGRATION_LOCK)
+    connection.commit()  # the lock stays with the session; alembic begins its own transaction
     context.configure(connection=connection, target_metadata=target_metadata)
     with context.begin_transaction():
         context.run_migrations()
+    connection.execute(text("SELECT pg_advisory_unlock(:a, :b)"), _MIGRATION_LOCK)
+    connection.commit()
 
 
 async def run_migrations_online() -> None:

@@ -15,10 +15,16 @@ from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+VERSIONS = REPO_ROOT / "migrations" / "versions"
 
 
 class SchemaOutdated(RuntimeError):
-    pass
+    """The database's schema is not the one this manager was written for; ``behind``: an
+    older one, which a migration will bring to the head (so it is worth waiting for)."""
+
+    def __init__(self, message: str, *, behind: bool = False) -> None:
+        super().__init__(message)
+        self.behind = behind
 
 
 def make_engine(
@@ -116,15 +122,12 @@ async def ping(session: AsyncSession) -> None:
     await session.execute(text("SELECT 1"))
 
 
-def head_revision(versions: Path = REPO_ROOT / "migrations" / "versions") -> str:
-    """The migrations' head: the one revision no other names as its ``down_revision``.
-
-    Read from the files' ``revision`` and ``down_revision`` assignments rather than through
-    alembic's ``ScriptDirectory``, whose import (with mako and pygments) is a noticeable part
-    of each manager process's start (docs/bench-history.md, "2026-11-26: the slow machine"),
-    in the state process before it applies its first report: a restarted manager's backlog
-    waits for it. ``tests/system/test_migrations.py`` checks this against alembic's own
-    answer."""
+def _revision_graph(versions: Path) -> tuple[set[str], set[str]]:
+    """(every revision, every revision some other names as its ``down_revision``), read from
+    the files' assignments rather than through alembic's ``ScriptDirectory``, whose import
+    (with mako and pygments) is a noticeable part of each manager process's start
+    (docs/bench-history.md, "2026-11-26: the slow machine"), in the state process before it
+    applies its first report: a restarted manager's backlog waits for it."""
     revisions: set[str] = set()
     parents: set[str] = set()
     for path in versions.glob("*.py"):
@@ -143,6 +146,13 @@ def head_revision(versions: Path = REPO_ROOT / "migrations" / "versions") -> str
             elif target.id == "down_revision":
                 down = ast.literal_eval(value)
                 parents.update(down if isinstance(down, tuple | list) else [down] if down else [])
+    return revisions, parents
+
+
+def head_revision(versions: Path = VERSIONS) -> str:
+    """The migrations' head: the one revision no other names as its ``down_revision``
+    (``tests/system/test_migrations.py`` checks this against alembic's own answer)."""
+    revisions, parents = _revision_graph(versions)
     heads = revisions - parents
     if len(heads) != 1:
         raise SchemaOutdated(f"the migrations in {versions} have {len(heads)} heads ({sorted(heads)}), not one")
@@ -150,15 +160,24 @@ def head_revision(versions: Path = REPO_ROOT / "migrations" / "versions") -> str
 
 
 async def check_schema(engine: AsyncEngine) -> None:
-    """Refuse to run on a database whose schema is not at the migrations' head."""
+    """Refuse to run on a database whose schema is not at the migrations' head: one behind
+    (a revision of ours, or none yet) may still be migrated (``SchemaOutdated.behind``), one
+    this release does not know was migrated by a newer one."""
     head = head_revision()
     async with engine.connect() as conn:
         try:
             current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
         except ProgrammingError:
             current = None
-    if current != head:
+    if current == head:
+        return
+    if current is None or current in _revision_graph(VERSIONS)[0]:
         raise SchemaOutdated(
             f"database schema is at revision {current or 'none'}, this manager needs {head}: "
-            "run `alembic upgrade head` (or `make migrate`) first"
+            "run `alembic upgrade head` (or `make migrate`, or the migration Job)",
+            behind=True,
         )
+    raise SchemaOutdated(
+        f"database schema is at revision {current}, which this manager does not know (a newer release migrated "
+        f"it; this one needs {head}): run a manager of that release or newer"
+    )

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from manager.db.errors import sqlstates
 
-# "orch" in ASCII, and the state side's lock within it.
+# "orch" in ASCII, and the state side's lock within it (2 is the migrations', migrations/env.py).
 _NAMESPACE = 0x6F726368
 _STATE_SIDE = 1
 _KEYS = {"a": _NAMESPACE, "b": _STATE_SIDE}

@@ -4,8 +4,9 @@ once, in one line, what waiting cannot fix.
 A manager started before its PostgreSQL (a host booting, `docker compose up` without health
 ordering, an outage under way) waits for it, as for the broker, saying so as every loop says
 an outage (``shared.outage``: once when it begins, once a minute, once when it ends), and carries
-on once the database answers. What waiting cannot fix (a wrong password, a database or role
-that does not exist, a certificate refused either way, a schema behind the migrations) is
+on once the database answers; a schema behind its own is waited for the same way, until a
+migration brings it to the head (a Job may be running it). What waiting cannot fix (a wrong password, a database or role
+that does not exist, a certificate refused either way, a schema a newer release migrated) is
 one CRITICAL line naming the setting to fix, and the process exits with status 2, as for a
 metrics port that is taken. Both sides call it: the API process before it serves
 (``manager/__main__.py``), the state process before it applies anything
@@ -22,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from manager.db.engine import SchemaOutdated, check_schema, make_engine
 from manager.db.errors import DATABASE_ERRORS, database_outage, describe, is_transient
+from shared.outage import OutageLog
 from shared.settings import ManagerSettings
 from shared.tls import tls_refusal
 
@@ -33,15 +35,22 @@ class DatabaseRefused(RuntimeError):
 
 
 async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -> None:
-    """``check_schema``, waiting while the database cannot be reached or is busy. Raises
-    ``DatabaseRefused`` for a deterministic refusal, ``SchemaOutdated`` for a schema that is
-    not at the migrations' head."""
+    """``check_schema``, waiting while the database cannot be reached or is busy, and while its
+    schema is behind this manager's (a migration Job may be running; on Kubernetes an exit
+    would only restart the pod, again and again). Raises ``DatabaseRefused`` for a
+    deterministic refusal, ``SchemaOutdated`` for a schema this manager does not know."""
     outage = database_outage(what, log)
+    migrations = OutageLog(log, f"{what}: waiting for the database's migrations", f"{what}: the schema is up to date")
     while True:
         try:
             await check_schema(engine)
-        except SchemaOutdated:
-            raise
+        except SchemaOutdated as e:
+            if not e.behind:
+                raise
+            outage.worked()
+            migrations.failed(str(e))
+            await asyncio.sleep(_RETRY_S)
+            continue
         except DATABASE_ERRORS as e:
             url = make_url(engine.url).render_as_string(hide_password=True)
             tls = tls_refusal(e, "ORCH_DATABASE_CA_FILE", "ORCH_DATABASE_CERT_FILE", "the host in ORCH_DATABASE_URL")
@@ -56,6 +65,7 @@ async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -
             await asyncio.sleep(_RETRY_S)
             continue
         outage.worked()
+        migrations.worked()
         return
 
 

@@ -10,8 +10,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -20,8 +18,9 @@ import asyncpg
 
 from shared import topology
 from shared.messages import ServiceInventory, StartObserver
+from tests.system.test_migrations import alembic
 from tools import infra
-from tools.harness import REPO, System, wait_for
+from tools.harness import System, wait_for
 
 
 def sql(database_url: str, query: str, *args: object) -> object:
@@ -76,16 +75,27 @@ def test_a_row_left_unenqueued_by_a_crash_is_published_again(system: System) -> 
     assert observer["service_name"] == "svc-a"
 
 
-def test_the_manager_refuses_an_unmigrated_database(system: System, postgres: infra.PostgresNode) -> None:
+def test_the_manager_waits_for_an_unmigrated_database_and_refuses_a_newer_one(
+    system: System, postgres: infra.PostgresNode, tmp_path: Path
+) -> None:
+    """Issue 63: on Kubernetes the migrations run as a Job beside the new managers, and a
+    manager that exited on a schema behind its own was restarted again and again."""
     name = f"t_empty_{uuid.uuid4().hex[:8]}"
     postgres.create_database(name)
     try:
-        env = {"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": postgres.url(name), "ORCH_AMQP_URL": system.amqp_url}
-        done = subprocess.run(
-            [sys.executable, "-m", "manager"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
-        )
-        assert done.returncode != 0
-        assert "alembic upgrade head" in done.stderr
+        empty = System(amqp_url=system.amqp_url, database_url=postgres.url(name), workdir=tmp_path)
+        manager = empty.start_manager(wait=False)
+        wait_for(lambda: "waiting for the database's migrations" in manager.text(), 60, "the manager to wait")
+        assert manager.alive() and "alembic upgrade head" in manager.text()
+        alembic(empty.database_url, "upgrade", "head")
+        wait_for(lambda: empty.get("/readyz").status_code == 200, 60, "the manager ready once migrated")
+        empty.stop_all()
+
+        # A schema of a release this manager does not know: waiting will not help.
+        postgres.psql("UPDATE alembic_version SET version_num = 'f00dfeed0001'", database=name)
+        newer = empty.start_manager(wait=False)
+        assert newer.popen.wait(60) == 2
+        assert "which this manager does not know" in newer.text()
     finally:
         postgres.drop_database(name)
 

@@ -271,3 +271,27 @@ def test_0016_adds_scheduled_and_its_downgrade_refuses_while_a_row_is_scheduled(
         alembic(url, "upgrade", "head")
     finally:
         postgres.drop_database(name)
+
+
+def test_two_upgrades_at_once_take_turns(postgres: infra.PostgresNode) -> None:
+    """Two `alembic upgrade head` on one empty database at once (two Jobs, or a Job and an
+    operator): the second waits for the first's commit and finds nothing to do."""
+    name = f"t_mig_{uuid.uuid4().hex[:8]}"
+    postgres.create_database(name)
+    try:
+        env = {"PATH": "/usr/bin:/bin", "ORCH_DATABASE_URL": postgres.url(name)}
+        runs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "alembic", "upgrade", "head"],
+                cwd=REPO,
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        errors = [run.communicate(timeout=120)[1] for run in runs]
+        assert [run.returncode for run in runs] == [0, 0], errors
+        assert postgres.psql("SELECT version_num FROM alembic_version", database=name).strip() == head_revision()
+    finally:
+        postgres.drop_database(name)

@@ -3,8 +3,8 @@
 The state process is spawned before the manager reads its settings, and connects to the
 broker while it checks the database's schema: both so that a restarted manager begins
 applying its backlog sooner. Neither may cost what the old order guaranteed: a manager whose
-settings are wrong leaves no state process behind, and a state process on a database the
-schema check refuses applies nothing and acks nothing.
+settings are wrong leaves no state process behind, and a state process on a database whose
+schema is behind applies nothing and acks nothing until it is migrated.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_a_manager_whose_settings_are_wrong_leaves_no_state_process(system: Syst
     wait_for(lambda: not state_processes_of(manager.popen.pid), 30, "the state process to end with its parent")
 
 
-async def test_a_state_process_on_an_outdated_schema_applies_and_acks_nothing(
+async def test_a_state_process_on_an_outdated_schema_applies_nothing_until_it_is_migrated(
     system: System, postgres: infra.PostgresNode
 ) -> None:
     alembic(system.database_url, "downgrade", "-1")
@@ -66,16 +66,29 @@ async def test_a_state_process_on_an_outdated_schema_applies_and_acks_nothing(
     system.stop_all()
     waiting = (await asyncio.to_thread(queued, system))[0]
 
-    # The state process alone, so that it is its own schema check that refuses the database
-    # (a manager's API refuses it too, and its child ends with it). It consumes only once it
-    # leads, after the check: every report stays in the queue.
+    # The state process alone, so that it is its own schema check that holds it back. It
+    # waits for the migration (a Job may be running it) and consumes only once it leads,
+    # after the check: meanwhile every report stays in the queue.
     state = system.start_process("state", "manager.state.process")
-    assert await asyncio.to_thread(state.popen.wait, 60) != 0
-    assert "database schema is at revision" in state.text()
+    await asyncio.to_thread(
+        wait_for, lambda: "waiting for the database's migrations" in state.text(), 60, "the state process to wait"
+    )
+    await asyncio.sleep(2)
+    assert state.alive() and "database schema is at revision" in state.text()
     assert await asyncio.to_thread(queued, system) == (waiting, 0)
     database = make_url(system.database_url).database
     assert database
     assert postgres.psql("SELECT count(*) FROM services", database=database).strip() == "0"
+
+    # Migrated, it goes on by itself: the reports are applied.
+    alembic(system.database_url, "upgrade", "head")
+    await asyncio.to_thread(
+        wait_for,
+        lambda: postgres.psql("SELECT count(*) FROM services", database=database).strip() == "1",
+        60,
+        "the service's birth applied",
+    )
+    assert "the schema is up to date" in state.text()
 
 
 def queued(system: System) -> tuple[int, int]:
