@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry()
 
@@ -57,7 +57,3 @@ REFUSALS = Counter(
     "orch_service_refusals", "Refusals by the broker that retrying cannot heal (each attempt)", registry=REGISTRY
 )
 EMITS_WAITING = Gauge("orch_service_emits_waiting", "Emits waiting for a slot now", registry=REGISTRY)
-
-
-def serve(port: int, host: str) -> None:
-    start_http_server(port, addr=host, registry=REGISTRY)

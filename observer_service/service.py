@@ -18,8 +18,9 @@ import logging
 import os
 import signal
 import uuid
+from typing import Any
 
-from observer_service import metrics
+from observer_service import health, metrics
 from observer_service.capacity import sized
 from observer_service.holding import DeliveryChannel
 from observer_service.lease import Lease
@@ -137,8 +138,9 @@ class ObserverService:
         (taken, or a host it has no address on) is a setting to fix, said in one line,
         and the service exits with status 2 rather than a traceback."""
         host, port = self.settings.metrics_host, self.settings.metrics_port
+        probes = health.Probes(lambda: self.watchdog.last_tick, self._readiness, self.settings.health_stall_s)
         try:
-            metrics.serve(port, host)
+            health.serve(host, port, probes)
         except OSError as e:
             logger.critical(
                 "cannot serve metrics on %s:%d (%s): set ORCH_METRICS_PORT to a free port, or 0 for no metrics",
@@ -147,7 +149,20 @@ class ObserverService:
                 e.strerror or e,
             )
             raise SystemExit(2) from None
-        logger.info("metrics on http://%s:%d/metrics", host, port)
+        logger.info("metrics on http://%s:%d/metrics, probes on /healthz and /readyz", host, port)
+
+    def _readiness(self) -> tuple[bool, dict[str, Any]]:
+        """What ``/readyz`` says (read on the health thread): consuming, or why not."""
+        session = self.session
+        if self.shutdown.is_set():
+            return False, {"status": "stopping"}
+        if session is None or session.closed.is_set():
+            why = self.refusals.session or "no broker session: connecting"
+            return False, {"status": "not consuming", "detail": why}
+        refused = self.refusals.summary()
+        if refused:
+            return True, {"status": "degraded", "detail": refused}
+        return True, {"status": "consuming", "pools": list(self.settings.pools)}
 
     async def _session_loop(self) -> None:
         failures = 0

@@ -96,6 +96,11 @@ class LoopWatchdog:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def last_tick(self) -> float:
+        """The monotonic instant the loop last ran this watchdog's callback (any thread)."""
+        return self._last_tick
+
     def take_lag(self) -> float:
         lag, self.lag_ms = self.lag_ms, 0.0
         return lag

@@ -215,10 +215,18 @@ class ServiceSettings(CommonSettings):
         default=0,
         ge=0,
         le=65535,
-        description="where the service serves `/metrics` (0: nowhere); a port it cannot bind stops it at start with "
-        "one line saying which (exit status 2)",
+        description="where the service serves `/metrics`, `/healthz` and `/readyz` (0: nowhere); a port it cannot "
+        "bind stops it at start with one line saying which (exit status 2)",
     )
-    metrics_host: str = Field(default="127.0.0.1", description="the address `/metrics` listens on")
+    metrics_host: str = Field(
+        default="127.0.0.1", description="the address `/metrics`, `/healthz` and `/readyz` listen on"
+    )
+    health_stall_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="`/healthz` fails (503) once the service's event loop has not run for this long (an observer "
+        "that blocks it); the broker connection lives on its own thread meanwhile",
+    )
     # The kind reads the variable itself (it also runs in child processes and tests); parsed
     # here too so that a malformed list stops the service at start.
     periodic_modules: Annotated[tuple[str, ...], NoDecode] = Field(

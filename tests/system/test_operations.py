@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
+from tools import infra
 from tools.harness import System, free_port, read_ticks, wait_for
 
 ADMIN, READER = "admin-token-1", "reader-token-1"
@@ -92,6 +95,41 @@ def test_metrics_of_the_manager_and_of_a_service(system: System) -> None:
     text = service_metrics()
     assert "orch_service_observers_running 1.0" in text and "orch_service_loop_lag_seconds" in text
     assert "orch_service_observer_restarts_total 0.0" in text
+
+
+@pytest.mark.usefixtures("with_test_plugin")  # its cpu_hog blocks the loop when run async
+def test_a_services_probes_tell_a_lost_broker_from_a_blocked_loop(
+    system: System, rabbit: infra.RabbitNode, vhost: str
+) -> None:
+    """Issue 63: /healthz fails only when the event loop stands still, /readyz only while no
+    broker session consumes; prometheus_client's server answered 200 on every path."""
+    port = free_port()
+    service = system.start_service("svc-a", workers=5, wait=False, ORCH_METRICS_PORT=str(port), ORCH_HEALTH_STALL_S="3")
+
+    def probe(path: str) -> tuple[int, dict[str, Any]]:
+        response = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=5)
+        return response.status_code, response.json()
+
+    wait_for(lambda: probe("/readyz") == (200, {"status": "consuming", "pools": ["default"]}), 60, "ready")
+    assert probe("/healthz")[0] == 200 and probe("/nope")[0] == 404
+
+    # The broker's data gone (its connections closed, the vhost refused for a while): not
+    # ready, still healthy; ready again once the broker takes it back.
+    rabbit.delete_vhost(vhost)
+    wait_for(lambda: probe("/readyz")[0] == 503, 30, "not ready without a broker session")
+    said = probe("/readyz")[1]
+    assert said["status"] == "not consuming" and said["detail"], said
+    assert probe("/healthz")[0] == 200
+    rabbit.add_vhost(vhost)
+    wait_for(lambda: probe("/readyz")[0] == 200, 60, "ready again")
+
+    # An observer that blocks the event loop: unhealthy (a restart moves its observers),
+    # though the broker session lives on its own thread.
+    system.start_manager()
+    system.create("blocker", kind="cpu_hog", isolation="async")
+    wait_for(lambda: probe("/healthz")[0] == 503, 30, "unhealthy with the loop blocked")
+    assert probe("/healthz")[1]["status"] == "event loop stalled"
+    service.kill9()
 
 
 def test_a_service_whose_metrics_port_is_taken_says_so_and_exits(system: System) -> None:
