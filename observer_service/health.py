@@ -31,6 +31,8 @@ from observer_service.metrics import REGISTRY
 
 logger = logging.getLogger(__name__)
 
+PATHS = ("/metrics", "/healthz", "/readyz")
+
 
 @dataclass
 class Probes:
@@ -56,7 +58,7 @@ def serve(host: str, port: int, probes: Probes) -> ThreadingHTTPServer:
                 ready, body = probes.readiness()
                 self._json(200 if ready else 503, body)
             else:
-                self._json(404, {"detail": f"no {path} here: /metrics, /healthz and /readyz"})
+                self._json(404, {"detail": f"no {path} here: {', '.join(PATHS)}"})
 
         def _json(self, status: int, body: dict[str, Any]) -> None:
             self._send(status, json.dumps(body).encode(), "application/json")

@@ -68,6 +68,8 @@ class RabbitNode:
     extra_conf: str = ""
     # False: RabbitMQ's own defaults (a 30-minute consumer timeout, checked every minute).
     product_settings: bool = True
+    # advanced.config's text instead of the one product_settings picks.
+    advanced_config: str | None = None
     # Erlang cookie; nodes meant to form a cluster need the same one. "" = generate once.
     cookie: str = field(default="", repr=False)
     start_timeout: float = 90.0
@@ -179,6 +181,8 @@ class RabbitNode:
         return self._dist_source_args().strip().split()[-1] in cmdline(pid)
 
     def _advanced_config(self) -> str:
+        if self.advanced_config is not None:
+            return self.advanced_config
         if not self.product_settings:
             return "%% Written by tools/infra/rabbitmq.py (plain broker settings).\n[].\n"
         return SHIPPED_ADVANCED_CONFIG.read_text()
