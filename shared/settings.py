@@ -367,6 +367,12 @@ class ManagerSettings(CommonSettings):
         description="a row with no host whose pool's queue stayed empty this long gets its start published again "
         "(doubling per attempt)",
     )
+    services_retention_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="a service stopped, replaced or lost this long ago is forgotten (its row deleted): pods that "
+        "restart under new names do not grow `GET /api/services` without bound",
+    )
     events_retention_days: float = Field(
         default=30.0,
         ge=0,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import JSON, BigInteger, String, case, column, func, select, text
+from sqlalchemy import JSON, BigInteger, CursorResult, String, case, column, delete, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.counts import READ_SQL, live_in_pool_query
@@ -154,3 +154,11 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         "paused": row.paused,
         "state_applied_by": row.leader,
     }
+
+
+async def forget_gone(session: AsyncSession, before: datetime) -> int:
+    """Delete the services not alive since before ``before``; how many."""
+    result = await session.execute(
+        delete(Service).where(Service.status != ServiceStatus.ALIVE, Service.modified_at < before)
+    )
+    return cast("CursorResult[Any]", result).rowcount

@@ -1,5 +1,6 @@
 """Small repairs that keep the state side's own tables short or current: probations ended,
-applied-message ids forgotten, history pruned, the triggers' deltas folded."""
+applied-message ids forgotten, history pruned, services long gone forgotten, the triggers'
+deltas folded."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.db import applied, observers
+from manager.db import applied, observers, services
 from manager.db.counts import fold_deltas
 from manager.db.digests import fold_digest_deltas
 from manager.repairs.base import Repair
@@ -85,6 +86,26 @@ class PruneHistory(Repair):
             return
         full = await prune_events(self.sessions, self.retention_days) >= PRUNE_BATCH
         self._next = time.monotonic() + (0 if full else PRUNE_EVERY_S)
+
+
+class ForgetServices(Repair):
+    """Forget services gone (stopped, replaced, lost) longer than ``ORCH_SERVICES_RETENTION_S``:
+    on Kubernetes each pod is a service named after the pod, so every restart leaves one more
+    row, which ``GET /api/services`` would list for ever. A lost one that speaks again is asked
+    to introduce itself, as any unknown service is."""
+
+    name = "forget_services"
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], retention_s: float) -> None:
+        self.sessions = sessions
+        self.retention = timedelta(seconds=retention_s)
+        self.period_s = min(60.0, retention_s / 4)
+
+    async def run(self) -> None:
+        async with self.sessions.begin() as session:
+            forgotten = await services.forget_gone(session, datetime.now(UTC) - self.retention)
+        if forgotten:
+            logger.info("forgot %d service(s) gone for longer than ORCH_SERVICES_RETENTION_S", forgotten)
 
 
 class FoldDeltas(Repair):

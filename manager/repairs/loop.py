@@ -21,7 +21,7 @@ from manager.broker import BrokerLink
 from manager.db.errors import database_outage, describe, is_transient
 from manager.repairs.balance import Balance
 from manager.repairs.base import Repair
-from manager.repairs.housekeeping import EndProbations, FoldDeltas, ForgetApplied, PruneHistory
+from manager.repairs.housekeeping import EndProbations, FoldDeltas, ForgetApplied, ForgetServices, PruneHistory
 from manager.repairs.liveness import JudgeHeartbeats
 from manager.repairs.lost_starts import LostStarts
 from manager.repairs.pending_starts import GoneStarts, PendingStarts
@@ -57,6 +57,7 @@ def state_side_repairs(
         EndProbations(sessions),
         ForgetApplied(sessions, lambda: heartbeats.backlog_drained),
         PruneHistory(sessions, settings.events_retention_days),
+        ForgetServices(sessions, settings.services_retention_s),
         FoldDeltas(sessions),
         Balance(settings, sessions, broker, rules),
     ]

@@ -220,3 +220,22 @@ def test_a_setting_that_does_not_validate_is_named_in_one_line(system: System) -
         assert proc.popen.wait(60) == 2
         text = proc.text()
         assert said in text and "Traceback" not in text, text
+
+
+def test_services_restarted_under_new_names_are_forgotten_after_the_retention(system: System) -> None:
+    """Issue 63: on Kubernetes each pod is a service named after it; 20 restarts under new
+    names (stopped, or killed and judged lost) leave nothing listed once the retention passed."""
+    system.start_manager(ORCH_SERVICES_RETENTION_S="2")
+    system.start_service("pod-keep", workers=5)
+    for batch in range(4):
+        procs = [system.start_service(f"pod-{batch}-{i}", workers=5) for i in range(5)]
+        for i, proc in enumerate(procs):
+            if i == 0:
+                proc.kill9()  # judged lost, as a pod killed with its node
+            else:
+                assert proc.terminate() == 0
+    wait_for(
+        lambda: [s["name"] for s in system.services()] == ["pod-keep"],
+        60,
+        f"only the live service listed (now {[(s['name'], s['status']) for s in system.services()]})",
+    )

@@ -31,8 +31,9 @@ def test_repairs_with_long_thresholds_run_at_a_quarter_of_them() -> None:
     assert schedule.periods["republish_pending"] == 7.5  # a quarter of 30 s
     assert all(isinstance(repair, Repair) for repair in repairs)  # each names a repair
     assert schedule.periods["balance"] == 1.0  # the balancer rounds at the repairs' own pace
+    assert schedule.periods["forget_services"] == 60.0  # an hour's retention, checked a minute at most
     assert schedule.periods["republish_gone"] == 0.0  # every pass: a deleted queue's starts within a second
-    assert len(schedule.periods) == len(repairs) == 12  # names are unique
+    assert len(schedule.periods) == len(repairs) == 13  # names are unique
 
     # A repair with a period runs, then not again until the period passed
     assert schedule.due("restop", 100.0)
