@@ -5,6 +5,7 @@ OrchestratorError
 ├── LeaseLost              an observer tried to act after its host lost the lease (fencing)
 ├── UnknownKind            no observer kind with that name is installed
 ├── BrokerUnavailable      the broker could not be reached or did not confirm a publish
+│   └── BrokerRefused      it refused a session for a reason no retry heals (the hint says what)
 └── EgressDenied           a kind was about to connect where the service's egress policy forbids
 """
 
