@@ -137,7 +137,7 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
             child.start()
             app.state.state_metrics = child.metrics_text
         else:
-            side = StateSide(settings, engine, sessions, broker, commands.in_flight)
+            side = StateSide(settings, engine, sessions, broker, commands.starts)
             broker.start()
             task = asyncio.create_task(side.run(), name="state-side")
             task.add_done_callback(_stop_if_the_side_ended)

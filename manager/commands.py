@@ -42,6 +42,7 @@ from manager.db.models import (
 from manager.db.retry import retry_lost_races
 from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
 from manager.kinds import CatalogCache, KindCatalog, NewObserver, validate
+from manager.start_publisher import StartPublisher
 from manager.starts import build_start, start_message
 from shared.errors import BrokerUnavailable
 from shared.messages import RetryPolicy, StartObserver, stop_messages
@@ -65,6 +66,7 @@ class ObserverCommands:
         default_retry: RetryPolicy,
         admission: Admission,
         schedule_max_ahead_days: float = 366.0,
+        starts: StartPublisher | None = None,
     ) -> None:
         self.sessions = sessions
         self.schedule_max_ahead_days = schedule_max_ahead_days
@@ -73,9 +75,8 @@ class ObserverCommands:
         self.default_retry = default_retry
         self.catalog = CatalogCache(self._load_catalog)
         self.groups = CreateGroups(self.create_validated)
-        # Starts this process is publishing right now: the pending-start repair leaves them alone, however
-        # slow the broker's confirms are.
-        self.in_flight: set[uuid.UUID] = set()
+        # Shared with the state side when it runs in this process (``manager/start_publisher.py``).
+        self.starts = starts or StartPublisher(sessions, broker)
 
     # --- create ----------------------------------------------------------------------------
 
@@ -133,9 +134,8 @@ class ObserverCommands:
         ids = [s.observer_id for s in starts]
         if not starts:
             return rows
-        self.in_flight.update(ids)
         try:
-            await self.broker.publish_starts(starts)
+            await self.starts.publish(starts)
         except BrokerUnavailable as e:
             # Some starts may have been published: found running, they are stopped, not adopted.
             # All of the request goes, Scheduled rows too: a create is all or nothing.
@@ -144,8 +144,6 @@ class ObserverCommands:
             raise Unavailable(
                 f"the message broker is unreachable or overloaded, nothing was created; retry later ({e})"
             ) from e
-        finally:
-            self.in_flight.difference_update(ids)
         try:
             await self._transaction("marking starts published", observers.mark_published, ids)
         except Exception as e:
@@ -262,10 +260,9 @@ class ObserverCommands:
                 f"observer {observer_id} cannot be restarted: its name {name!r} is now used by another "
                 "observer that is not Deleted/Failed"
             ) from e
-        self.in_flight.add(observer_id)
         published = False
         try:
-            await self.broker.publish_starts([start])
+            await self.starts.publish([start])
             published = True
         except BrokerUnavailable as e:
             if await self._undo_restart(observer_id, restarted_at):
@@ -275,8 +272,6 @@ class ObserverCommands:
             # A report changed the row meanwhile (the start arrived although its confirm did
             # not, or a stop was requested): that is the truth now, and the restart stands.
             logger.warning("restart of %s: start not confirmed (%s), but the observer moved on", observer_id, e)
-        finally:
-            self.in_flight.discard(observer_id)
         async with self.sessions.begin() as session:
             if published:  # else its pending start stays for the pending-start repair, like after a crash
                 await observers.mark_published(session, [observer_id])

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -28,6 +27,7 @@ from manager.repairs.pending_starts import GoneStarts, PendingStarts
 from manager.repairs.rebuild import BrokerRebuild
 from manager.repairs.restop import Restop
 from manager.repairs.unknown import DescribeUnknown
+from manager.start_publisher import StartPublisher
 from manager.state.rules import StateRules
 from shared.errors import BrokerUnavailable
 from shared.settings import ManagerSettings
@@ -40,19 +40,19 @@ def state_side_repairs(
     sessions: async_sessionmaker[AsyncSession],
     broker: BrokerLink,
     rules: StateRules,
-    in_flight: set[uuid.UUID],
+    starts: StartPublisher,
     consumer_idle: Callable[[], bool],
 ) -> list[Repair]:
     """Every repair, in the order a pass runs them: the broker rebuilt first, since the
     others publish to it."""
     heartbeats = JudgeHeartbeats(settings, sessions, broker, rules, consumer_idle)
     return [
-        BrokerRebuild(sessions, broker),
+        BrokerRebuild(sessions, broker, starts),
         Restop(sessions, broker, settings.restop_after_s),
         heartbeats,
-        GoneStarts(sessions, broker, rules.gone_starts),
-        PendingStarts(sessions, broker, settings.pending_start_after_s, in_flight),
-        LostStarts(sessions, broker, rules.declines, settings.lost_start_after_s),
+        GoneStarts(sessions, starts, rules.gone_starts),
+        PendingStarts(sessions, starts, settings.pending_start_after_s),
+        LostStarts(sessions, starts, rules.declines, settings.lost_start_after_s),
         DescribeUnknown(sessions, broker, rules, settings.unknown_grace_s),
         EndProbations(sessions),
         ForgetApplied(sessions, lambda: heartbeats.backlog_drained),

@@ -28,10 +28,10 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.broker import BrokerLink
 from manager.db import observers
 from manager.db.models import ObserverStatus
 from manager.repairs.base import Repair
+from manager.start_publisher import StartPublisher
 from manager.starts import start_message
 from manager.state.declines import Declines
 from shared.messages import DECLINED_HOLD_S
@@ -47,10 +47,11 @@ class LostStarts(Repair):
     name = "republish_lost"
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, declines: Declines, after_s: float
+        self, sessions: async_sessionmaker[AsyncSession], starts: StartPublisher, declines: Declines, after_s: float
     ) -> None:
         self.sessions = sessions
-        self.broker = broker
+        self.starts = starts
+        self.broker = starts.broker
         self.declines = declines
         self.after_s = after_s
         self.period_s = after_s / 4
@@ -81,7 +82,7 @@ class LostStarts(Repair):
             return
         async with self.sessions() as session:
             lost = await observers.still_waiting(session, due, unchanged)
-        await self.broker.publish_starts([start_message(obs) for obs in lost])
+        await self.starts.publish([start_message(obs) for obs in lost])
         for obs in lost:
             self._seen[obs.id] = now  # a longer wait before the next attempt
             self._attempts[obs.id] = self._attempts.get(obs.id, 0) + 1

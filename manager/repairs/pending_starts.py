@@ -17,53 +17,35 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.broker import BrokerLink
 from manager.db import observers
-from manager.db.models import Observer
 from manager.repairs.base import Repair
+from manager.start_publisher import StartPublisher
 from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
 
 
-async def _publish_again(
-    sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, rows: Sequence[Observer]
-) -> None:
-    """Publish the rows' starts and, once the broker confirmed them, end their pending rows."""
-    await broker.publish_starts([start_message(obs) for obs in rows])
-    async with sessions.begin() as session:
-        await observers.mark_published(session, [o.id for o in rows])
-
-
 class PendingStarts(Repair):
     name = "republish_pending"
 
-    def __init__(
-        self,
-        sessions: async_sessionmaker[AsyncSession],
-        broker: BrokerLink,
-        after_s: float,
-        in_flight: set[uuid.UUID],
-    ) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], starts: StartPublisher, after_s: float) -> None:
         self.sessions = sessions
-        self.broker = broker
+        self.starts = starts
         self.after_s = after_s
         self.period_s = after_s / 4
-        self.in_flight = in_flight  # starts this process is publishing (one-process mode)
 
     async def run(self) -> None:
         cutoff = datetime.now(UTC) - timedelta(seconds=self.after_s)
         async with self.sessions() as session:
             found = await observers.unconfirmed_starts(session, cutoff, 1000)
-        rows = [obs for obs in found if obs.id not in self.in_flight]
+        rows = [obs for obs in found if obs.id not in self.starts.in_flight]
         if not rows:
             return
-        await _publish_again(self.sessions, self.broker, rows)
+        await self.starts.publish_pending([start_message(obs) for obs in rows])
         logger.warning("published again %d start(s) left unconfirmed by a crash", len(rows))
 
 
@@ -73,9 +55,11 @@ class GoneStarts(Repair):
 
     name = "republish_gone"
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, gone: set[uuid.UUID]) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], starts: StartPublisher, gone: set[uuid.UUID]
+    ) -> None:
         self.sessions = sessions
-        self.broker = broker
+        self.starts = starts
         self.gone = gone
 
     async def run(self) -> None:
@@ -85,6 +69,6 @@ class GoneStarts(Repair):
         async with self.sessions() as session:
             rows = await observers.pending_hostless(session, asked)
         if rows:
-            await _publish_again(self.sessions, self.broker, rows)
+            await self.starts.publish_pending([start_message(obs) for obs in rows])
             logger.warning("published again %d start(s) that went with a deleted start queue", len(rows))
         self.gone.difference_update(asked)

@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.db import observers
 from manager.repairs.base import Repair
+from manager.start_publisher import StartPublisher
 from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ _RELEASE_WAIT_S = 30.0  # for rows others hold; past it the next pass rebuilds a
 _RELEASE_POLL_S = 0.05
 
 
-async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink) -> int:
+async def rebuild(sessions: async_sessionmaker[AsyncSession], starts: StartPublisher) -> int:
     """Release every hosted observer and publish a start for every live one; returns how
     many starts were published. The caller declares the marker afterwards."""
     began = time.monotonic()
@@ -58,10 +59,8 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], broker: BrokerLink
             rows = await observers.needing_a_start(session, after, _BATCH)
         if not rows:
             break
-        await broker.publish_starts([start_message(obs) for obs in rows], rebuilding=True)
-        ids = [obs.id for obs in rows]
-        async with sessions.begin() as session:  # confirmed: nothing left for the pending-start repair
-            await observers.mark_published(session, ids)
+        # Confirmed, then not pending: nothing left for the pending-start repair.
+        await starts.publish_pending([start_message(obs) for obs in rows], rebuilding=True)
         published += len(rows)
         after = rows[-1].id
     if count or published:
@@ -105,9 +104,10 @@ class BrokerRebuild(Repair):
 
     name = "rebuild_broker"
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, starts: StartPublisher) -> None:
         self.sessions = sessions
         self.broker = broker
+        self.starts = starts
         self._marker_checked = 0  # broker.connects when the marker was last checked
 
     async def run(self) -> None:
@@ -115,6 +115,6 @@ class BrokerRebuild(Repair):
         if connects == self._marker_checked:
             return
         if not await self.broker.probes.marker_present():
-            await rebuild(self.sessions, self.broker)
+            await rebuild(self.sessions, self.starts)
             await self.broker.probes.declare_marker()
         self._marker_checked = connects

@@ -27,7 +27,6 @@ import os
 import signal
 import socket
 import threading
-import uuid
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler
 
@@ -41,6 +40,7 @@ from manager.db.startup import DatabaseRefused, wait_for_schema
 from manager.metrics import STATE_REGISTRY
 from manager.queue_waker import StartQueueWaker
 from manager.repairs.loop import RepairLoop, state_side_repairs
+from manager.start_publisher import StartPublisher
 from manager.state.consumer import StateConsumer
 from manager.state.leadership import LeaderLock
 from manager.state.probation import ProbationPolicy
@@ -66,13 +66,13 @@ class StateSide:
         engine: AsyncEngine,
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
-        in_flight: set[uuid.UUID] | None = None,
+        starts: StartPublisher | None = None,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.broker = broker
-        # Starts being published by this process (single-process mode shares the API's set).
-        self.in_flight = in_flight if in_flight is not None else set()
+        # Single-process mode shares the API's: its in-flight starts are this side's too.
+        self.starts = starts or StartPublisher(sessions, broker)
         self.lock = LeaderLock(engine, settings.name, settings.leader_timeout_s)
 
     async def run(self) -> None:
@@ -101,13 +101,13 @@ class StateSide:
         )
         consumer = StateConsumer(self.sessions, self.broker, rules, on_database_error=self.lock.doubt)
         repairs = RepairLoop(
-            state_side_repairs(settings, self.sessions, self.broker, rules, self.in_flight, consumer.idle),
+            state_side_repairs(settings, self.sessions, self.broker, rules, self.starts, consumer.idle),
             self.broker,
             settings.repair_interval_s,
             on_database_error=self.lock.doubt,
         )
         waker = StartQueueWaker(settings, self.sessions, self.broker)
-        scheduler = Scheduler(self.sessions, self.broker, self.in_flight)
+        scheduler = Scheduler(self.sessions, self.broker, self.starts)
         work: asyncio.Future[Any] = asyncio.ensure_future(
             asyncio.gather(consumer.run(), repairs.run(), waker.run(), scheduler.run(), self._consume(consumer))
         )

@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.db import observers
 from manager.db import schedule as rows
 from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import SCHEDULED_EXPIRED, SCHEDULED_STARTS
+from manager.start_publisher import StartPublisher
 from shared.errors import BrokerUnavailable
 from shared.messages import stop_messages
 
@@ -49,13 +48,13 @@ class Scheduler:
         self,
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
-        in_flight: set[uuid.UUID],
+        starts: StartPublisher,
         poll_s: float = POLL_S,
         batch: int = BATCH,
     ) -> None:
         self.sessions = sessions
         self.broker = broker
-        self.in_flight = in_flight  # shared with the pending-start repair, which leaves these alone
+        self.starts = starts
         self.poll_s = poll_s
         self.batch = batch
         self._database = database_outage("the scheduler", logger)
@@ -105,14 +104,7 @@ class Scheduler:
             logger.error("scheduled observer %s is Failed: %s; the other due starts go on", observer_id, reason)
         if not starts:
             return len(broken)
-        ids = [s.observer_id for s in starts]
-        self.in_flight.update(ids)
-        try:
-            await self.broker.publish_starts(starts)
-        finally:
-            self.in_flight.difference_update(ids)
-        async with self.sessions.begin() as session:
-            await observers.mark_published(session, ids)
+        await self.starts.publish_pending(starts)
         SCHEDULED_STARTS.inc(len(starts))
         logger.info("started %d scheduled observer(s)", len(starts))
         return len(starts) + len(broken)

@@ -20,6 +20,7 @@ from manager.broker import BrokerLink
 from manager.db import observers
 from manager.db.models import Observer, PendingStart
 from manager.repairs.pending_starts import GoneStarts
+from manager.start_publisher import StartPublisher
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.messages import ObserversStarted, ServiceBorn, StartsGone, StateMessage
@@ -74,5 +75,5 @@ async def test_only_starts_the_reporter_still_holds_are_published_again(
     # is pending, so the repair publishes nothing (it has no broker to publish to here).
     async with sessions.begin() as session:
         await observers.mark_published(session, held)
-    await GoneStarts(sessions, cast(BrokerLink, None), rules.gone_starts).run()
+    await GoneStarts(sessions, StartPublisher(sessions, cast(BrokerLink, None)), rules.gone_starts).run()
     assert rules.gone_starts == set()

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.repairs.base import Repair
 from manager.repairs.loop import Schedule, state_side_repairs
+from manager.start_publisher import StartPublisher
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.settings import ManagerSettings
@@ -21,7 +22,7 @@ def test_repairs_with_long_thresholds_run_at_a_quarter_of_them() -> None:
         cast(async_sessionmaker[AsyncSession], None),
         cast(BrokerLink, None),
         StateRules(ProbationPolicy(3, 600)),
-        set(),
+        StartPublisher(cast(async_sessionmaker[AsyncSession], None), cast(BrokerLink, None)),
         lambda: True,
     )
     schedule = Schedule(repairs)
