@@ -14,8 +14,9 @@ Where things are handled:
   ``state/scheduler`` fires scheduled starts and stops (``schedule`` holds their rules);
   ``queue_waker`` keeps big start queues awake.
 * The broker: ``broker`` (the manager's connection: publishes, the state consumer) and
-  ``broker_probes`` (questions asked on connections of their own); ``starts`` builds start
-  messages.
+  ``broker_probes`` (questions asked on connections of their own), ``broker_startup`` (a
+  certificate refused at start-up is an exit, not a wait); ``starts`` builds start messages
+  and ``start_publisher`` publishes every one.
 * ``db/``: the models, the engines, the error classification, and the SQL, one module per
   subject (``db/observers``, ``db/creates``, ``db/schedule``, ``db/services``, ``db/events``
   for the history, ``db/digests``, ...): routes, commands, rules and repairs call them; only

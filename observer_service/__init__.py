@@ -18,6 +18,7 @@ Where things are handled:
   ones, by id, with each session's digest), ``isolation`` and ``child`` (process isolation),
   ``settle`` (acks once a report is confirmed), ``start_log``.
 * Reports and events: ``outbox`` (the ordered state reports), ``emits`` (observers' events).
-* The process: ``capacity`` (``auto`` sizing), ``metrics``, ``watchdog`` (loop lag),
+* The process: ``capacity`` (``auto`` sizing), ``metrics``, ``health`` (``/metrics``,
+  ``/healthz``, ``/readyz`` on a thread of their own), ``watchdog`` (loop lag),
   ``gc_policy`` (garbage-collector pauses).
 """
