@@ -37,8 +37,7 @@ from bench.fresh import fresh_system
 from bench.run import RESULTS, aligned
 from bench.scale import SCALE_ENV
 from tools import infra
-from tools.harness import free_port, unique
-from tools.pki import Pki, make_pki
+from tools.pki import Pki, make_pki, tls_nodes
 
 MODES = ("plain", "tls")
 
@@ -72,17 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     infra.up()  # the packages and the series's install; this benchmark runs nodes of its own
     base = Path(tempfile.mkdtemp(prefix="orch-bench-tls-"))
     pki = make_pki(base / "pki")
-    rabbit = infra.RabbitNode(
-        name=unique("orch-bench-tls"),
-        base=base / "rabbitmq",
-        port=free_port(),
-        dist_port=free_port(),
-        user="orch",
-        password="bench-password",
-        tls=pki.server,
-        tls_port=free_port(),
-    )
-    postgres = infra.PostgresNode(base=base / "postgres", port=free_port(), tls=pki.server, tls_only=False)
+    rabbit, postgres = tls_nodes(base, pki, tls_only=False)
     started = datetime.now(UTC)
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     try:

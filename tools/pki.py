@@ -12,6 +12,8 @@ from pathlib import Path
 
 import trustme
 
+from tools.harness import free_port, unique
+from tools.infra import PostgresNode, RabbitNode
 from tools.infra.tls import TlsFiles
 
 
@@ -33,6 +35,23 @@ class Pki:
             "ORCH_DATABASE_CERT_FILE": str(self.client_cert),
             "ORCH_DATABASE_KEY_FILE": str(self.client_key),
         }
+
+
+def tls_nodes(base: Path, pki: Pki, *, tls_only: bool = True) -> tuple[RabbitNode, PostgresNode]:
+    """A RabbitMQ node with a TLS listener beside its plain one, and a PostgreSQL that takes
+    TLS clients (only those, with ``tls_only``), both asking for a client certificate and
+    both under ``base``; not started."""
+    rabbit = RabbitNode(
+        name=unique("orch-tls"),
+        base=base / "rabbitmq",
+        port=free_port(),
+        dist_port=free_port(),
+        user="orch",
+        password="tls-password",
+        tls=pki.server,
+        tls_port=free_port(),
+    )
+    return rabbit, PostgresNode(base=base / "postgres", port=free_port(), tls=pki.server, tls_only=tls_only)
 
 
 def make_pki(folder: Path) -> Pki:

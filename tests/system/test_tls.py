@@ -20,7 +20,7 @@ import pytest
 from tests.system.test_cli import cli
 from tools import infra
 from tools.harness import REPO, System, free_port, unique, wait_for
-from tools.pki import Pki, make_pki
+from tools.pki import Pki, make_pki, tls_nodes
 
 
 @dataclass
@@ -38,17 +38,7 @@ class TlsWorld:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsWorld]:
     base = tmp_path_factory.mktemp("tls")
     pki = make_pki(base / "pki")
-    rabbit = infra.RabbitNode(
-        name=unique("orch-tls"),
-        base=base / "rabbitmq",
-        port=free_port(),
-        dist_port=free_port(),
-        user="orch",
-        password="test-password",
-        tls=pki.server,
-        tls_port=free_port(),
-    )
-    postgres = infra.PostgresNode(base=base / "postgres", port=free_port(), tls=pki.server)
+    rabbit, postgres = tls_nodes(base, pki)
     world = TlsWorld(pki, rabbit, postgres)
     try:
         rabbit.start()
