@@ -142,7 +142,9 @@ def test_a_drained_service_hands_everything_over_then_stops_moving_nothing(
 def test_a_drain_without_room_elsewhere_says_so_and_loses_nothing(system: System) -> None:
     system.start_manager()
     system.start_service("big", workers=50)
-    ids = bulk(system, "r", 40)
+    # Pinned: the balancer's even load leaves them (it moved 6 to "small" before the drain
+    # was asked for, once, in CI); a drain moves them all the same.
+    ids = bulk(system, "r", 40, rebalance=False)
     wait_for(lambda: loads(system) == {"big": 40}, 30, "40 Processing")
     system.start_service("small", workers=10)
     big_id = next(s["id"] for s in system.services() if s["name"] == "big")
