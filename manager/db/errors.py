@@ -56,10 +56,16 @@ _CONNECT_SQLSTATES = frozenset({"55000"})
 DATABASE_ERRORS: tuple[type[Exception], ...] = (SQLAlchemyError, OSError)
 
 
+def database_tls_refusal(error: BaseException) -> str | None:
+    """A TLS handshake with PostgreSQL that the certificates failed, in one line naming the
+    setting to fix; None for any other failure."""
+    return tls_refusal(error, "ORCH_DATABASE_CA_FILE", "ORCH_DATABASE_CERT_FILE", "the host in ORCH_DATABASE_URL")
+
+
 def describe(error: BaseException) -> str:
     """One line for a log: a DBAPIError's text goes on with its SQL and parameters (10,000
     ids in a bulk statement). A certificate the handshake refused says which setting to fix."""
-    tls = tls_refusal(error, "ORCH_DATABASE_CA_FILE", "ORCH_DATABASE_CERT_FILE", "the host in ORCH_DATABASE_URL")
+    tls = database_tls_refusal(error)
     if tls is not None:
         return tls
     lines = str(error).splitlines()

@@ -5,11 +5,11 @@ A manager started before its PostgreSQL (a host booting, `docker compose up` wit
 ordering, an outage under way) waits for it, as for the broker, saying so as every loop says
 an outage (``shared.outage``: once when it begins, once a minute, once when it ends), and carries
 on once the database answers; a schema behind its own is waited for the same way, until a
-migration brings it to the head (a Job may be running it). What waiting cannot fix (a wrong password, a database or role
-that does not exist, a certificate refused either way, a schema a newer release migrated) is
-one CRITICAL line naming the setting to fix, and the process exits with status 2, as for a
-metrics port that is taken. Both sides call it: the API process before it serves
-(``manager/__main__.py``), the state process before it applies anything
+migration brings it to the head (a Job may be running it). What waiting cannot fix (a wrong
+password, a database or role that does not exist, a certificate refused either way, a schema
+a newer release migrated) is one CRITICAL line naming the setting to fix, and the process
+exits with status 2, as for a metrics port that is taken. Both sides call it: the API process
+before it serves (``manager/__main__.py``), the state process before it applies anything
 (``manager/state/process.py``).
 """
 
@@ -22,10 +22,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from manager.db.engine import SchemaOutdated, check_schema, make_engine
-from manager.db.errors import DATABASE_ERRORS, database_outage, describe, is_transient
+from manager.db.errors import DATABASE_ERRORS, database_outage, database_tls_refusal, describe, is_transient
 from shared.outage import OutageLog
 from shared.settings import ManagerSettings
-from shared.tls import tls_refusal
 
 _RETRY_S = 1.0
 
@@ -53,7 +52,7 @@ async def wait_for_schema(engine: AsyncEngine, what: str, log: logging.Logger) -
             continue
         except DATABASE_ERRORS as e:
             url = make_url(engine.url).render_as_string(hide_password=True)
-            tls = tls_refusal(e, "ORCH_DATABASE_CA_FILE", "ORCH_DATABASE_CERT_FILE", "the host in ORCH_DATABASE_URL")
+            tls = database_tls_refusal(e)
             if tls is not None:
                 raise DatabaseRefused(f"cannot use the database at {url}: {tls}") from e
             if not is_transient(e):

@@ -47,7 +47,7 @@ def state_side_repairs(
     others publish to it."""
     heartbeats = JudgeHeartbeats(settings, sessions, broker, rules, consumer_idle)
     return [
-        BrokerRebuild(sessions, broker, starts),
+        BrokerRebuild(sessions, starts),
         Restop(sessions, broker, settings.restop_after_s),
         heartbeats,
         GoneStarts(sessions, starts, rules.gone_starts),

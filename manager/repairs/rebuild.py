@@ -31,7 +31,6 @@ from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.broker import BrokerLink
 from manager.db import observers
 from manager.repairs.base import Repair
 from manager.start_publisher import StartPublisher
@@ -104,10 +103,10 @@ class BrokerRebuild(Repair):
 
     name = "rebuild_broker"
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, starts: StartPublisher) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], starts: StartPublisher) -> None:
         self.sessions = sessions
-        self.broker = broker
         self.starts = starts
+        self.broker = starts.broker
         self._marker_checked = 0  # broker.connects when the marker was last checked
 
     async def run(self) -> None:
