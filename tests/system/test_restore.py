@@ -1,0 +1,94 @@
+"""An older database restored under a running fleet, then the broker's data lost (issue 62,
+item 11): the database is the truth, so what it does not know stops and what it knows runs,
+each on one host, while creates and stops go on."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.system.test_fencing import assert_never_on_two_hosts
+from tools import infra
+from tools.harness import System, probe_args, read_ticks, wait_for
+
+
+def create_probes(system: System, log: Path, prefix: str, count: int) -> list[str]:
+    specs = [{"name": f"{prefix}-{i}", "kind": "probe", "args": probe_args(log, interval_s=1.0)} for i in range(count)]
+    response = system.post("/api/observers/bulk", {"observers": specs})
+    assert response.status_code == 201, response.text
+    return [o["id"] for o in response.json()["items"]]
+
+
+def running(system: System) -> int:
+    """Observers the alive services say they run (their own inventory, not the rows)."""
+    return sum(s["running"] for s in system.services() if s["status"] == "alive")
+
+
+def stop_manager(system: System) -> None:
+    assert system.manager is not None
+    system.manager.signal(signal.SIGTERM)
+    system.manager.popen.wait(30)
+
+
+def test_an_older_database_restored_then_the_broker_wiped(
+    with_test_plugin: System, postgres: infra.PostgresNode, rabbit: infra.RabbitNode, vhost: str, tmp_path: Path
+) -> None:
+    system = with_test_plugin
+    database = system.database_url.rsplit("/", 1)[1]
+    backup = f"{database}_backup"
+    log = tmp_path / "ticks.log"
+    system.start_manager()
+    for name in ("s1", "s2", "s3"):
+        system.start_service(name, workers=300)
+    known = create_probes(system, log, "known", 100)
+    wait_for(lambda: all(o["status"] == "Processing" for o in system.observers()), 60, "100 Processing")
+
+    # The backup: a copy of the database made while the manager was briefly down.
+    stop_manager(system)
+    postgres.create_database(backup, template=database)
+    system.start_manager()
+    try:
+        unknown = create_probes(system, log, "later", 110)
+        wait_for(lambda: running(system) == 210, 60, "210 running")
+
+        # The restore under the running manager (the harsher case: its sessions are cut, the
+        # leader lock's too), then the broker's data lost at once: the rebuild publishes the
+        # 100 the backup knows; the 110 it does not know are stopped wherever they still run.
+        postgres.drop_database(database)  # WITH (FORCE): the manager's sessions are cut
+        postgres.create_database(database, template=backup)
+        rabbit.delete_vhost(vhost)
+        rabbit.add_vhost(vhost)
+        wiped = time.time()
+    finally:
+        postgres.drop_database(backup)
+
+    def create(name: str) -> httpx.Response:
+        return system.post("/api/observers", {"name": name, "kind": "probe", "args": probe_args(log, interval_s=1.0)})
+
+    wait_for(lambda: create("late-first").status_code == 201, 30, "the API's broker link back")
+    created, stopped = [], known[:20]
+    for i, oid in enumerate(stopped):
+        response = create(f"late-{i}")
+        assert response.status_code == 201, response.text
+        created.append(response.json()["id"])
+        response = system.delete(f"/api/observers/{oid}")
+        assert response.status_code == 202, response.text
+        time.sleep(0.5)
+    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in created), 30, "the creates running")
+    wait_for(lambda: all(system.observer(oid)["status"] == "Deleted" for oid in stopped), 30, "the stops applied")
+    kept = known[20:]
+    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in kept), 60, "the known running")
+    expected = len(kept) + 1 + len(created)
+    wait_for(lambda: running(system) == expected, 60, f"only the {expected} known running")
+
+    time.sleep(3)  # a few ticks of everyone where it runs now
+    settled = time.time() - 2
+    ticking = {oid for oid, _, _, at in read_ticks(log) if at > settled}
+    assert not ticking & set(unknown), "an observer the restored database does not know still runs"
+    assert not ticking & set(stopped), "a stopped observer still runs"
+    assert set(kept) | set(created) <= ticking
+    assert_never_on_two_hosts(log)
+    print(f"settled {settled - wiped:.1f}s after the broker lost its data")
