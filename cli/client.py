@@ -1,15 +1,25 @@
-"""The HTTP client of the ``orchestrator`` command line: the one place for the base URL,
-the token, and the mapping of failures to exit codes (1: the API refused, 3: unreachable)."""
+"""The ``orchestrator`` command line's client: the typed client (``orchestrator_client``)
+with its failures turned into ``CliError``s, which ``main`` reports on stderr with a hint and
+turns into an exit code (1: the API refused, 3: unreachable)."""
 
 from __future__ import annotations
 
-import json
-import ssl
-from typing import Any
+from typing import Any, TypeVar
 
-import httpx
+import orchestrator_client
+from orchestrator_client import ApiError as ClientApiError
+from orchestrator_client import OrchestratorError
+from orchestrator_client import Unreachable as ClientUnreachable
+from orchestrator_client.calls import Call
 
-JSON = Any  # an API body as httpx decodes it
+JSON = Any  # an API body as the client's models decode it (orchestrator_client.models.to_json)
+T = TypeVar("T")
+
+_UNREACHABLE_HINTS = {
+    "timeout": "raise --timeout, or check that the manager is healthy",
+    "certificate": "set --ca-file or ORCH_CA_FILE to the CA that signed it, and use a host name it holds",
+    "connect": "is it running? Set the address with --url or ORCH_URL",
+}
 
 
 class CliError(Exception):
@@ -34,56 +44,20 @@ class Unreachable(CliError):
     exit_code = 3
 
 
-class Client:
-    def __init__(self, base_url: str, token: str | None, timeout: float, ca_file: str | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+class Client(orchestrator_client.Client):
+    def __init__(self, url: str, token: str | None, timeout: float, ca_file: str | None, retries: int) -> None:
+        super().__init__(url, token, timeout=timeout, ca_file=ca_file, retries=retries)
         self.has_token = bool(token)
-        self.timeout = timeout
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        # An https:// manager's certificate and host name are verified: against ``ca_file``
-        # (a private CA), else the CAs httpx trusts.
-        verify = ssl.create_default_context(cafile=ca_file) if ca_file else True
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, verify=verify)
 
-    def close(self) -> None:
-        self._http.close()
-
-    def request(self, method: str, path: str, *, params: dict[str, Any] | None = None, body: JSON = None) -> JSON:
-        params = {k: v for k, v in (params or {}).items() if v is not None}  # unset filters are left out
+    def send(self, call: Call[T]) -> T:
         try:
-            response = self._http.request(method, path, params=params, json=body)
-        except httpx.TimeoutException as e:
-            raise Unreachable(
-                f"the manager at {self.base_url} did not answer within {self.timeout:g}s ({type(e).__name__})",
-                "raise --timeout, or check that the manager is healthy",
-            ) from e
-        except httpx.TransportError as e:
-            if "CERTIFICATE_VERIFY_FAILED" in str(e):
-                raise Unreachable(
-                    f"the manager at {self.base_url} has a certificate this client cannot verify: {e}",
-                    "set --ca-file or ORCH_CA_FILE to the CA that signed it, and use a host name it holds",
-                ) from e
-            raise Unreachable(
-                f"cannot reach the manager at {self.base_url}: {e or type(e).__name__}",
-                "is it running? Set the address with --url or ORCH_URL",
-            ) from e
-        if response.is_error:
-            raise ApiError(response.status_code, _detail(response), self._auth_hint(response.status_code))
-        if not response.content:
-            return None
-        try:
-            return response.json()
-        except ValueError as e:
-            raise CliError(f"the answer of {response.url} is not JSON: is {self.base_url} the manager?") from e
-
-    def get(self, path: str, **params: Any) -> JSON:
-        return self.request("GET", path, params=params)
-
-    def post(self, path: str, body: JSON = None) -> JSON:
-        return self.request("POST", path, body=body)
-
-    def delete(self, path: str) -> JSON:
-        return self.request("DELETE", path)
+            return super().send(call)
+        except ClientUnreachable as e:
+            raise Unreachable(str(e), _UNREACHABLE_HINTS.get(e.reason)) from e
+        except ClientApiError as e:
+            raise ApiError(e.status_code, e.detail, self._auth_hint(e.status_code)) from e
+        except OrchestratorError as e:
+            raise CliError(str(e)) from e
 
     def _auth_hint(self, status_code: int) -> str | None:
         if status_code == 401:
@@ -93,14 +67,3 @@ class Client:
         if status_code == 403:
             return "this needs a full-access token (ORCH_API_TOKENS on the manager): check --token / ORCH_TOKEN"
         return None
-
-
-def _detail(response: httpx.Response) -> str:
-    """The API's ``{"detail": ...}``; a proxy or another server may answer anything else."""
-    try:
-        detail = response.json().get("detail")
-    except (ValueError, AttributeError):
-        detail = None
-    if detail is None:
-        return response.text.strip()[:500] or response.reason_phrase
-    return detail if isinstance(detail, str) else json.dumps(detail)

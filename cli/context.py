@@ -1,18 +1,18 @@
 """What every ``orchestrator`` command shares: the consoles, the client and options the
-global callback sets (``State``), JSON output, and finding a service by name."""
+global callback sets (``State``), and an answer printed as JSON or rendered."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 
-from cli.client import JSON, Client, CliError
+from cli.client import JSON, Client
 
 
 def console(stderr: bool = False) -> Console:
@@ -43,13 +43,9 @@ def print_json(body: JSON) -> None:
     print(json.dumps(body, indent=2))  # plain print: rich would wrap and colour it
 
 
-def service_id(client: Client, value: str) -> str:
-    """The API filters by service id; a name is friendlier, so resolve it (alive ones first)."""
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        pass
-    for svc in client.get("/api/services"):  # the API lists alive services first
-        if svc["name"] == value:
-            return str(svc["id"])
-    raise CliError(f"no service named {value!r} (see `orchestrator services`)")
+def answer(state: State, body: JSON, view: Callable[[JSON], RenderableType]) -> None:
+    """``body`` as JSON with ``--json``, else as ``view`` renders it."""
+    if state.json_output:
+        print_json(body)
+    else:
+        out.print(view(body))

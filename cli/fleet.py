@@ -15,17 +15,14 @@ from rich.text import Text
 
 from cli import render
 from cli.client import JSON, Client, CliError
-from cli.context import out, print_json, service_id, state_of
+from cli.context import answer, out, print_json, state_of
+from orchestrator_client.models import to_json
 
 
 def services(ctx: typer.Context) -> None:
     """Observer services, alive first, with running counts and heartbeat ages."""
     state = state_of(ctx)
-    body = state.client.get("/api/services")
-    if state.json_output:
-        return print_json(body)
-    out.print(render.services_table(body))
-    return None
+    answer(state, to_json(state.client.services()), render.services_table)
 
 
 def drain(ctx: typer.Context, service: Annotated[str, typer.Argument(metavar="NAME|ID")]) -> None:
@@ -41,7 +38,7 @@ def uncordon(ctx: typer.Context, service: Annotated[str, typer.Argument(metavar=
 
 def _set_draining(ctx: typer.Context, service: str, action: str) -> None:
     state = state_of(ctx)
-    body = state.client.post(f"/api/services/{service_id(state.client, service)}/{action}")
+    body = to_json(state.client.drain(service) if action == "drain" else state.client.uncordon(service))
     if state.json_output:
         print_json(body)
     else:
@@ -83,14 +80,14 @@ def _refreshes(client: Client, interval: float, iterations: int | None) -> Itera
     """(services, stats, error) per refresh. The first fetch may fail with its exit code (a
     wrong URL or token should not look like a blank screen); later failures, such as a
     manager restart, are shown while the last data stays on screen."""
-    services_body, stats_body = client.get("/api/services"), client.get("/api/stats")
+    services_body, stats_body = to_json(client.services()), to_json(client.stats())
     yield services_body, stats_body, None
     done = 1
     while iterations is None or done < iterations:
         time.sleep(interval)
         done += 1
         try:
-            services_body, stats_body = client.get("/api/services"), client.get("/api/stats")
+            services_body, stats_body = to_json(client.services()), to_json(client.stats())
             error = None
         except CliError as e:
             error = e.message

@@ -1,5 +1,5 @@
-"""The ``orchestrator`` commands (typer): thin wrappers that call one or two endpoints through
-``cli.client.Client`` and hand the body to ``cli.render``. See ``cli/__init__.py`` for what
+"""The ``orchestrator`` commands (typer): thin wrappers that call the typed client
+(``cli.client.Client``) and hand its answer, as JSON, to ``cli.render``. See ``cli/__init__.py`` for what
 the package may import and the exit codes.
 """
 
@@ -8,15 +8,17 @@ from __future__ import annotations
 import enum
 import json
 import sys
-import uuid
 from typing import Annotated, Any
 
 import typer
 from rich.text import Text
 
 from cli import fleet, render, times
-from cli.client import JSON, Client, CliError
-from cli.context import State, err, out, print_json, service_id, state_of
+from cli.client import Client, CliError
+from cli.context import State, answer, err, out, print_json, state_of
+from orchestrator_client import calls
+from orchestrator_client.calls import observer_spec
+from orchestrator_client.models import to_json
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -56,24 +58,16 @@ def _global_options(
         str | None,
         typer.Option(envvar="ORCH_CA_FILE", show_default=False, help="CA (PEM) of an https:// manager's certificate"),
     ] = None,
+    retries: Annotated[
+        int,
+        typer.Option(
+            min=0, max=20, help="times to send a request again after a 503 (its Retry-After) or a lost answer"
+        ),
+    ] = 2,
 ) -> None:
-    client = Client(url, token, timeout, ca_file)
+    client = Client(url, token, timeout, ca_file, retries)
     ctx.call_on_close(client.close)
     ctx.obj = State(client, json_output)
-
-
-def _observer_id(value: str) -> str:
-    """Tables show 8 digits; the API needs the whole id. Say so before asking it."""
-    try:
-        return str(uuid.UUID(value))
-    except ValueError:
-        raise typer.BadParameter(
-            f"{value!r} is not a full observer id (see `orchestrator list --full-ids` or `orchestrator --json list`)"
-        ) from None
-
-
-def _observer_ids(values: list[str]) -> list[str]:
-    return [_observer_id(v) for v in values]
 
 
 # --- commands ---------------------------------------------------------------------------
@@ -153,43 +147,44 @@ def create(
 ) -> None:
     """Create an observer (Scheduled until --start-at, if given)."""
     state = state_of(ctx)
-    body: dict[str, Any] = {"name": name, "kind": kind, "args": parse_args(arg or [], args_json)}
-    optional = {
-        "pool": pool,
-        "retry": _json_object(retry_json, "--retry-json") if retry_json is not None else None,
-        "isolation": isolation.value if isolation else None,
-        "memory_limit_mb": memory_limit_mb,
-        "start_at": start_at,  # the API checks the times (422 says what to fix)
-        "stop_at": stop_at,
-        "run_for_s": times.seconds(run_for),
-        "rebalance": rebalance,
-    }
-    body |= {k: v for k, v in optional.items() if v is not None}  # absent = the API's default
-    observer = state.client.post("/api/observers", body)
-    if state.json_output:
-        return print_json(observer)
-    out.print(Text("created", style="green"))
-    out.print(render.observer_detail(observer))
+    body = observer_spec(
+        name,
+        kind,
+        parse_args(arg or [], args_json),
+        pool=pool,
+        retry=_json_object(retry_json, "--retry-json") if retry_json is not None else None,
+        isolation=isolation.value if isolation else None,
+        memory_limit_mb=memory_limit_mb,
+        run_for_s=times.seconds(run_for),
+        rebalance=rebalance,
+    )
+    # The times go as typed: the API checks them (its 422 says what to fix).
+    body |= {k: v for k, v in {"start_at": start_at, "stop_at": stop_at}.items() if v is not None}
+    observer = to_json(state.client.send(calls.create(body)))
+    if not state.json_output:
+        out.print(Text("created", style="green"))
+    answer(state, observer, render.observer_detail)
+
+
+OBSERVERS = typer.Argument(metavar="NAME|ID", help="observer names, or full ids")
 
 
 @app.command()
-def stop(
-    ctx: typer.Context, ids: Annotated[list[str], typer.Argument(help="full observer ids", callback=_observer_ids)]
-) -> None:
-    """Stop observers (one id: DELETE; several: one bulk-stop request)."""
+def stop(ctx: typer.Context, observers: Annotated[list[str], OBSERVERS]) -> None:
+    """Stop observers (one: DELETE; several: one bulk-stop request)."""
     state = state_of(ctx)
-    unique_ids = list(dict.fromkeys(ids))
-    if len(unique_ids) == 1:
-        observer = state.client.delete(f"/api/observers/{unique_ids[0]}")
+    wanted = list(dict.fromkeys(observers))
+    if len(wanted) == 1:
+        observer = to_json(state.client.stop(wanted[0]))
         if state.json_output:
             return print_json(observer)
         out.print(Text(f"stopping {observer['name']} ({observer['id']}): {observer['status']}"))
         return None
-    result = state.client.post("/api/observers/bulk-stop", {"ids": unique_ids})
+    result = to_json(state.client.bulk_stop(wanted))
     if state.json_output:
         print_json(result)
     else:
-        cancelled = len(result.get("cancelled", []))  # Scheduled ones: Deleted, never started
+        cancelled = len(result["cancelled"])  # Scheduled ones: Deleted, never started
         out.print(f"stopping {len(result['stopping'])}, cancelled {cancelled}, already final {len(result['final'])}")
     if result["unknown"]:
         # The single-id form answers 404 here; keep the same exit code for scripts.
@@ -197,17 +192,17 @@ def stop(
     return None
 
 
+OBSERVER = typer.Argument(metavar="NAME|ID", help="the observer's name, or its full id")
+
+
 @app.command()
-def restart(
-    ctx: typer.Context, observer_id: Annotated[str, typer.Argument(metavar="ID", callback=_observer_id)]
-) -> None:
+def restart(ctx: typer.Context, observer: Annotated[str, OBSERVER]) -> None:
     """Give a Failed observer a fresh start."""
     state = state_of(ctx)
-    observer = state.client.post(f"/api/observers/{observer_id}/restart")
-    if state.json_output:
-        return print_json(observer)
-    out.print(Text("restarted", style="green"))
-    out.print(render.observer_detail(observer))
+    restarted = to_json(state.client.restart(observer))
+    if not state.json_output:
+        out.print(Text("restarted", style="green"))
+    answer(state, restarted, render.observer_detail)
 
 
 @app.command("list")
@@ -226,25 +221,23 @@ def list_observers(
 ) -> None:
     """List observers (oldest first, or --sort attempts), filtered by any of the options."""
     state = state_of(ctx)
-    params: dict[str, Any] = {
+    filters: dict[str, Any] = {
         "status": status.value if status else None,
         "kind": kind,
         "pool": pool,
-        "service_id": service_id(state.client, service) if service else None,
+        "service_id": state.client.service_id(service) if service else None,
         "name": name,
         "q": search,
         "sort": sort.value if sort else None,
-        "limit": limit,
     }
-    page = state.client.get("/api/observers", **params)
-    items: list[JSON] = list(page["items"])
-    while all_pages and page["next_cursor"]:
-        page = state.client.get("/api/observers", **params, cursor=page["next_cursor"])
-        items += page["items"]
+    items, cursor = state.client.send(calls.page(filters, limit, None))
+    while all_pages and cursor:
+        more, cursor = state.client.send(calls.page(filters, limit, cursor))
+        items += more
     if state.json_output:
-        return print_json({"items": items, "next_cursor": page["next_cursor"]})
-    table = render.observers_table(items, full_ids)
-    if page["next_cursor"]:
+        return print_json({"items": to_json(items), "next_cursor": cursor})
+    table = render.observers_table(to_json(items), full_ids)
+    if cursor:
         table.caption = "more observers: add --all (or a larger --limit)"
     out.print(table)
     return None
@@ -253,24 +246,17 @@ def list_observers(
 @app.command()
 def show(
     ctx: typer.Context,
-    observer_id: Annotated[str, typer.Argument(metavar="ID", callback=_observer_id)],
+    observer: Annotated[str, OBSERVER],
     events: Annotated[int, typer.Option(min=0, help="latest history events to show")] = 30,
 ) -> None:
     """One observer with its full id, and its history."""
     state = state_of(ctx)
-    observer = state.client.get(f"/api/observers/{observer_id}")
-    history: list[JSON] = []
-    while True:  # oldest first, in pages: the latest events are on the last page
-        page = state.client.get(
-            f"/api/observers/{observer_id}/events", limit=1000, after=history[-1]["id"] if history else None
-        )
-        history += page
-        if len(page) < 1000:
-            break
+    found = state.client.get(observer)
+    history = to_json(state.client.events(found.id))  # oldest first: the latest are at the end
     if state.json_output:
-        return print_json(observer | {"events": history})
-    names = {s["id"]: s["name"] for s in state.client.get("/api/services")} if history else {}
-    out.print(render.observer_detail(observer))
+        return print_json(to_json(found) | {"events": history})
+    names = {str(s.id): s.name for s in state.client.services()} if history else {}
+    out.print(render.observer_detail(to_json(found)))
     out.print(render.events_table(history, names, shown_from=max(0, len(history) - events)))
     return None
 
@@ -279,22 +265,14 @@ def show(
 def stats(ctx: typer.Context) -> None:
     """Observers per status (and per kind), services per state, capacity per pool."""
     state = state_of(ctx)
-    body = state.client.get("/api/stats")
-    if state.json_output:
-        return print_json(body)
-    out.print(render.stats_view(body))
-    return None
+    answer(state, to_json(state.client.stats()), render.stats_view)
 
 
 @app.command()
 def kinds(ctx: typer.Context) -> None:
     """Observer kinds the live services offer, with their arguments."""
     state = state_of(ctx)
-    body = state.client.get("/api/kinds")
-    if state.json_output:
-        return print_json(body)
-    out.print(render.kinds_table(body))
-    return None
+    answer(state, to_json(state.client.kinds()), render.kinds_table)
 
 
 for command in (fleet.services, fleet.drain, fleet.uncordon, fleet.watch):

@@ -92,6 +92,12 @@ def test_create_list_show_stop_and_errors(system: System, tmp_path: Path) -> Non
     missing = cli(url, "show", str(uuid.uuid4()))
     assert missing.returncode == 1 and "404" in missing.stderr
 
+    # a name wherever an id is taken; a shortened id from a table is no name: said so
+    assert cli_json(url, "show", name)["id"] == observer_id
+    for args in (["show", "8080a915"], ["restart", "8080a915"]):
+        short = cli(url, *args)
+        assert short.returncode == 1 and "404" in short.stderr and "in full" in short.stderr, short.stderr
+
     # stop → OnDeleting at once, Deleted eventually
     stopped = cli(url, "stop", observer_id)
     assert stopped.returncode == 0, stopped.stderr
@@ -178,10 +184,6 @@ def test_usage_errors_are_exit_2() -> None:
     ):
         result = cli(url, *args)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
-    # A shortened id from a table is refused before any request, with a pointer to the full one
-    for args in (["show", "8080a915"], ["restart", "8080a915"], ["stop", str(uuid.uuid4()), "8080a915"]):
-        result = cli(url, *args)
-        assert result.returncode == 2 and "full observer id" in result.stderr, (args, result.stderr)
     assert cli("localhost:8000", "list").returncode == 2  # not a URL
 
 
