@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.system.test_cli import cli
@@ -109,10 +110,14 @@ def test_a_broker_certificate_the_client_cannot_verify_is_refused_naming_the_set
 ) -> None:
     other = str(world.pki.other_ca)
     _refused(system, "set ORCH_AMQP_CA_FILE to the CA that signed it", ORCH_AMQP_CA_FILE=other)
-    # A service says it as a refusal, not as an outage, and keeps trying.
-    service = system.start_service("svc-other-ca", wait=False, ORCH_AMQP_CA_FILE=other)
+    # A service says it as a refusal, not as an outage, and keeps trying; its /readyz says
+    # why it is not ready (it never reaches the broker, so the manager cannot list it).
+    port = free_port()
+    service = system.start_service("svc-other-ca", wait=False, ORCH_AMQP_CA_FILE=other, ORCH_METRICS_PORT=str(port))
     wait_for(lambda: "set ORCH_AMQP_CA_FILE to the CA that signed it" in service.text(), 30, "the refusal said")
     assert service.alive()
+    ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5)
+    assert ready.status_code == 503 and "set ORCH_AMQP_CA_FILE" in ready.json()["detail"], ready.text
 
 
 def test_a_broker_reached_by_a_name_its_certificate_lacks_is_refused(system: System, world: TlsWorld) -> None:
