@@ -31,7 +31,7 @@ from manager.broker import BrokerLink
 from manager.db import balance
 from manager.metrics import FLEET_IMBALANCE, HANDOVERS
 from manager.repairs.base import Repair
-from manager.state.rules import StateRules
+from manager.state.context import StateContext
 from shared.errors import BrokerUnavailable
 from shared.messages import STOPS_PER_MESSAGE, SetPlacement, StopObservers
 from shared.settings import ManagerSettings
@@ -63,11 +63,11 @@ class Balance(Repair):
         settings: ManagerSettings,
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
-        rules: StateRules,
+        context: StateContext,
     ) -> None:
         self.sessions = sessions
         self.broker = broker
-        self.rules = rules
+        self.context = context
         self.tolerance = settings.balance_tolerance
         self.moves_per_s = settings.balance_moves_per_s
         self.period_s = settings.repair_interval_s
@@ -77,7 +77,7 @@ class Balance(Repair):
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
-            fleet, notes = await balance.members(session, self.rules.handovers.busy())
+            fleet, notes = await balance.members(session, self.context.handovers.busy())
         decided = planning.plan(fleet, self.tolerance)
         FLEET_IMBALANCE.set(decided.imbalance)
         placed = await self._place(fleet, decided)
@@ -105,7 +105,7 @@ class Balance(Repair):
             want = planning.placement(decided, m.id)
             sent = self._sent.get(m.id)
             if sent is not None and sent[0] == want:
-                if self.rules.placements.get(m.id, want) == want or now - sent[1] < _RESEND_AFTER_S:
+                if self.context.placements.get(m.id, want) == want or now - sent[1] < _RESEND_AFTER_S:
                     continue
             else:
                 changed.add(m.id)
@@ -145,11 +145,11 @@ class Balance(Repair):
                 )
                 # Remembered before it is sent: the start elsewhere may be applied before the
                 # confirm of this publish is back.
-                self.rules.handovers.asked(move.source, part, move.reason)
+                self.context.handovers.asked(move.source, part, move.reason)
                 if await self._publish(hand_over, name):
                     asked += len(part)
                 else:
-                    self.rules.handovers.forget(part)
+                    self.context.handovers.forget(part)
         if asked:
             HANDOVERS.labels(move.reason).inc(asked)
             logger.info("%s: %s hands %d observer(s) of pool %s over", move.reason, name, asked, move.pool)

@@ -17,7 +17,7 @@ A death is not recorded while the dead host's share is still moving: recording i
 ``host_lost`` event for each of its observers, and in the middle of the takeover that takes
 CPU the takeover needs (figures: docs/cost-curve.md). The broker has already given the share
 away, so nothing waits for the record. It waits while the state rules applied a takeover
-from that host within the last judging period (``StateRules.moved_from_at``), for at most
+from that host within the last judging period (``StateContext.moved_from_at``), for at most
 ``MOVING_GRACE`` silences, and the log says so once.
 
 The host-death step is one transaction that takes observer rows first, in id order, then
@@ -41,9 +41,9 @@ from manager.db import services
 from manager.db.retry import retry_lost_races
 from manager.metrics import SERVICES_LATE, SERVICES_LOST
 from manager.repairs.base import Repair
+from manager.state.context import StateContext
 from manager.state.probation import ProbationPolicy, host_died
 from manager.state.rows import ObserverRows, ServiceRows
-from manager.state.rules import StateRules
 from shared.messages import IsolateObservers
 from shared.settings import ManagerSettings
 
@@ -175,13 +175,13 @@ class JudgeHeartbeats(Repair):
         settings: ManagerSettings,
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
-        rules: StateRules,
+        context: StateContext,
         consumer_idle: Callable[[], bool],
     ) -> None:
         self.broker = broker
         self.consumer_idle = consumer_idle
         self.backlog_drained = False
-        self.liveness = Liveness(settings, sessions, broker, rules.probation, self._isolate, rules.moved_from_at)
+        self.liveness = Liveness(settings, sessions, broker, context.probation, self._isolate, context.moved_from_at)
         self.period_s = self.liveness.period_s
 
     async def run(self) -> None:

@@ -28,7 +28,7 @@ from manager.repairs.rebuild import BrokerRebuild
 from manager.repairs.restop import Restop
 from manager.repairs.unknown import DescribeUnknown
 from manager.start_publisher import StartPublisher
-from manager.state.rules import StateRules
+from manager.state.context import StateContext
 from shared.errors import BrokerUnavailable
 from shared.settings import ManagerSettings
 
@@ -39,27 +39,27 @@ def state_side_repairs(
     settings: ManagerSettings,
     sessions: async_sessionmaker[AsyncSession],
     broker: BrokerLink,
-    rules: StateRules,
+    context: StateContext,
     starts: StartPublisher,
     consumer_idle: Callable[[], bool],
 ) -> list[Repair]:
     """Every repair, in the order a pass runs them: the broker rebuilt first, since the
     others publish to it."""
-    heartbeats = JudgeHeartbeats(settings, sessions, broker, rules, consumer_idle)
+    heartbeats = JudgeHeartbeats(settings, sessions, broker, context, consumer_idle)
     return [
         BrokerRebuild(sessions, starts),
         Restop(sessions, broker, settings.restop_after_s),
         heartbeats,
-        GoneStarts(sessions, starts, rules.gone_starts),
+        GoneStarts(sessions, starts, context.gone_starts),
         PendingStarts(sessions, starts, settings.pending_start_after_s),
-        LostStarts(sessions, starts, rules.declines, settings.lost_start_after_s),
-        DescribeUnknown(sessions, broker, rules, settings.unknown_grace_s),
+        LostStarts(sessions, starts, context.declines, settings.lost_start_after_s),
+        DescribeUnknown(sessions, broker, context, settings.unknown_grace_s),
         EndProbations(sessions),
         ForgetApplied(sessions, lambda: heartbeats.backlog_drained),
         PruneHistory(sessions, settings.events_retention_days),
         ForgetServices(sessions, settings.services_retention_s),
         FoldDeltas(sessions),
-        Balance(settings, sessions, broker, rules),
+        Balance(settings, sessions, broker, context),
     ]
 
 

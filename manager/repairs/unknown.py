@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.db import observers
 from manager.repairs.base import Repair
-from manager.state.rules import StateRules
+from manager.state.context import StateContext
 from shared.messages import STOPS_PER_MESSAGE, DescribeRequest, InventoryRequest
 
 logger = logging.getLogger(__name__)
@@ -23,11 +23,11 @@ class DescribeUnknown(Repair):
     name = "describe_unknown"
 
     def __init__(
-        self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, rules: StateRules, grace_s: float
+        self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, context: StateContext, grace_s: float
     ) -> None:
         self.sessions = sessions
         self.broker = broker
-        self.unknown = rules.suspicions.unknown  # observer -> (host, first seen), kept by the rules
+        self.unknown = context.suspicions.unknown  # observer -> (host, first seen), kept by the rules
         self.grace_s = grace_s
 
     async def run(self) -> None:

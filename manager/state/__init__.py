@@ -3,8 +3,9 @@
 ``process`` is the state process itself (``python -m manager.state.process``) and
 ``supervisor`` the API process's handle on it (spawn, watch, restart, stop). Inside it,
 ``leadership`` decides whether this manager's state side runs at all (of several managers,
-one leads), ``consumer`` takes the state queue's batches and ``rules`` dispatches each report (it
-applies the service reports itself, ``observer_reports`` the observer reports); ``rows``
+one leads), ``consumer`` takes the state queue's batches and ``rules`` dispatches each report
+(to ``service_reports`` and ``observer_reports``, which share ``context``: the transaction's
+rows and the notes in memory the repairs read too); ``rows``
 writes a batch's observer rows back, ``follow_ups`` publishes what a batch decided,
 ``probation`` and ``adoption`` are the rules' helpers (their SQL is in ``manager/db``),
 ``declines`` the memory of starts services declined (the lost-start repair reads it);

@@ -9,13 +9,13 @@ import logging
 import time
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db import observers
-from manager.db.models import EventType, ObserverStatus, ServiceStatus
+from manager.db.models import EventType, ServiceStatus
 from manager.state.adoption import adopt
+from manager.state.context import STOPPING_OR_GONE, S, StateContext
 from manager.state.follow_ups import FollowUps
 from manager.state.rows import Row
 from shared.messages import (
@@ -30,24 +30,18 @@ from shared.messages import (
     StartsGone,
 )
 
-if TYPE_CHECKING:
-    from manager.state.rules import StateRules
-
 logger = logging.getLogger(__name__)
-
-S = ObserverStatus
-STOPPING_OR_GONE = (S.ON_DELETING, S.DELETED, S.FAILED)
 
 
 async def started_all(
-    rules: StateRules, session: AsyncSession, m: ObserversStarted, now: datetime, out: FollowUps
+    ctx: StateContext, session: AsyncSession, m: ObserversStarted, now: datetime, out: FollowUps
 ) -> None:
     for observer_id in m.observer_ids:
-        await started(rules, session, observer_id, m, now, out)
+        await started(ctx, session, observer_id, m, now, out)
 
 
 async def started(
-    rules: StateRules,
+    ctx: StateContext,
     session: AsyncSession,
     observer_id: uuid.UUID,
     m: ObserversStarted,
@@ -55,13 +49,13 @@ async def started(
     out: FollowUps,
 ) -> None:
     """``observer_id`` started on ``m.service_id`` (in ``m.session_id``)."""
-    obs = await _observer(rules, session, observer_id)
+    obs = await _observer(ctx, session, observer_id)
     if obs is None:
-        rules.suspicions.unknown.setdefault(observer_id, (m.service_id, time.monotonic()))
+        ctx.suspicions.unknown.setdefault(observer_id, (m.service_id, time.monotonic()))
         return
-    if not await rules.service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
+    if not await ctx.service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
         logger.info("ignoring start of %s reported by dead or unknown service %s", observer_id, m.service_id)
-        await rules.introduce_if_unknown(session, m.service_id, out)
+        await ctx.introduce_if_unknown(session, m.service_id, out)
         return
     if obs.status in STOPPING_OR_GONE:
         out.stop(obs.id, m.service_id, f"observer is {obs.status.value}", m.session_id)
@@ -69,11 +63,11 @@ async def started(
             obs.host(m.service_id, m.session_id)
         return
     host = obs.service_id
-    handover = rules.handovers.landed(obs.id) if m.redelivered else None
+    handover = ctx.handovers.landed(obs.id) if m.redelivered else None
     if handover is not None and handover.source != m.service_id and host in (None, handover.source):
         # The balancer had its host hand it over (the broker redelivered its start): the old
         # host ended it before giving it back, so it needs no stop.
-        rules.rows_of(session).event(
+        ctx.rows_of(session).event(
             obs.id,
             EventType.REBALANCED,
             now,
@@ -81,7 +75,7 @@ async def started(
             from_service_id=handover.source,
             detail=f"{handover.reason}; started here {time.monotonic() - handover.at:.3f} s after it was asked",
         )
-    elif not await _record_start(rules, session, obs, m, now, out):
+    elif not await _record_start(ctx, session, obs, m, now, out):
         return
     obs.status = S.PROCESSING
     obs.host(m.service_id, m.session_id)
@@ -99,12 +93,12 @@ async def started(
 
 
 async def _record_start(
-    rules: StateRules, session: AsyncSession, obs: Row, m: ObserversStarted, now: datetime, out: FollowUps
+    ctx: StateContext, session: AsyncSession, obs: Row, m: ObserversStarted, now: datetime, out: FollowUps
 ) -> bool:
     """Record a start as a first start or a move from its old host (stopped there if that
     host lives); False for a second copy, which is stopped instead."""
     host = obs.service_id
-    if host is not None and host != m.service_id and await rules.service_in(session, host, (ServiceStatus.ALIVE,)):
+    if host is not None and host != m.service_id and await ctx.service_in(session, host, (ServiceStatus.ALIVE,)):
         if m.redelivered:
             # Only the copy we knew of: the old host may hold a newer one by now.
             out.stop(obs.id, host, "moved to another host", obs.host_session_id)
@@ -112,7 +106,7 @@ async def _record_start(
             out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
             return False
     if host is not None and host != m.service_id:
-        rules.rows_of(session).event(
+        ctx.rows_of(session).event(
             obs.id,
             EventType.MOVED,
             now,
@@ -120,30 +114,30 @@ async def _record_start(
             from_service_id=host,
             from_session_id=obs.host_session_id,
         )
-        rules.moved_from_at[host] = time.monotonic()
+        ctx.moved_from_at[host] = time.monotonic()
     else:
-        rules.rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
+        ctx.rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
     return True
 
 
-async def handed_over(rules: StateRules, session: AsyncSession, m: ObserversHandedOver, now: datetime) -> None:
+async def handed_over(ctx: StateContext, session: AsyncSession, m: ObserversHandedOver, now: datetime) -> None:
     """Their host ended them and gave their starts back to the queue: they wait, hostless,
     for the start report of the service the broker gives each to (which records the move).
     A row that already names another host, or a newer copy, is past this."""
-    rows = rules.rows_of(session)
+    rows = ctx.rows_of(session)
     for observer_id in m.observer_ids:
-        obs = await _observer(rules, session, observer_id)
+        obs = await _observer(ctx, session, observer_id)
         if obs is None or obs.service_id != m.service_id or obs.host_session_id not in (None, m.session_id):
             continue
         obs.host(None)
         obs.modified_at = now
         if obs.status == S.PROCESSING:
             obs.status = S.CREATED
-        if rules.handovers.of(obs.id) is None:  # not the balancer's: no start will say rebalanced
+        if ctx.handovers.of(obs.id) is None:  # not the balancer's: no start will say rebalanced
             rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=m.reason)
 
 
-async def starts_gone(rules: StateRules, session: AsyncSession, m: StartsGone, now: datetime) -> None:
+async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, now: datetime) -> None:
     """A start queue was deleted while ``m.service_id`` held these starts from it in
     ``m.session_id``: the broker dropped them, and that service stopped the observers before
     it said so. No copy is left anywhere: a live one waits hostless, pending, and the
@@ -154,10 +148,10 @@ async def starts_gone(rules: StateRules, session: AsyncSession, m: StartsGone, n
     another host's or a newer session's, or, hostless, one the broker holds or the rebuild
     published (it releases every row when the broker lost its data, the deleted start
     queues with it, and publishes them all; a second copy would run on two hosts)."""
-    rows = rules.rows_of(session)
+    rows = ctx.rows_of(session)
     again = []
     for observer_id in m.observer_ids:
-        obs = await _observer(rules, session, observer_id)
+        obs = await _observer(ctx, session, observer_id)
         if obs is None or obs.status not in (S.CREATED, S.PROCESSING, S.ON_DELETING):
             continue
         if obs.service_id != m.service_id or obs.host_session_id not in (None, m.session_id):
@@ -175,88 +169,88 @@ async def starts_gone(rules: StateRules, session: AsyncSession, m: StartsGone, n
         again.append(obs.id)
     if again:
         await observers.mark_pending(session, again, now)
-        rules.gone_starts.update(again)
+        ctx.gone_starts.update(again)
 
 
-def declined(rules: StateRules, session: AsyncSession, m: StartsDeclined, now: datetime) -> None:
+def declined(ctx: StateContext, session: AsyncSession, m: StartsDeclined, now: datetime) -> None:
     """A service cannot run these starts and handed them on (``manager/state/declines.py``):
     noted, so that no second copy is published, and said in each one's history."""
-    rows = rules.rows_of(session)
+    rows = ctx.rows_of(session)
     for observer_id in m.observer_ids:
-        if rules.declines.heard(observer_id, m.service_id, m.reason):
+        if ctx.declines.heard(observer_id, m.service_id, m.reason):
             rows.event(observer_id, EventType.DECLINED, now, service_id=m.service_id, detail=m.reason)
 
 
-async def stopped(rules: StateRules, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:
+async def stopped(ctx: StateContext, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:
     # Any service may end a requested stop, not only the host we know of: the sender
     # acked a copy of the start (maybe one the broker redelivered to it before we
     # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
     # (its start report or its host's inventory gets a targeted stop).
-    obs = await _observer(rules, session, m.observer_id)
+    obs = await _observer(ctx, session, m.observer_id)
     if obs is not None and obs.status == S.ON_DELETING:
         obs.status, obs.modified_at = S.DELETED, now
-        obs.host(await _known_or_none(rules, session, m.service_id))
-        rules.rows_of(session).event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=m.reason)
+        obs.host(await _known_or_none(ctx, session, m.service_id))
+        ctx.rows_of(session).event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=m.reason)
 
 
-async def retrying(rules: StateRules, session: AsyncSession, m: ObserverRetrying, now: datetime) -> None:
-    obs = await _observer(rules, session, m.observer_id)
-    if obs is None or obs.status != S.PROCESSING or not await _speaks_for(rules, session, obs, m.service_id):
+async def retrying(ctx: StateContext, session: AsyncSession, m: ObserverRetrying, now: datetime) -> None:
+    obs = await _observer(ctx, session, m.observer_id)
+    if obs is None or obs.status != S.PROCESSING or not await _speaks_for(ctx, session, obs, m.service_id):
         return
     obs.attempts += 1
     obs.last_error, obs.modified_at = m.error, now
     if obs.probation_clean_since is not None:
         obs.probation_clean_since = now  # its child failed: the clean run starts over
     detail = f"attempt {m.attempt} in {m.delay_s:g}s after: {m.error}"
-    rules.rows_of(session).event(obs.id, EventType.RETRYING, now, service_id=m.service_id, detail=detail)
+    ctx.rows_of(session).event(obs.id, EventType.RETRYING, now, service_id=m.service_id, detail=detail)
 
 
-async def failed(rules: StateRules, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
-    obs = await _observer(rules, session, m.observer_id)
-    if obs is None or obs.status in (S.DELETED, S.FAILED) or not await _speaks_for(rules, session, obs, m.service_id):
+async def failed(ctx: StateContext, session: AsyncSession, m: ObserverFailed, now: datetime) -> None:
+    obs = await _observer(ctx, session, m.observer_id)
+    if obs is None or obs.status in (S.DELETED, S.FAILED) or not await _speaks_for(ctx, session, obs, m.service_id):
         return
     obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
     obs.last_error = m.reason
-    obs.host(await _known_or_none(rules, session, m.service_id))
+    obs.host(await _known_or_none(ctx, session, m.service_id))
     obs.modified_at = now
     event = EventType.FAILED if obs.status == S.FAILED else EventType.STOPPED
-    rules.rows_of(session).event(obs.id, event, now, service_id=m.service_id, detail=m.reason)
+    ctx.rows_of(session).event(obs.id, event, now, service_id=m.service_id, detail=m.reason)
 
 
-async def isolated(rules: StateRules, session: AsyncSession, m: ObserverIsolated, now: datetime) -> None:
+async def isolated(ctx: StateContext, session: AsyncSession, m: ObserverIsolated, now: datetime) -> None:
     """Its host runs it in a child process now: the clean run of its probation begins."""
-    obs = await _observer(rules, session, m.observer_id)
+    obs = await _observer(ctx, session, m.observer_id)
     if obs is None or obs.status != S.PROCESSING or obs.service_id != m.service_id or obs.probation_since is None:
         return
     obs.probation_clean_since = now
-    rules.rows_of(session).event(obs.id, EventType.ISOLATED, now, service_id=m.service_id)
+    ctx.rows_of(session).event(obs.id, EventType.ISOLATED, now, service_id=m.service_id)
 
 
 async def described(
-    rules: StateRules, session: AsyncSession, m: ObserversDescribed, now: datetime, out: FollowUps
+    ctx: StateContext, session: AsyncSession, m: ObserversDescribed, now: datetime, out: FollowUps
 ) -> None:
-    if not await rules.service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
-        await rules.introduce_if_unknown(session, m.service_id, out)
+    if not await ctx.service_in(session, m.service_id, (ServiceStatus.ALIVE, ServiceStatus.LOST)):
+        await ctx.introduce_if_unknown(session, m.service_id, out)
         return
     for start in m.starts:
-        rules.suspicions.unknown.pop(start.observer_id, None)
-    await adopt(session, rules.rows_of(session), m, now, out)
+        ctx.suspicions.unknown.pop(start.observer_id, None)
+    await adopt(session, ctx.rows_of(session), m, now, out)
 
 
-async def _speaks_for(rules: StateRules, session: AsyncSession, obs: Row, service_id: uuid.UUID) -> bool:
+async def _speaks_for(ctx: StateContext, session: AsyncSession, obs: Row, service_id: uuid.UUID) -> bool:
     """A report about an observer counts if it comes from its host, or if it has no
     live host (the broker gave its start to the sender when the old host died)."""
     if obs.service_id in (None, service_id):
         return True
-    return not await rules.service_in(session, obs.service_id, (ServiceStatus.ALIVE,))
+    return not await ctx.service_in(session, obs.service_id, (ServiceStatus.ALIVE,))
 
 
-async def _known_or_none(rules: StateRules, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
+async def _known_or_none(ctx: StateContext, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
     """The id, if it may be written as an observer's host: only a known service (no foreign
     key checks it since migration 0010; this does)."""
-    return service_id if await rules.services_of(session).get(service_id) is not None else None
+    return service_id if await ctx.services_of(session).get(service_id) is not None else None
 
 
-async def _observer(rules: StateRules, session: AsyncSession, observer_id: uuid.UUID) -> Row | None:
+async def _observer(ctx: StateContext, session: AsyncSession, observer_id: uuid.UUID) -> Row | None:
     """The observer's row, locked for the rest of the transaction."""
-    return await rules.rows_of(session).get(observer_id)
+    return await ctx.rows_of(session).get(observer_id)
