@@ -6,9 +6,10 @@ Where things are handled:
   ``admission`` bounds them) are the operations behind them;
   ``kinds`` validates a create's args against what the live services announce.
 * The state side, a child process of the API's (``state.supervisor`` from the API's side,
-  ``state.process`` inside it): ``state/`` applies service reports (``state/consumer`` takes
-  them off the queue, ``state/rules`` dispatches each one to ``state/service_reports`` or
-  ``state/observer_reports``, which share ``state/context``;
+  ``state_side`` inside it, which runs ``state/`` and ``repairs/``): ``state/`` applies
+  service reports (``state/consumer`` takes them off the queue, ``state/rules`` dispatches
+  each one to ``state/service_reports`` or ``state/observer_reports``, which share
+  ``state/context``;
   ``state/rows`` reads and writes the rows, ``state/probation``, ``state/adoption``,
   ``state/follow_ups``);
   ``repairs/`` holds the periodic repairs, one file each, run by ``repairs/loop``;

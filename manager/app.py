@@ -2,7 +2,7 @@
 
 The lifespan checks the schema, connects to the broker (in the background, retrying),
 starts the state side (the state consumer and the background loops: in a child process by
-default, see ``manager/state/process.py``) and closes everything on the way out.
+default, see ``manager/state_side.py``) and closes everything on the way out.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from manager.db.errors import DATABASE_ERRORS, describe, is_transient
 from manager.errors import RETRY_AFTER_S, ManagerError
 from manager.history.sampler import Sampler
 from manager.metrics import STATE_REGISTRY
-from manager.state.process import StateSide
 from manager.state.supervisor import StateSupervisor
+from manager.state_side import StateSide
 from shared import __version__
 from shared.settings import ManagerSettings, get_manager_settings
 

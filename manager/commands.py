@@ -22,11 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager import schedule
 from manager.admission import Admission
+from manager.balance import fleet as fleet_rows
 from manager.balance.plan import drain_note
 from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
 from manager.created import CreatedObserver, created_row
-from manager.db import balance, creates, observers, services
+from manager.db import creates, observers, services
 from manager.db import schedule as schedule_rows
 from manager.db.creates import NewSchedule
 from manager.db.errors import describe, is_transient
@@ -358,10 +359,10 @@ class ObserverCommands:
         """Drain a service (no new starts; the balancer hands its observers over) or let it
         take starts again; the service as it stands then."""
         async with self.sessions.begin() as session:
-            await balance.set_draining(session, service_id, draining)
+            await fleet_rows.set_draining(session, service_id, draining)
             if draining:  # say at once whether the others have room for all it runs
-                fleet, _ = await balance.members(session, set())
-                await balance.set_drain_notes(session, {service_id: drain_note(fleet, service_id)})
+                fleet, _ = await fleet_rows.members(session, set())
+                await fleet_rows.set_drain_notes(session, {service_id: drain_note(fleet, service_id)})
         async with self.sessions() as session:
             return await services.get_service(session, service_id)
 

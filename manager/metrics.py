@@ -39,7 +39,7 @@ PAUSED = Gauge(
     registry=REGISTRY,
 )
 STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
-# Counted by the state side, which may run in a process of its own (manager.state.process):
+# Counted by the state side, which may run in a process of its own (manager.state_side):
 # the API's /metrics adds this registry's text to its own.
 STATE_REGISTRY = CollectorRegistry()
 STATE_APPLIED = Counter(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol, cast
 
-from manager.db.models import Observer
 from shared.messages import Isolation, RetryPolicy, StartObserver
 
 
@@ -48,7 +47,19 @@ def build_start(observer_id: uuid.UUID, fields: StartFields, retry: RetryPolicy,
     )
 
 
-def start_message(obs: Observer) -> StartObserver:
-    """The start message of an observer row (restart, the repairs, the rebuild)."""
+class StoredStart(StartFields, Protocol):
+    """An observer row, or a row a query returned with its columns."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+    @property
+    def retry(self) -> dict[str, Any] | None: ...
+    @property
+    def life(self) -> int: ...
+
+
+def start_message(obs: StoredStart) -> StartObserver:
+    """The start message of an observer row (restart, the scheduler, the repairs, the
+    rebuild). Raises if the row's stored fields no longer validate."""
     retry = RetryPolicy.model_validate(obs.retry) if obs.retry is not None else RetryPolicy()
     return build_start(obs.id, obs, retry, obs.life)

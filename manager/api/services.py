@@ -8,8 +8,9 @@ from fastapi import APIRouter, status
 
 from manager.api.deps import CommandsDep, SessionDep
 from manager.api.schemas import ERRORS, ServiceOut, Stats
+from manager.balance import fleet as fleet_rows
 from manager.balance.plan import imbalance
-from manager.db import balance, services
+from manager.db import services
 
 router = APIRouter(prefix="/api", tags=["services"], responses=ERRORS)
 
@@ -41,5 +42,5 @@ async def uncordon_service(service_id: uuid.UUID, commands: CommandsDep) -> Serv
 
 @router.get("/stats", response_model=Stats)
 async def get_stats(session: SessionDep) -> Stats:
-    fleet, _ = await balance.members(session, set())
+    fleet, _ = await fleet_rows.members(session, set())
     return Stats.model_validate(await services.stats(session) | {"imbalance": round(imbalance(fleet), 4)})

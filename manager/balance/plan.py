@@ -20,7 +20,7 @@ decisions:
 
 Only moves that make the fleet more even are made: a source ends no lower than its share
 rounded up, a destination no higher than its share rounded down. How many observers a round
-moves at most is the caller's (``manager/repairs/balance.py``): a move whose observers cannot
+moves at most is the caller's (``rounds.py``): a move whose observers cannot
 all go (pinned, or of a kind no taker runs) spends only what it moves.
 """
 

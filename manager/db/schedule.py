@@ -11,16 +11,15 @@ time order (the index's), so the most overdue go first.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import Row, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.models import EventType, ObserverStatus
 from manager.errors import Conflict, Invalid, NotFound
-from manager.starts import build_start
-from shared.messages import RetryPolicy, StartObserver
 
 S = ObserverStatus
 
@@ -115,30 +114,16 @@ _SET_ASIDE = text(
 )
 
 
-async def start_due(
-    session: AsyncSession, now: datetime, limit: int
-) -> tuple[list[StartObserver], list[tuple[uuid.UUID, str]]]:
-    """Up to ``limit`` due Scheduled rows made Created with a pending start each: their
-    start messages, to publish after the commit. A row whose start cannot be built (its
-    stored fields no longer validate: edited by hand, written by another version) is made
-    Failed with the reason instead, in the same transaction, so it never holds back the
-    others; returned as (id, reason)."""
-    rows = (await session.execute(_START_DUE, {"now": now, "limit": limit, "event": EventType.DUE.value})).all()
-    starts, broken = [], []
-    for row in rows:
-        try:
-            starts.append(_start(row))
-        except Exception as e:  # noqa: BLE001 - whatever is wrong, it is this row's alone
-            broken.append((row.id, f"its start could not be built at its start_at: {e}"))
-    if broken:
-        values = {"ids": [i for i, _ in broken], "errors": [e for _, e in broken]}
-        await session.execute(_SET_ASIDE, values | {"now": now, "event": EventType.FAILED.value})
-    return starts, broken
+async def take_due(session: AsyncSession, now: datetime, limit: int) -> Sequence[Row[Any]]:
+    """Up to ``limit`` due Scheduled rows made Created with a pending start each, with the
+    columns a start is built from (``manager.starts.start_message``)."""
+    return (await session.execute(_START_DUE, {"now": now, "limit": limit, "event": EventType.DUE.value})).all()
 
 
-def _start(row: Any) -> StartObserver:
-    retry = RetryPolicy.model_validate(row.retry) if row.retry is not None else RetryPolicy()
-    return build_start(row.id, row, retry, row.life)
+async def set_aside(session: AsyncSession, broken: list[tuple[uuid.UUID, str]], now: datetime) -> None:
+    """Taken rows whose start cannot be built, made Failed with the reason (id, reason)."""
+    values = {"ids": [i for i, _ in broken], "errors": [e for _, e in broken]}
+    await session.execute(_SET_ASIDE, values | {"now": now, "event": EventType.FAILED.value})
 
 
 async def expire_due(

@@ -10,7 +10,7 @@ password, a database or role that does not exist, a certificate refused either w
 a newer release migrated) is one CRITICAL line naming the setting to fix, and the process
 exits with status 2, as for a metrics port that is taken. Both sides call it: the API process
 before it serves (``manager/__main__.py``), the state process before it applies anything
-(``manager/state/process.py``).
+(``manager/state_side.py``).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import abc
+from typing import Protocol
 
 
-class Repair(abc.ABC):
+class Repair(Protocol):
     """One periodic repair of the state side: finds a disagreement and mends it.
 
     ``run`` is called every pass of the loop while ``period_s`` is 0, else at most once per
@@ -16,5 +16,4 @@ class Repair(abc.ABC):
     name: str  # in the logs
     period_s: float = 0.0
 
-    @abc.abstractmethod
     async def run(self) -> None: ...

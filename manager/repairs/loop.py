@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager.balance.rounds import BalanceRound
 from manager.broker import BrokerLink
 from manager.db.errors import database_outage, describe, is_transient
-from manager.repairs.balance import Balance
 from manager.repairs.base import Repair
 from manager.repairs.housekeeping import EndProbations, FoldDeltas, ForgetApplied, ForgetServices, PruneHistory
 from manager.repairs.liveness import JudgeHeartbeats
@@ -44,7 +44,7 @@ def state_side_repairs(
     consumer_idle: Callable[[], bool],
 ) -> list[Repair]:
     """Every repair, in the order a pass runs them: the broker rebuilt first, since the
-    others publish to it."""
+    others publish to it; the balancer's round last (no repair, but run as one)."""
     heartbeats = JudgeHeartbeats(settings, sessions, broker, context, consumer_idle)
     return [
         BrokerRebuild(sessions, starts),
@@ -59,7 +59,7 @@ def state_side_repairs(
         PruneHistory(sessions, settings.events_retention_days),
         ForgetServices(sessions, settings.services_retention_s),
         FoldDeltas(sessions),
-        Balance(settings, sessions, broker, context),
+        BalanceRound(settings, sessions, broker, context.handovers, context.placements),
     ]
 
 

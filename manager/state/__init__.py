@@ -1,7 +1,6 @@
-"""The manager's state side: the process that applies service reports and runs the repairs.
-
-``process`` is the state process itself (``python -m manager.state.process``) and
-``supervisor`` the API process's handle on it (spawn, watch, restart, stop). Inside it,
+"""The manager's state side: what applies service reports. The process that runs it with
+the repairs is ``manager/state_side.py`` (``python -m manager.state_side``), above both;
+``supervisor`` is the API process's handle on it (spawn, watch, restart, stop). Inside it,
 ``leadership`` decides whether this manager's state side runs at all (of several managers,
 one leads), ``consumer`` takes the state queue's batches and ``rules`` dispatches each report
 (to ``service_reports`` and ``observer_reports``, which share ``context``: the transaction's

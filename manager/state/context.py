@@ -62,7 +62,7 @@ class StateContext:
         # host's share is still moving, its death waits (``manager/repairs/liveness.py``).
         self.moved_from_at: dict[uuid.UUID, float] = {}
         # The hand-overs the balancer asked for, and the placement each service's last
-        # heartbeat said it consumes under (``manager/repairs/balance.py``).
+        # heartbeat said it consumes under (``manager/balance/rounds.py``).
         self.handovers = Handovers()
         self.placements: dict[uuid.UUID, Placed] = {}
         # The starts services declined (they cannot run them), held or on their way.

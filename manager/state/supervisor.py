@@ -4,7 +4,7 @@
 pydantic), so the two processes import side by side and the state consumer starts applying a
 backlog that much sooner after a manager restart (figures: docs/design.md, "Two processes
 for the manager"). This module is the spawner, so it stays light: it must not import the
-state side (``manager.state.process``) or anything heavy.
+state side (``manager.state_side``) or anything heavy.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class StateSupervisor:
         fd = self._metrics_socket.fileno()
         env = os.environ | {METRICS_FD_ENV: str(fd), PARENT_PID_ENV: str(os.getpid())}
         # Same stdout/stderr as the manager: one log for both halves.
-        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state.process"], env=env, pass_fds=(fd,))
+        self._proc = subprocess.Popen([sys.executable, "-m", "manager.state_side"], env=env, pass_fds=(fd,))
         logger.info("state process started (pid %d)", self._proc.pid)
 
     @property

@@ -158,7 +158,7 @@ def test_an_inventory_larger_than_the_sql_parameter_limit_is_applied(system: Sys
 
 
 def _state_process_of(manager_pid: int) -> int | None:
-    """The pid of the manager's state process (its child running manager.state.process)."""
+    """The pid of the manager's state process (its child running manager.state_side)."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -167,7 +167,7 @@ def _state_process_of(manager_pid: int) -> int | None:
             cmdline = (proc / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if ppid == manager_pid and b"manager.state.process" in cmdline:
+        if ppid == manager_pid and b"manager.state_side" in cmdline:
             return int(proc.name)
     return None
 

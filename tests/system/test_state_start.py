@@ -1,4 +1,4 @@
-"""How the manager's state side starts (``manager/__main__.py``, ``manager/state/process.py``).
+"""How the manager's state side starts (``manager/__main__.py``, ``manager/state_side.py``).
 
 The state process is spawned before the manager reads its settings, and connects to the
 broker while it checks the database's schema: both so that a restarted manager begins
@@ -69,7 +69,7 @@ async def test_a_state_process_on_an_outdated_schema_applies_nothing_until_it_is
     # The state process alone, so that it is its own schema check that holds it back. It
     # waits for the migration (a Job may be running it) and consumes only once it leads,
     # after the check: meanwhile every report stays in the queue.
-    state = system.start_process("state", "manager.state.process")
+    state = system.start_process("state", "manager.state_side")
     await asyncio.to_thread(
         wait_for, lambda: "waiting for the database's migrations" in state.text(), 60, "the state process to wait"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 
 from manager.balance.plan import EVEN, OVER, UNDER, Member, Move, Plan, drain_note, placement, plan
-from manager.repairs.balance import Settle
+from manager.balance.rounds import Settle
 
 
 def levels(decided: Plan, pool: str) -> dict[uuid.UUID, int]:

@@ -7,7 +7,6 @@ from typing import cast
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
-from manager.repairs.base import Repair
 from manager.repairs.loop import Schedule, state_side_repairs
 from manager.start_publisher import StartPublisher
 from manager.state.probation import ProbationPolicy
@@ -30,7 +29,7 @@ def test_repairs_with_long_thresholds_run_at_a_quarter_of_them() -> None:
     assert schedule.periods["judge_heartbeats"] == 3.75  # a quarter of 3 heartbeats of 5 s
     assert schedule.periods["fold_counts"] == 5.0  # readers add up what is not folded yet
     assert schedule.periods["republish_pending"] == 7.5  # a quarter of 30 s
-    assert all(isinstance(repair, Repair) for repair in repairs)  # each names a repair
+    assert all(repair.name and callable(repair.run) for repair in repairs)  # each names a repair
     assert schedule.periods["balance"] == 1.0  # the balancer rounds at the repairs' own pace
     assert schedule.periods["forget_services"] == 60.0  # an hour's retention, checked a minute at most
     assert schedule.periods["republish_gone"] == 0.0  # every pass: a deleted queue's starts within a second

@@ -1,5 +1,6 @@
-"""The balancer: each round it evens the load of the fleet and drains what an operator asked
-to drain (docs/design.md, "Even load"), by the decisions of ``manager/balance/plan.py``.
+"""The balancer's round: each round it evens the load of the fleet and drains what an operator
+asked to drain (docs/design.md, "Even load"), by the decisions of ``plan.py``. The state side's
+loop runs it after the repairs (``manager/repairs/loop.py``), on the leader only.
 
 * It tells each service its placement (``SetPlacement``: a consumer priority, or a cordon)
   whenever that changes, and again while the service's heartbeats report another one.
@@ -26,12 +27,12 @@ from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager.balance import fleet as fleet_rows
 from manager.balance import plan as planning
+from manager.balance.handovers import Handovers
+from manager.balance.plan import Placed
 from manager.broker import BrokerLink
-from manager.db import balance
 from manager.metrics import FLEET_IMBALANCE, HANDOVERS
-from manager.repairs.base import Repair
-from manager.state.context import StateContext
 from shared.errors import BrokerUnavailable
 from shared.messages import STOPS_PER_MESSAGE, SetPlacement, StopObservers
 from shared.settings import ManagerSettings
@@ -55,7 +56,11 @@ class Settle:
         return held
 
 
-class Balance(Repair):
+class BalanceRound:
+    """Run by the repair loop as a repair is (``manager/repairs/base.py``), though it mends
+    nothing: ``handovers`` and ``placements`` are the state side's memory of the hand-overs
+    asked and of the placement each service's heartbeats report (``StateContext``)."""
+
     name = "balance"
 
     def __init__(
@@ -63,11 +68,13 @@ class Balance(Repair):
         settings: ManagerSettings,
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
-        context: StateContext,
+        handovers: Handovers,
+        placements: dict[uuid.UUID, Placed],
     ) -> None:
         self.sessions = sessions
         self.broker = broker
-        self.context = context
+        self.handovers = handovers
+        self.placements = placements
         self.tolerance = settings.balance_tolerance
         self.moves_per_s = settings.balance_moves_per_s
         self.period_s = settings.repair_interval_s
@@ -77,14 +84,14 @@ class Balance(Repair):
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
-            fleet, notes = await balance.members(session, self.context.handovers.busy())
+            fleet, notes = await fleet_rows.members(session, self.handovers.busy())
         decided = planning.plan(fleet, self.tolerance)
         FLEET_IMBALANCE.set(decided.imbalance)
         placed = await self._place(fleet, decided)
         changed = {i: note for i, note in decided.drain_notes.items() if notes.get(i) != note}
         if changed:
             async with self.sessions.begin() as session:
-                await balance.set_drain_notes(session, changed)
+                await fleet_rows.set_drain_notes(session, changed)
         waiting = self._settle.held({pool for m in fleet if m.id in placed for pool in m.pools})
         names = {m.id: m.name for m in fleet}
         budget = math.ceil(self.moves_per_s * self.period_s)
@@ -105,7 +112,7 @@ class Balance(Repair):
             want = planning.placement(decided, m.id)
             sent = self._sent.get(m.id)
             if sent is not None and sent[0] == want:
-                if self.context.placements.get(m.id, want) == want or now - sent[1] < _RESEND_AFTER_S:
+                if self.placements.get(m.id, want) == want or now - sent[1] < _RESEND_AFTER_S:
                     continue
             else:
                 changed.add(m.id)
@@ -132,7 +139,7 @@ class Balance(Repair):
     async def _hand_over(self, move: planning.Move, name: str) -> int:
         """Ask ``move``'s source to hand over what may move of it; how many it was asked."""
         async with self.sessions.begin() as session:
-            chosen = await balance.movable(session, move)
+            chosen = await fleet_rows.movable(session, move)
         by_session: dict[uuid.UUID | None, list[uuid.UUID]] = {}
         asked = 0
         for observer_id, session_id in chosen:
@@ -145,11 +152,11 @@ class Balance(Repair):
                 )
                 # Remembered before it is sent: the start elsewhere may be applied before the
                 # confirm of this publish is back.
-                self.context.handovers.asked(move.source, part, move.reason)
+                self.handovers.asked(move.source, part, move.reason)
                 if await self._publish(hand_over, name):
                     asked += len(part)
                 else:
-                    self.context.handovers.forget(part)
+                    self.handovers.forget(part)
         if asked:
             HANDOVERS.labels(move.reason).inc(asked)
             logger.info("%s: %s hands %d observer(s) of pool %s over", move.reason, name, asked, move.pool)

@@ -1,5 +1,6 @@
-"""The statements of even load and drains: the fleet as the balancer sees it, the observers
-it may hand over, and the drain flags the API sets (``manager/repairs/balance.py``)."""
+"""The balancer's statements: the fleet as it sees it, the observers it may hand over, and
+the drain flags the API sets (``rounds.py`` runs them; the only SQL outside ``manager/db``, so
+that the balancer has one home and ``manager/db`` imports nothing above it)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ from shared.logs import configure_logging
 from shared.process import die_with_parent
 from shared.settings import ManagerSettings, get_manager_settings, settings_or_exit
 
-logger = logging.getLogger("manager.state.process")  # not "__main__" when run with -m
+logger = logging.getLogger("manager.state_side")  # not "__main__" when run with -m
 
 
 class StateSide:
@@ -142,7 +142,7 @@ class StateSide:
 
 
 def main() -> None:
-    """``python -m manager.state.process``: the state side alone (started by the manager)."""
+    """``python -m manager.state_side``: the state side alone (started by the manager)."""
     parent = os.environ.get(PARENT_PID_ENV)
     if parent is not None:
         die_with_parent(int(parent))
