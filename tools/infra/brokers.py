@@ -18,15 +18,14 @@ makes a new one).
 from __future__ import annotations
 
 import os
-import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tools.infra.packages import apt_install
+from tools.infra.roots import in_root, make_root
 from tools.infra.state import resolve_base
-from tools.infra.system import InfraError, log, run
+from tools.infra.system import InfraError, run
 
 # The series ``make run`` and ``make test`` use unless told otherwise: what users install
 # today (the newest release; the RabbitMQ Cluster Operator's default) is what we test first.
@@ -85,26 +84,7 @@ class Install:
         (folders of the host) visible at the same paths."""
         if self.root is None:
             return list(argv)
-        for folder in binds:
-            (self.root / str(folder).lstrip("/")).mkdir(parents=True, exist_ok=True)
-        mounts = " && ".join(
-            [f'mount --bind "${i + 2}" "$1${i + 2}"' for i in range(len(binds))]
-            + ['mount -t proc proc "$1/proc"', 'mount --rbind /dev "$1/dev"']
-        )
-        script = f'{mounts} || exit 97; root=$1; shift {len(binds) + 1}; exec chroot "$root" "$@"'
-        return [
-            "unshare",
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-            str(self.root),
-            *(str(b) for b in binds),
-            *argv,
-        ]
+        return in_root(self.root, argv, binds)
 
     def version(self) -> str:
         """The installed package's version (dpkg's database of the root or the host)."""
@@ -164,26 +144,10 @@ def _make_root(install: Install) -> None:
     assert install.root is not None
     suite = release(install.series).suite
     assert suite is not None
-    if shutil.which("debootstrap") is None:
-        apt_install(["debootstrap"])
-    # Made aside and renamed when complete: an interrupted build is never taken for a root.
-    partial = install.root.with_name(install.root.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.parent.mkdir(parents=True, exist_ok=True)
-    began = time.monotonic()
-    log(f"making a Debian {suite} root with rabbitmq-server for RabbitMQ {install.series} in {install.root} (~1 min)")
-    argv = ["debootstrap", "--variant=minbase", "--include=rabbitmq-server", suite, str(partial)]
-    if mirror := os.environ.get("ORCH_DEBIAN_MIRROR"):
-        argv.append(mirror)
-    try:
-        run(argv, timeout=1800)
-    except InfraError as exc:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise InfraError(
-            f"could not make a Debian {suite} root for RabbitMQ {install.series} (Debian {suite}'s packages may "
-            f"not install today; try again later, or choose another series with RABBITMQ=...): {exc}"
-        ) from exc
-    # Erlang resolves the node's host name; a minimal root has no /etc/hosts.
-    (partial / "etc" / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost\n")
-    partial.rename(install.root)
-    log(f"made {install.root} in {time.monotonic() - began:.0f}s")
+    make_root(
+        install.root,
+        suite,
+        ["rabbitmq-server"],
+        f"RabbitMQ {install.series}",
+        "choose another series with RABBITMQ=...",
+    )
