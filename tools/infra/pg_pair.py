@@ -36,6 +36,9 @@ class StandbyNode(PostgresNode):
     def clone_from(self, primary: PostgresNode) -> None:
         """``pg_basebackup -R`` of ``primary`` into this node's (empty) data folder: the data
         and ``standby.signal`` with ``primary_conninfo`` over the primary's unix socket."""
+        # In a root (PostgreSQL 17), the replica's processes see the primary's socket folder
+        # only if it is bound in: pg_basebackup now, the WAL receiver for as long as it runs.
+        self.binds = (primary.socket_dir,)
         self._prepare()
         if (self.data_dir / "PG_VERSION").exists():
             raise InfraError(f"{self.data_dir} already holds a cluster")

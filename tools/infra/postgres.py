@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import pwd
 import shutil
 import signal
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tools.infra import conflicts
-from tools.infra.packages import pg_bin_dir
+from tools.infra.pg_series import PG_OS_USER, SYS_PATH, PgInstall, default_install
 from tools.infra.state import DEFAULT_USER, new_password
 from tools.infra.system import (
     LOOPBACK,
@@ -35,7 +34,6 @@ from tools.infra.system import (
 )
 from tools.infra.tls import TlsFiles
 
-PG_OS_USER = "postgres"
 # What PostgreSQL's defaults (shared_buffers 128MB, max_wal_size 1GB) cost at scale: a
 # 1,000,000-observer fleet's tables and indexes are ~1.1 GB, and a failover rewrites a third
 # of their rows, scattered by id over every page. With 128 MB of buffers nearly every row
@@ -50,40 +48,10 @@ TUNING = {
 PG_FALLBACK_ROOT = Path("/var/tmp")
 # sun_path is 108 bytes; keep room for "/.s.PGSQL.65535".
 _MAX_SOCKET_DIR = 90
-# A fixed PATH for commands run as the postgres user: the caller's may name a venv or worse.
-_SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def _postgres_ids() -> tuple[int, int]:
-    try:
-        entry = pwd.getpwnam(PG_OS_USER)
-    except KeyError as exc:
-        raise InfraError(f"no '{PG_OS_USER}' OS user: install postgresql") from exc
-    return entry.pw_uid, entry.pw_gid
 
 
 def _pg_env() -> dict[str, str]:
-    return {"PATH": _SYS_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
-
-
-def _as_postgres(argv: Sequence[str]) -> list[str]:
-    """Prefix ``argv`` so that it runs as the postgres OS user."""
-    uid, _gid = _postgres_ids()
-    if os.geteuid() == uid:
-        return list(argv)
-    if os.geteuid() != 0:
-        raise InfraError(f"PostgreSQL must be run as root or {PG_OS_USER}")
-    runuser = shutil.which("runuser", path=_SYS_PATH) or "/usr/sbin/runuser"
-    return [runuser, "-u", PG_OS_USER, "--", *argv]
-
-
-def _postgres_can_reach(path: Path) -> bool:
-    """True if the postgres OS user can traverse ``path`` and every folder above it."""
-    try:
-        run(_as_postgres(["test", "-x", str(path)]), env=_pg_env(), timeout=30)
-    except InfraError:
-        return False
-    return True
+    return {"PATH": SYS_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
 def _quote_ident(name: str) -> str:
@@ -112,6 +80,11 @@ class PostgresNode:
     # client is taken (``hostssl`` only). The socket stays peer.
     tls: TlsFiles | None = None
     tls_only: bool = True
+    # Which PostgreSQL (``pg_series``): the host's 15 or a newer one inside a root.
+    install: PgInstall = field(default_factory=default_install)
+    # Folders of the host a server in a root must see besides its own (a replica: its
+    # primary's socket folder).
+    binds: tuple[Path, ...] = ()
 
     # ----- paths
 
@@ -143,6 +116,26 @@ class PostgresNode:
             f"@{LOOPBACK}:{self.port}/{quote(database, safe='')}"
         )
 
+    # ----- running as the postgres account
+
+    def _ids(self) -> tuple[int, int]:
+        return self.install.ids()
+
+    def _as_postgres(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run as the postgres account (inside the root, seeing this node's folder)."""
+        return self.install.command(argv, [self.root, *self.binds])
+
+    def _postgres_can_reach(self, path: Path) -> bool:
+        """True if the postgres account can traverse ``path`` and every folder above it (in a
+        root, the folders above are the root's own, made for the bind)."""
+        if self.install.root is not None:
+            return True
+        try:
+            run(self.install.command(["test", "-x", str(path)]), env=_pg_env(), timeout=30)
+        except InfraError:
+            return False
+        return True
+
     # ----- setup
 
     def _fallback_root(self) -> Path:
@@ -150,7 +143,7 @@ class PostgresNode:
         return PG_FALLBACK_ROOT / f"orch-pg-{digest}"
 
     def _prepare(self) -> None:
-        uid, gid = _postgres_ids()
+        uid, gid = self._ids()
         self.base.mkdir(parents=True, exist_ok=True)
         link = self.pg_link
         if link.is_symlink():
@@ -161,7 +154,7 @@ class PostgresNode:
         elif not link.exists():
             resolved = self.base.resolve() / "pg"
             short = len(str(resolved / "run")) <= _MAX_SOCKET_DIR
-            if short and _postgres_can_reach(self.base):
+            if short and self._postgres_can_reach(self.base):
                 link.mkdir(mode=0o755)
                 os.chown(link, uid, gid)
             else:
@@ -180,10 +173,13 @@ class PostgresNode:
                 os.chown(path, uid, gid)
 
     def _bin(self, program: str) -> str:
-        bin_dir = pg_bin_dir()
-        if bin_dir is None:
-            raise InfraError("PostgreSQL binaries missing: run tools.infra.ensure_packages()")
-        return str(bin_dir / program)
+        if not self.install.present():
+            where = self.install.root or "the host"
+            raise InfraError(
+                f"PostgreSQL {self.install.series} is not installed ({where}): "
+                "run tools.infra.up() (make infra-up), which installs it"
+            )
+        return str(self.install.bin_dir / program)
 
     def _initdb(self) -> None:
         if (self.data_dir / "PG_VERSION").exists():
@@ -191,12 +187,12 @@ class PostgresNode:
         if any(self.data_dir.iterdir()):
             log(f"postgres: removing incomplete cluster in {self.data_dir}")
             shutil.rmtree(self.data_dir)
-            uid, gid = _postgres_ids()
+            uid, gid = self._ids()
             self.data_dir.mkdir(mode=0o700)
             os.chown(self.data_dir, uid, gid)
         log(f"postgres: initdb {self.data_dir}")
         run(
-            _as_postgres(
+            self._as_postgres(
                 [
                     self._bin("initdb"),
                     "-D",
@@ -216,7 +212,7 @@ class PostgresNode:
             conf.write("\n# tools/infra/postgres.py: port, addresses and socket folder\ninclude = 'orch.conf'\n")
 
     def _write_conf(self) -> None:
-        uid, gid = _postgres_ids()
+        uid, gid = self._ids()
         conf = self.data_dir / "orch.conf"
         write_private(
             conf,
@@ -235,7 +231,7 @@ class PostgresNode:
         ones with a password)."""
         if self.tls is None:
             return ""
-        uid, gid = _postgres_ids()
+        uid, gid = self._ids()
         files = self.tls.copy_to(self.data_dir / "tls", owner=(uid, gid))
         os.chown(self.data_dir / "tls", uid, gid)
         hba = self.data_dir / "pg_hba.conf"
@@ -277,14 +273,14 @@ class PostgresNode:
     def run_tool(self, program: str, *args: str, timeout: float = 120) -> str:
         """Run one of PostgreSQL's programs (``pg_ctl``, ``pg_basebackup``, ...) as the
         postgres OS user, for code that drives a node beyond start and stop (``pg_pair``)."""
-        return run(_as_postgres([self._bin(program), *args]), env=_pg_env(), timeout=timeout)
+        return run(self._as_postgres([self._bin(program), *args]), env=_pg_env(), timeout=timeout)
 
     # ----- SQL
 
     def psql(self, sql: str, database: str = "postgres") -> str:
         """Run ``sql`` as the postgres superuser over the unix socket; return unaligned rows."""
         return run(
-            _as_postgres(
+            self._as_postgres(
                 [
                     self._bin("psql"),
                     "-X",
@@ -359,7 +355,7 @@ class PostgresNode:
         self._write_conf()
         try:
             run(
-                _as_postgres(
+                self._as_postgres(
                     [
                         self._bin("pg_ctl"),
                         "-D",
@@ -390,7 +386,9 @@ class PostgresNode:
             return
         began = time.monotonic()
         run(
-            _as_postgres([self._bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "-s", "stop"]),
+            self._as_postgres(
+                [self._bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "-s", "stop"]
+            ),
             env=_pg_env(),
             timeout=90,
         )

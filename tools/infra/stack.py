@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TextIO
 
-from tools.infra import cluster, partition
+from tools.infra import cluster, partition, pg_series
 from tools.infra.brokers import RELEASES, ensure_installed, install_for, selected_series
 from tools.infra.packages import ensure_packages
 from tools.infra.postgres import PostgresNode
@@ -37,13 +37,24 @@ from tools.infra.state import (
 from tools.infra.system import LOOPBACK, log
 
 
-def nodes(base: Path, *, allocate: bool, series: str | None = None) -> tuple[RabbitNode, PostgresNode]:
+def pg_base(base: Path, series: str) -> Path:
+    """The PostgreSQL node's folder of ``series``: each keeps data of its own (a server reads
+    no other major version's data); 15's is ``postgres/``, as before there was a choice."""
+    return base / ("postgres" if series == pg_series.DEFAULT_SERIES else f"postgres-{series}")
+
+
+def nodes(
+    base: Path, *, allocate: bool, series: str | None = None, pg: str | None = None
+) -> tuple[RabbitNode, PostgresNode]:
     """Nodes described by ``<base>/infra.json``; with ``allocate``, fix ports and save.
-    ``series``: which RabbitMQ (default: ``$ORCH_RABBITMQ``, else the newest)."""
+    ``series``: which RabbitMQ (default: ``$ORCH_RABBITMQ``, else the newest); ``pg``: which
+    PostgreSQL (default: ``$ORCH_POSTGRES``, else 15). One port for every PostgreSQL series:
+    one runs at a time."""
     state = load_state(base)
     rabbit_state = state.get("rabbitmq", {})
     pg_state = state.get("postgres", {})
     series = series or selected_series()
+    pg_chosen = pg or pg_series.selected_series()
     # Erlang node names are machine-wide (epmd): one per base folder. A checkout deleted and
     # cloned again at the same path gets the same name; RabbitNode.start names a leftover node.
     default_name = "orch-" + hashlib.sha256(str(base).encode()).hexdigest()[:6]
@@ -57,22 +68,23 @@ def nodes(base: Path, *, allocate: bool, series: str | None = None) -> tuple[Rab
         user=str_field(rabbit_state, "user", DEFAULT_USER),
         password=str_field(rabbit_state, "password", "") or new_password(),
     )
-    pg = PostgresNode(
-        base=base / "postgres",
+    postgres = PostgresNode(
+        base=pg_base(base, pg_chosen),
+        install=pg_series.install_for(pg_chosen, base),
         port=int_field(pg_state, "port", DEFAULT_PG_PORT),
         user=str_field(pg_state, "user", DEFAULT_USER),
         password=str_field(pg_state, "password", "") or new_password(),
     )
     if not allocate:
-        return rabbit, pg
+        return rabbit, postgres
     taken: set[int] = set()
     if rabbit.is_running():
         taken |= {rabbit.port, rabbit.dist_port}
-    if pg.is_running():
-        taken.add(pg.port)
+    if postgres.is_running():
+        taken.add(postgres.port)
     else:
-        pg.port = move_port(pg.port, taken, "postgres")
-        taken.add(pg.port)
+        postgres.port = move_port(postgres.port, taken, "postgres")
+        taken.add(postgres.port)
     if not rabbit.is_running():
         rabbit.port = move_port(rabbit.port, taken, "rabbitmq AMQP")
         taken.add(rabbit.port)
@@ -85,11 +97,11 @@ def nodes(base: Path, *, allocate: bool, series: str | None = None) -> tuple[Rab
             "user": rabbit.user,
             "password": rabbit.password,
         },
-        "postgres": {"port": pg.port, "user": pg.user, "password": pg.password},
+        "postgres": {"port": postgres.port, "user": postgres.user, "password": postgres.password},
     }
     if new_state != state:
         save_state(base, new_state)
-    return rabbit, pg
+    return rabbit, postgres
 
 
 def _series_nodes(base: Path, but: str | None = None) -> list[RabbitNode]:
@@ -99,6 +111,15 @@ def _series_nodes(base: Path, but: str | None = None) -> list[RabbitNode]:
         if series != but and (base / f"rabbitmq-{series}").exists():
             found.append(nodes(base, allocate=False, series=series)[0])
     return found
+
+
+def _pg_nodes(base: Path, but: str | None = None) -> list[PostgresNode]:
+    """The PostgreSQL nodes of every series this base folder has data of (but ``but``)."""
+    return [
+        nodes(base, allocate=False, pg=series)[1]
+        for series in pg_series.RELEASES
+        if series != but and pg_base(base, series).exists()
+    ]
 
 
 def _clusters(base: Path) -> list[list[RabbitNode]]:
@@ -174,10 +195,16 @@ def up(base: Path | None = None, *, install: bool = True) -> dict[str, str]:
             if other.live_pid() is not None:
                 log(f"stopping RabbitMQ {other.install.series} ({other.node}): RabbitMQ {series} was asked for")
                 other.stop()
+        pg_chosen = pg_series.selected_series()
+        for other_pg in _pg_nodes(base, but=pg_chosen):
+            if other_pg.live_pid() is not None:
+                log(f"stopping PostgreSQL {other_pg.install.series}: PostgreSQL {pg_chosen} was asked for")
+                other_pg.stop()
         if install:
             ensure_packages()
             ensure_installed(install_for(series, base))
-        rabbit, pg = nodes(base, allocate=True, series=series)
+            pg_series.ensure_installed(pg_series.install_for(pg_chosen, base))
+        rabbit, pg = nodes(base, allocate=True, series=series, pg=pg_chosen)
         count = cluster.selected_count()
         brokers = cluster.members(rabbit, count, base, allocate=True) if count > 1 else None
         # RabbitMQ boots in several seconds: start PostgreSQL meanwhile.
@@ -199,10 +226,10 @@ def down(base: Path | None = None) -> None:
         log(f"nothing to stop: no {base / 'infra.json'}")
         return
     with locked(base):
-        _, pg = nodes(base, allocate=False)
         for rabbit in _series_nodes(base) + _cluster_nodes(base):
             rabbit.stop()
-        pg.stop()
+        for pg in _pg_nodes(base):
+            pg.stop()
 
 
 def destroy(base: Path | None = None) -> None:
@@ -210,10 +237,10 @@ def destroy(base: Path | None = None) -> None:
     base = resolve_base(base)
     if (base / "infra.json").exists():
         with locked(base):
-            _, pg = nodes(base, allocate=False)
             for rabbit in _series_nodes(base) + _cluster_nodes(base):
                 rabbit.destroy()
-            pg.destroy()
+            for pg in _pg_nodes(base):
+                pg.destroy()
     shutil.rmtree(base, ignore_errors=True)
     log(f"removed {base}")
 
@@ -233,7 +260,8 @@ def status(base: Path | None = None, out: TextIO | None = None) -> dict[str, boo
         file=out,
     )
     print(
-        f"postgres: {'running' if result['postgres'] else 'not running'} ({LOOPBACK}:{pg.port}, base {pg.base})",
+        f"postgres: {'running' if result['postgres'] else 'not running'}"
+        f" (PostgreSQL {pg.install.series}, {LOOPBACK}:{pg.port}, base {pg.base})",
         file=out,
     )
     return result
