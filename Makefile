@@ -6,6 +6,10 @@ VENV ?= .venv
 # `make test RABBITMQ=4.0`. Each runs from Debian's package (tools/infra/brokers.py).
 RABBITMQ ?=
 export ORCH_RABBITMQ := $(RABBITMQ)
+# Which PostgreSQL: 15 (the default, the host's Debian 12 package) or 17 (Debian 13's, run in
+# a debootstrap root: tools/infra/pg_series.py), e.g. `make test-postgres POSTGRES=17`.
+POSTGRES ?=
+export ORCH_POSTGRES := $(POSTGRES)
 # How many RabbitMQ nodes: 1 (the default) or a cluster, e.g. `make run BROKER_NODES=3`
 # (tools/infra/cluster.py); .run/env then lists every node in ORCH_AMQP_URLS and sets
 # ORCH_QUEUE_TYPE=quorum.
@@ -14,7 +18,7 @@ export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-unit test-broker lint compose-check alerts-check bench bench-quick bench-tls bench-versions bench-scale bench-cluster ci clean
+.PHONY: venv infra-up infra-down migrate run test test-unit test-broker test-postgres lint compose-check alerts-check bench bench-quick bench-tls bench-versions bench-scale bench-cluster ci clean
 
 venv: $(VENV)/.installed
 
@@ -54,6 +58,23 @@ BROKER_TESTS = $(addprefix tests/system/,test_lifecycle.py test_ack_timeout.py t
 
 test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)
+
+# The tests that lean on the database, which CI runs on PostgreSQL 17 besides the default 15
+# (docs/broker-versions.md), in about 3 minutes: the core flow, the migrations' locking and
+# refusals, asyncpg's errors sorted, the server stopped under a manager, the switchover to a
+# streaming replica, a restored backup, and TLS to the database (its world migrates over TLS;
+# a certificate the client cannot verify is refused). The slower variants of each stay in
+# `make test` (the network cut, the hot standby, a run over TLS end to end).
+PG_TESTS = $(addprefix tests/system/,test_lifecycle.py::test_create_runs_on_a_live_service_and_is_visible \
+	test_migrations.py::test_0016_adds_scheduled_and_its_downgrade_refuses_while_a_row_is_scheduled \
+	test_migrations.py::test_two_upgrades_at_once_take_turns test_db_errors.py \
+	test_db_outage.py::test_postgres_down_answers_503_and_the_manager_recovers \
+	test_db_failover.py::test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice \
+	test_restore.py \
+	test_tls.py::test_a_database_certificate_the_client_cannot_verify_or_a_wrong_host_is_refused)
+
+test-postgres: venv infra-up
+	$(PY) -m pytest $(PYTEST_ARGS) $(PG_TESTS)
 
 lint: venv
 	$(VENV)/bin/ruff check .
