@@ -5,7 +5,8 @@ system services, listening on 127.0.0.1 only. Standard library only, so it works
 project is installed (``make infra-up`` runs it with the system ``python3``). RabbitMQ is the
 series ``$ORCH_RABBITMQ`` names (``make ... RABBITMQ=4.0``; 4.3 by default), from Debian's
 package: the host's own (3.10) or a newer release's, run inside a root of that release
-(``brokers``; docs/broker-versions.md).
+(``brokers``; docs/broker-versions.md). PostgreSQL is the series ``$ORCH_POSTGRES`` names
+(``make ... POSTGRES=17``; 15, the host's, by default), likewise (``pg_series``).
 
 CLI (``__main__``)::
 
@@ -17,7 +18,9 @@ CLI (``__main__``)::
     python -m tools.infra promtool check rules FILE  # Debian's promtool, unpacked on first use
 
 Modules: ``system`` (commands, processes, ports, files), ``packages`` (Debian packages),
-``brokers`` (the supported RabbitMQ series and where each runs), ``rabbitmq``
+``brokers`` (the supported RabbitMQ series and where each runs), ``roots`` (Debian roots made by
+``debootstrap`` and commands run inside them), ``pg_series`` (PostgreSQL 15 or 17 and where
+each runs), ``rabbitmq``
 (``RabbitNode``), ``cluster`` (a cluster's nodes), ``partition`` (one of them cut off from
 the others, with nftables), ``postgres`` (``PostgresNode``), ``pg_pair`` (a primary and its
 streaming replica, for the failover test), ``conflicts`` (who holds a node name or a port we
@@ -36,10 +39,12 @@ Layout of the base folder::
                         ports, the shared cookie) and n1/, n2/, ... (each a RabbitNode.base)
     brokers/<suite>/    a Debian root with that release's rabbitmq-server (4.0: trixie,
                         4.3: sid), made once by debootstrap and reused
+    pg-roots/trixie/    a Debian trixie root with postgresql-17 (PostgreSQL 17), made once
     promtool/           Debian's prometheus package unpacked (usr/bin/promtool only is used)
-    postgres/pg/        PostgresNode: data/, run/ (unix socket), log/postgres.log; owned by the
-                        ``postgres`` user; a symlink to /var/tmp/orch-pg-<hash>/ when the
+    postgres/pg/        PostgresNode (15): data/, run/ (unix socket), log/postgres.log; owned by
+                        the ``postgres`` user; a symlink to /var/tmp/orch-pg-<hash>/ when the
                         ``postgres`` user cannot reach the base folder
+    postgres-17/pg/     the same for 17, owned by the root's ``postgres`` account (its uid)
 
 Progress messages go to stderr; ``up`` and ``env`` print the env lines on stdout.
 """
