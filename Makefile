@@ -60,13 +60,13 @@ test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)
 
 # The tests that lean on the database, which CI runs on PostgreSQL 17 besides the default 15
-# (docs/broker-versions.md), in about 3 minutes: the core flow, the migrations' locking and
-# refusals, asyncpg's errors sorted, the server stopped under a manager, the switchover to a
-# streaming replica, a restored backup, and TLS to the database (its world migrates over TLS;
-# a certificate the client cannot verify is refused). The slower variants of each stay in
-# `make test` (the network cut, the hot standby, a run over TLS end to end).
+# (docs/broker-versions.md), in about 3 minutes: the core flow, the migrations (every one, on
+# the template database) and their lock, asyncpg's errors sorted, the server stopped under a
+# manager, the switchover to a streaming replica, a restored backup, and TLS to the database
+# (its world migrates over TLS; a certificate the client cannot verify is refused). The slower
+# variants of each stay in `make test` (each migration's own test, the network cut, the hot
+# standby, a run over TLS end to end).
 PG_TESTS = $(addprefix tests/system/,test_lifecycle.py::test_create_runs_on_a_live_service_and_is_visible \
-	test_migrations.py::test_0016_adds_scheduled_and_its_downgrade_refuses_while_a_row_is_scheduled \
 	test_migrations.py::test_two_upgrades_at_once_take_turns test_db_errors.py \
 	test_db_outage.py::test_postgres_down_answers_503_and_the_manager_recovers \
 	test_db_failover.py::test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice \
