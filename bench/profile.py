@@ -111,7 +111,7 @@ def children(pid: int) -> dict[str, int]:
             cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
         except (OSError, ValueError):
             continue
-        if ppid == pid and "manager.state.process" in cmdline:
+        if ppid == pid and "manager.state_side" in cmdline:
             found["manager-state"] = int(proc.name)
     return found
 
@@ -121,7 +121,7 @@ def _group(cmdline: str) -> str | None:
         return "rabbitmq"
     if cmdline.startswith("postgres") or "/postgresql/" in cmdline:
         return "postgres"
-    if "-m manager.state.process" in cmdline:
+    if "-m manager.state_side" in cmdline:
         return "manager (state)"
     if "-m manager" in cmdline:
         return "manager (api)"
