@@ -5,11 +5,9 @@ user cannot reach it or the socket path would be too long).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,8 +20,8 @@ from tools.infra.state import DEFAULT_USER, new_password
 from tools.infra.system import (
     LOOPBACK,
     InfraError,
-    child_pids,
     cmdline,
+    kill_tree,
     log,
     pid_alive,
     port_is_free,
@@ -401,14 +399,7 @@ class PostgresNode:
         if state is None:
             return
         pid = state[0]
-        children = child_pids(pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-        if not wait_gone([pid, *children], 30):
-            raise InfraError(f"postgres (pid {pid}) survived SIGKILL")
+        kill_tree(pid, "postgres")
         log(f"postgres killed (pid {pid})")
 
     def destroy(self) -> None:

@@ -25,8 +25,8 @@ from tools.infra.state import REPO
 from tools.infra.system import (
     LOOPBACK,
     InfraError,
-    child_pids,
     cmdline,
+    kill_tree,
     log,
     pid_alive,
     port_accepts,
@@ -507,14 +507,7 @@ class RabbitNode:
         if pid is None:
             self._reap()
             return
-        children = child_pids(pid)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        for child in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child, signal.SIGKILL)
-        if not wait_gone([pid, *children], 30):
-            raise InfraError(f"rabbitmq {self.node} (pid {pid}) survived SIGKILL")
+        kill_tree(pid, f"rabbitmq {self.node}")
         self._reap()
         self._epmd_forgets(_EPMD_FORGETS_S)  # so that a start right after finds its name free
         log(f"rabbitmq {self.node} killed (pid {pid})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -108,6 +109,17 @@ def wait_until(check: Callable[[], bool], timeout: float, every: float = 0.05) -
 
 def wait_gone(pids: Sequence[int], timeout: float) -> bool:
     return wait_until(lambda: not any(pid_alive(pid) for pid in pids), timeout)
+
+
+def kill_tree(pid: int, what: str) -> None:
+    """SIGKILL ``pid`` and its children (a server and its workers: a crash) and wait until
+    all are gone; ``what`` names it in the error if one survives."""
+    children = child_pids(pid)
+    for victim in (pid, *children):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    if not wait_gone([pid, *children], 30):
+        raise InfraError(f"{what} (pid {pid}) survived SIGKILL")
 
 
 def run(
