@@ -30,7 +30,7 @@ step's time limit. Results: ``bench/results/scale-<time>.json`` and ``.png`` (th
     python -m bench.scale                                      # make bench-scale
     python -m bench.scale --sizes 10000,100000 --workloads idle
     python -m bench.scale --sizes 300000 --workloads idle --profile        # where failover goes
-    python -m bench.scale --from bench/results/scale-A.json scale-B.json   # one table and curve
+    python -m bench.scale --from bench/results/scale-<time>.json scale-<time2>.json   # one table and curve
 """
 
 from __future__ import annotations

@@ -86,8 +86,8 @@ class BrokerProbes:
         answer does not depend on how late the service's reports are. A service's control
         queue is ``exclusive``: it lives exactly as long as the connection that declared it,
         and a passive declare of it from another connection answers RESOURCE_LOCKED (405)
-        while that connection lives and NOT_FOUND (404) once it is gone (DESIGN.md,
-        "Liveness needs evidence too"). Each check closes its channel, so they run on a
+        while that connection lives and NOT_FOUND (404) once it is gone (docs/design.md,
+        invariant 7, "Lateness is not death"). Each check closes its channel, so they run on a
         plain connection of their own. Raises ``BrokerUnavailable`` if the broker cannot
         be asked: no answer is no evidence."""
         ids = list(service_ids)

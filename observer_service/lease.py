@@ -1,4 +1,4 @@
-"""The fencing lease (DESIGN.md, "Fencing").
+"""The fencing lease (docs/design.md, "Pauses and the lease").
 
 The broker declares a silent connection dead about H seconds (the AMQP heartbeat) after it
 last heard from it, and only then hands its deliveries to another host. So if a round trip

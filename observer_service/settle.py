@@ -1,6 +1,6 @@
 """Settling start deliveries: ack, nack, reject, and acking only once a report is confirmed.
 
-A delivery is the lease of a running observer (DESIGN.md): settling it gives the observer
+A delivery is the lease of a running observer (docs/design.md, "Invariants"): settling it gives the observer
 away, so a stop acks only after the broker confirmed the ``ObserverStopped`` that says so
 (``until_confirmed``), and never once the delivery's session died (its work channel may
 still be open for a moment, but the report may never arrive; the broker requeues it).

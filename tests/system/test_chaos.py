@@ -3,7 +3,7 @@ default product settings (the harness's short test timings), then everything mus
 every observer that should run is Processing on an alive service, every stopped one Deleted,
 none stuck or Failed, at most a few on probation (all of them bystanders), the services'
 running counts equal the Processing count, and no observer ever acted on two hosts at once
-(judged from the ``probe`` kind's per-tick records, ``tests/test_fencing.assert_never_on_two_hosts``).
+(judged from the ``probe`` kind's per-tick records, ``assert_never_on_two_hosts`` of ``tests/system/test_fencing.py``).
 
 Seeded: the seed is printed; ``ORCH_CHAOS_SEED=<seed>`` replays a run's choices (not its
 timing), ``ORCH_CHAOS_S`` changes its length.
