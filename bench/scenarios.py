@@ -30,7 +30,7 @@ from bench.deaths import Killed, Ledger, close_ledger, open_ledger
 from bench.fresh import any_observer, busiest_host, held_by
 from bench.raw import arun_raw
 from shared import topology
-from shared.collector import paused_collection
+from shared.gc_pause import paused_collection
 from tools import infra
 from tools.harness import Proc, System
 

@@ -26,7 +26,7 @@ from manager.balance import fleet as fleet_rows
 from manager.balance.plan import drain_note
 from manager.broker import BrokerLink
 from manager.create_groups import CreateGroups
-from manager.created import CreatedObserver, created_row
+from manager.create_result import CreatedObserver, created_row
 from manager.db import creates, observers, services
 from manager.db import schedule as schedule_rows
 from manager.db.creates import NewSchedule
@@ -43,8 +43,8 @@ from manager.db.models import (
 from manager.db.retry import retry_lost_races
 from manager.errors import Conflict, Invalid, NoCapacity, NotFound, Unavailable
 from manager.kinds import CatalogCache, KindCatalog, NewObserver, validate
+from manager.start_messages import build_start, start_message
 from manager.start_publisher import StartPublisher
-from manager.starts import build_start, start_message
 from shared.errors import BrokerUnavailable
 from shared.messages import RetryPolicy, StartObserver, stop_messages
 
@@ -126,7 +126,7 @@ class ObserverCommands:
 
         starts = [build_start(uuid.uuid4(), s, policy(s.retry)) for s in specs]
         now = datetime.now(UTC)
-        schedules = [schedule.plan(s.start_at, s.stop_at, s.run_for_s, now) for s in specs]
+        schedules = [schedule.new_schedule(s.start_at, s.stop_at, s.run_for_s, now) for s in specs]
         pinned = {start.observer_id for start, spec in zip(starts, specs, strict=True) if spec.rebalance is False}
         created_at = await self._insert(starts, schedules, pinned)
         rows = [created_row(s, p, created_at, s.observer_id in pinned) for s, p in zip(starts, schedules, strict=True)]

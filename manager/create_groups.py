@@ -37,7 +37,7 @@ from manager.errors import Conflict, NoCapacity
 from manager.metrics import API_CREATE_GROUP, API_CREATES_WAITING
 
 if TYPE_CHECKING:
-    from manager.created import CreatedObserver
+    from manager.create_result import CreatedObserver
     from manager.kinds import NewObserver
 
 CreateMany = Callable[[list["NewObserver"]], Awaitable[list["CreatedObserver"]]]

@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.counts import observer_counts
+from manager.db.oldest_stop import oldest_stop_age_s
 from manager.db.services import stats
-from manager.db.stopping import oldest_stop_age_s
 
 REGISTRY = CollectorRegistry()
 

@@ -46,7 +46,9 @@ def too_far(start_at: datetime | None, now: datetime, max_ahead_days: float) -> 
     return f"start_at: at most {max_ahead_days:g} days ahead (ORCH_SCHEDULE_MAX_AHEAD_DAYS)"
 
 
-def plan(start_at: datetime | None, stop_at: datetime | None, run_for_s: float | None, now: datetime) -> NewSchedule:
+def new_schedule(
+    start_at: datetime | None, stop_at: datetime | None, run_for_s: float | None, now: datetime
+) -> NewSchedule:
     """What a create stores: Scheduled only for a start_at still to come (a past one starts
     now). ``run_for_s`` becomes a stop_at when the observer starts (at create, or when due)."""
     return NewSchedule(start_at if start_at is not None and start_at > now else None, stop_at, run_for_s)

@@ -49,8 +49,8 @@ from manager.state.scheduler import Scheduler
 from manager.state.supervisor import METRICS_FD_ENV, PARENT_PID_ENV
 from shared import topology
 from shared.event_loop import loop_factory
+from shared.linux import die_with_parent
 from shared.logs import configure_logging
-from shared.process import die_with_parent
 from shared.settings import ManagerSettings, get_manager_settings, settings_or_exit
 
 logger = logging.getLogger("manager.state_side")  # not "__main__" when run with -m

@@ -20,8 +20,8 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from shared.errors import LeaseLost
+from shared.linux import die_with_parent
 from shared.logs import LogFormat, configure_logging, set_service_id
-from shared.process import die_with_parent
 
 if TYPE_CHECKING:
     from pydantic import BaseModel

@@ -38,8 +38,8 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from shared.collector import paused_collection
-from shared.process import statm_resident_bytes
+from shared.gc_pause import paused_collection
+from shared.linux import statm_resident_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from shared.errors import LeaseLost
-from shared.process import statm_resident_bytes
+from shared.linux import statm_resident_bytes
 
 PIPE = asyncio.subprocess.PIPE
 

@@ -267,9 +267,10 @@ class Runner:
                 await asyncio.wait(tasks, timeout=_FENCE_UNWIND_S)
         return [r.observer_id for r in fenced]
 
-    async def handoff(self) -> list[uuid.UUID]:
-        """Graceful shutdown: end every observer. Their starts are not settled here: the
-        caller hands them all back at once (``Session.requeue_held``) once this returns."""
+    async def end_all(self) -> list[uuid.UUID]:
+        """The handoff (a graceful stop of the service): end every observer. Their starts are
+        not settled here: the caller gives them all back at once (``Session.requeue_held``)
+        once this returns. Not ``hand_over``, which gives a few to other services."""
         self.inbox.accepting = False
         handed = list(self.running.values())
         for running in handed:

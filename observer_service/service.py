@@ -237,7 +237,7 @@ class ObserverService:
         if session is None:
             return
         await session.stop_consuming()
-        released = await self.runner.handoff()
+        released = await self.runner.end_all()
         await session.requeue_held()  # only now: every observer has ended
         self.outbox.put(ServiceStopped(service_id=self.service_id, released=released))
         if not await self.outbox.wait_empty(timeout=5):

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from manager import schedule
 from manager.api.limits import MAX_ARGS_BYTES
-from manager.created import CreatedObserver
+from manager.create_result import CreatedObserver
 from manager.db.models import Observer, ObserverEvent, ObserverStatus, Service, ServiceStatus
 from shared.messages import Isolation, RetryPolicy
 

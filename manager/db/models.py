@@ -124,7 +124,7 @@ class Observer(Base):
     # Created with ``"rebalance": false`` (migration 0014): never moved to even the load.
     pinned: Mapped[bool] = mapped_column(nullable=False, server_default=text("false"))
     # When the stop of an OnDeleting row was asked for (migration 0015): re-stops touch
-    # modified_at, not this; the oldest is one entry of ix_observers_stopping (``manager.db.stopping``).
+    # modified_at, not this; the oldest is one entry of ix_observers_stopping (``manager.db.oldest_stop``).
     stop_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # The schedule (migration 0016): when a Scheduled row starts, when a live row is stopped
     # (``expired``), and how long it runs once started (stop_at is set from it at the start).

@@ -116,7 +116,7 @@ _SET_ASIDE = text(
 
 async def take_due(session: AsyncSession, now: datetime, limit: int) -> Sequence[Row[Any]]:
     """Up to ``limit`` due Scheduled rows made Created with a pending start each, with the
-    columns a start is built from (``manager.starts.start_message``)."""
+    columns a start is built from (``manager.start_messages.start_message``)."""
     return (await session.execute(_START_DUE, {"now": now, "limit": limit, "event": EventType.DUE.value})).all()
 
 

@@ -31,8 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.db import observers
 from manager.db.models import ObserverStatus
 from manager.repairs.base import Repair
+from manager.start_messages import start_message
 from manager.start_publisher import StartPublisher
-from manager.starts import start_message
 from manager.state.declines import Declines
 from shared.messages import DECLINED_HOLD_S
 

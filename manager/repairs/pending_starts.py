@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.db import observers
 from manager.repairs.base import Repair
+from manager.start_messages import start_message
 from manager.start_publisher import StartPublisher
-from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class PendingStarts(Repair):
         cutoff = datetime.now(UTC) - timedelta(seconds=self.after_s)
         async with self.sessions() as session:
             found = await observers.unconfirmed_starts(session, cutoff, 1000)
-        rows = [obs for obs in found if obs.id not in self.starts.in_flight]
+        rows = [obs for obs in found if obs.id not in self.starts.publishing]
         if not rows:
             return
         await self.starts.publish_pending([start_message(obs) for obs in rows])

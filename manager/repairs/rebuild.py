@@ -33,8 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.db import observers
 from manager.repairs.base import Repair
+from manager.start_messages import start_message
 from manager.start_publisher import StartPublisher
-from manager.starts import start_message
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.db import events
-from manager.db import probation as probation_db
+from manager.db import probation as probation_rows
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ async def prune_events(sessions: async_sessionmaker[AsyncSession], days: float) 
         deleted = await events.delete_oldest(session, cutoff, BATCH)
         # The record of host deaths (a row per death, read within the probation window) goes
         # with the history of the same age.
-        await probation_db.forget_deaths(session, cutoff)
+        await probation_rows.forget_deaths(session, cutoff)
     if deleted:
         logger.info("deleted %d history event(s) older than %g day(s)", deleted, days)
     return deleted

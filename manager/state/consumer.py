@@ -50,8 +50,8 @@ from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
 from manager.state.follow_ups import FollowUps
 from manager.state.rules import StateRules
-from shared.collector import paused_collection
 from shared.errors import BrokerUnavailable, DecodeError
+from shared.gc_pause import paused_collection
 from shared.messages import (
     OBSERVER_REPORT_TYPES,
     ObserversHandedOver,
@@ -205,7 +205,7 @@ class StateConsumer:
                 # A catch-up's batch builds a row, a change and two events per observer, and
                 # the collector's passes over them were about a fifth of its transaction
                 # (figures: docs/bench-history.md, "2026-11-27, first and second sessions").
-                # See ``shared.collector``.
+                # See ``shared.gc_pause``.
                 with paused_collection():
                     async with self.sessions.begin() as session:
                         fresh = await _first_time(session, reports)

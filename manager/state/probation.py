@@ -56,7 +56,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from manager.db import probation as probation_db
+from manager.db import probation as probation_rows
 from manager.db.models import EventType, Observer, ObserverStatus
 from manager.db.sql import id_in
 from manager.metrics import PROBATION_DEFERRED
@@ -87,8 +87,8 @@ async def host_died(
     them started)."""
     session = rows.session
     await rows.flush()
-    died_in = await probation_db.last_session(session, service_id)
-    lost = await probation_db.record_death(session, service_id, last_heard, died_in, now)
+    died_in = await probation_rows.last_session(session, service_id)
+    lost = await probation_rows.record_death(session, service_id, last_heard, died_in, now)
     if not lost or policy.after_host_deaths <= 0:
         return {}
     # An observer loses at most one host per death: while fewer hosts died in the window
@@ -96,15 +96,15 @@ async def host_died(
     # per victim: seconds for a whole host's share, docs/cost-curve.md) is not needed. That
     # is every death of a healthy fleet; the count runs when deaths cluster.
     since = now - timedelta(seconds=policy.window_s)
-    if await probation_db.deaths_since(session, since) < policy.after_host_deaths:
+    if await probation_rows.deaths_since(session, since) < policy.after_host_deaths:
         return {}
-    ids = await probation_db.victim_ids(session, service_id, last_heard, died_in)
-    counts = await probation_db.losses_since_last_probation(session, ids, since, policy.after_host_deaths)
+    ids = await probation_rows.victim_ids(session, service_id, last_heard, died_in)
+    counts = await probation_rows.losses_since_last_probation(session, ids, since, policy.after_host_deaths)
     if not counts:
         return {}
     # Witnessing K deaths is not enough in an incident: most of the fleet does. A suspect
     # witnessed most of the deaths it could have (a bystander, about one in the number of hosts).
-    could = await probation_db.witnessable(session, counts, since)
+    could = await probation_rows.witnessable(session, counts, since)
     shares = {oid: n / max(n, could.get(oid, n)) for oid, n in counts.items()}
     suspects = {oid for oid, share in shares.items() if share >= policy.min_share}
     if not suspects:
@@ -144,7 +144,7 @@ async def _within_budgets(
     has none yet: its next host pauses it if it has no slot). The rest are said, once."""
     if not fresh:
         return []
-    live, on_probation, slots = await probation_db.probation_room(rows.session)
+    live, on_probation, slots = await probation_rows.probation_room(rows.session)
     room = max(1, int(policy.budget * live)) - on_probation
     chosen: list[Row] = []
     for row in sorted(fresh, key=lambda r: (-shares[r.id], -counts[r.id], r.id)):
@@ -172,7 +172,7 @@ async def end_probations(rows: ObserverRows, now: datetime) -> list[uuid.UUID]:
     """Take off probation every observer that has run in a child, without a failure, for
     its retry policy's ``reset_after_s`` (the same measure of "stable" its retries use)."""
     ended = []
-    for row in await rows.load(probation_db.served(now)):
+    for row in await rows.load(probation_rows.served(now)):
         clean_s = (now - row.probation_clean_since).total_seconds() if row.probation_clean_since else 0.0
         row.probation_since, row.probation_clean_since = None, None
         rows.event(

@@ -33,8 +33,8 @@ from manager.broker import BrokerLink
 from manager.db import schedule as schedule_rows
 from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import SCHEDULED_EXPIRED, SCHEDULED_STARTS
+from manager.start_messages import start_message
 from manager.start_publisher import StartPublisher
-from manager.starts import start_message
 from shared.errors import BrokerUnavailable
 from shared.messages import stop_messages
 

@@ -33,7 +33,7 @@ class StateSupervisor:
     thing); :meth:`start` (in the API's lifespan) spawns it if that did not happen and begins
     watching it. Both must run on the thread that runs the event loop for the life of the
     process: the child's ``PR_SET_PDEATHSIG`` follows the thread that spawned it
-    (``shared.process.die_with_parent``).
+    (``shared.linux.die_with_parent``).
     """
 
     def __init__(self) -> None:

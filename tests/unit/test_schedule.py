@@ -2,7 +2,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from manager.schedule import aware, plan, problems
+from manager.schedule import aware, new_schedule, problems
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -31,7 +31,7 @@ def test_the_stop_must_come_after_the_start() -> None:
 
 
 def test_a_start_in_the_past_starts_now() -> None:
-    assert plan(NOW - timedelta(seconds=5), None, 30.0, NOW).start_at is None
-    assert plan(NOW, None, None, NOW).start_at is None
-    future = plan(NOW + timedelta(seconds=5), None, 30.0, NOW)
+    assert new_schedule(NOW - timedelta(seconds=5), None, 30.0, NOW).start_at is None
+    assert new_schedule(NOW, None, None, NOW).start_at is None
+    future = new_schedule(NOW + timedelta(seconds=5), None, 30.0, NOW)
     assert (future.start_at, future.run_for_s) == (NOW + timedelta(seconds=5), 30.0)
