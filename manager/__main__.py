@@ -31,6 +31,10 @@ def main() -> None:
 
     settings = settings_or_exit(get_manager_settings)
     configure_logging(settings.log_level, "manager", settings.log_format)
+    from shared import tracing
+
+    if tracing.setup("orchestrator-manager"):
+        tracing.instrument_asyncpg()
     if child is not None:
         logger.info("state process started (pid %s) before the settings were read", child.pid)
     elif settings.state_process:
@@ -57,6 +61,7 @@ def main() -> None:
         ssl_certfile=settings.manager_tls_cert_file,  # HTTPS when set
         ssl_keyfile=settings.manager_tls_key_file,
     )
+    tracing.shutdown()  # uvicorn returns on SIGTERM: export the spans still held
 
 
 def _spawn_state_process() -> StateSupervisor:

@@ -34,7 +34,7 @@ from manager.history.sampler import Sampler
 from manager.metrics import STATE_REGISTRY
 from manager.state.supervisor import StateSupervisor
 from manager.state_side import StateSide
-from shared import __version__
+from shared import __version__, tracing
 from shared.settings import ManagerSettings, get_manager_settings
 
 logger = logging.getLogger(__name__)
@@ -200,5 +200,6 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
     # every family a database call raises, not only DBAPIError.
     for family in DATABASE_ERRORS:
         app.add_exception_handler(family, _database_error)
+    tracing.instrument_app(app)  # traces on (``python -m manager``): a span per request
 
     return app

@@ -22,7 +22,7 @@ from aiormq import spec
 
 from manager.broker_probes import BrokerProbes
 from manager.broker_reconnect import RECONNECT_FIRST_S, Reconnects
-from shared import topology
+from shared import topology, tracing
 from shared.amqp_errors import ConnectionCancelled, cancelled_calls_as_errors
 from shared.batch_publish import BatchMessage, publish_batch
 from shared.broker_nodes import BrokerNodes
@@ -249,20 +249,22 @@ class BrokerLink:
                             await topology.declare_start_queue(channel, pool, self.settings.queue_type)
                             self._declared_pools.add(pool)
                 raw = await self._unblocked(channel)
-                publish = publish_batch(
-                    cast(aiormq.Channel, raw),
-                    [
-                        BatchMessage(
-                            topology.start_queue_name(start.pool),
-                            start.encode(),
-                            topology.persistent_properties(str(start.message_id)),
-                        )
-                        for start in starts
-                    ],
-                    timeout=deadline,
-                    mandatory=True,
-                )
-                results = await _unless_blocked(raw.connection, publish)
+                # One span per batch, child of the request's; every start carries its context.
+                with tracing.producer_span("publish starts", _publish_attributes(starts)) as headers:
+                    publish = publish_batch(
+                        cast(aiormq.Channel, raw),
+                        [
+                            BatchMessage(
+                                topology.start_queue_name(start.pool),
+                                start.encode(),
+                                topology.persistent_properties(str(start.message_id), headers),
+                            )
+                            for start in starts
+                        ],
+                        timeout=deadline,
+                        mandatory=True,
+                    )
+                    results = await _unless_blocked(raw.connection, publish)
         except TimeoutError as e:
             raise BrokerUnavailable(
                 f"the broker did not confirm {len(starts)} start message(s) within {deadline:g}s (overloaded?)"
@@ -347,3 +349,13 @@ class BrokerLink:
         except Exception:  # noqa: BLE001
             return None
         return result.message_count
+
+
+def _publish_attributes(starts: Sequence[StartObserver]) -> dict[str, str | int | bool]:
+    """What a ``publish starts`` span says: the queue (of the first start) and how many."""
+    return {
+        "messaging.system": "rabbitmq",
+        "messaging.operation.type": "publish",
+        "messaging.destination.name": topology.start_queue_name(starts[0].pool),
+        "messaging.batch.message_count": len(starts),
+    }

@@ -47,7 +47,7 @@ from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from manager.state.scheduler import Scheduler
 from manager.state.supervisor import METRICS_FD_ENV, PARENT_PID_ENV
-from shared import topology
+from shared import topology, tracing
 from shared.event_loop import loop_factory
 from shared.linux import die_with_parent
 from shared.logs import configure_logging
@@ -151,12 +151,16 @@ def main() -> None:
     fd = os.environ.get(METRICS_FD_ENV)
     if fd is not None:
         _serve_metrics(socket.socket(fileno=int(fd)))
+    if tracing.setup("orchestrator-manager"):
+        tracing.instrument_asyncpg()
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
         try:
             runner.run(_run_until_signalled(settings))
         except (DatabaseRefused, SchemaOutdated) as e:
             logger.critical("%s", e)  # one line: waiting cannot fix it (manager/db/startup.py)
             raise SystemExit(2) from None
+        finally:
+            tracing.shutdown()  # SIGTERM ends the run: export the spans still held
 
 
 class _QuietHandler(WSGIRequestHandler):

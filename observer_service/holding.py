@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import aio_pika
@@ -55,8 +55,9 @@ logger = logging.getLogger(__name__)
 DeliveryChannel = aiormq.abc.AbstractChannel
 # A start delivery, as the runner keeps it: the body, its channel, the delivery tag, whether
 # the broker redelivered it, and whether it came to a consumer stepped aside (every other one
-# was full, or could not run it: ``start_consumers.py``). Called on the main loop.
-StartHandler = Callable[[bytes, DeliveryChannel, int, bool, bool], None]
+# was full, or could not run it: ``start_consumers.py``), and its AMQP headers (a trace's
+# context, ``shared/tracing.py``; None without). Called on the main loop.
+StartHandler = Callable[[bytes, DeliveryChannel, int, bool, bool, Mapping[str, Any] | None], None]
 # A decoded control command (already acked), called on the main loop.
 ControlHandler = Callable[[ControlMessage], None]
 # Called (on any thread) when the connection is gone: the reason and the error, if any.
@@ -301,7 +302,9 @@ class HoldingConnection:
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
         tag = delivery.delivery_tag or 0
         aside = self.starts.delivered(message.channel, tag)
-        self._to_main.post(self._on_start, message.body, message.channel, tag, bool(delivery.redelivered), aside)
+        headers = message.header.properties.headers
+        redelivered = bool(delivery.redelivered)
+        self._to_main.post(self._on_start, message.body, message.channel, tag, redelivered, aside, headers)
 
     async def _on_control_message(self, message: AbstractIncomingMessage) -> None:
         """Decoded here, acked here (a malformed one is dead-lettered, and the consumer goes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ class Delivery:
     redelivered: bool
     session: Session
     aside: bool = False  # came to a consumer stepped aside (``start_consumers.py``)
+    headers: Mapping[str, Any] | None = None  # its AMQP headers: a trace's context (``shared/tracing.py``)
 
 
 class Inbox:

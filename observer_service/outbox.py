@@ -42,6 +42,7 @@ from shared.messages import (
     ServiceDigest,
     ServiceInventory,
 )
+from shared.tracing import Carrier
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class StartedReport:
     session_id: uuid.UUID
     redelivered: bool
     isolation: Isolation
+    trace: Carrier | None = None  # the context of its ``start observer`` span, while traced
 
     def key(self) -> tuple[uuid.UUID, uuid.UUID, bool, Isolation]:
         """Reports with the same key travel in one ``ObserversStarted``."""

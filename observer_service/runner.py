@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,6 +31,7 @@ from observer_service.session import Session
 from observer_service.settle import ack_once_confirmed, settle, until_confirmed
 from observer_service.start_log import StartLog
 from observer_service.stop_memory import StopMemory
+from shared import tracing
 from shared.errors import DecodeError, LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import (
@@ -74,10 +76,17 @@ class Runner:
     # --- start -------------------------------------------------------------------------
 
     def on_start(
-        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, aside: bool, session: Session
+        self,
+        body: bytes,
+        channel: DeliveryChannel,
+        tag: int,
+        redelivered: bool,
+        aside: bool,
+        session: Session,
+        headers: Mapping[str, Any] | None = None,
     ) -> None:
         """Queue a delivered start; the inbox admits it in order (``inbox.py``)."""
-        self.inbox.put(Delivery(body, channel, tag, redelivered, session, aside))
+        self.inbox.put(Delivery(body, channel, tag, redelivered, session, aside, headers))
 
     async def _admit(self, delivery: Delivery) -> None:
         """Start the observer a delivery names, or settle the delivery if it must not run here."""
@@ -127,12 +136,14 @@ class Runner:
             await settle(session.reject(channel, tag))
             return
         kind = loaded.kind.name  # one string for all observers of the kind, not one each
-        ctx = Context(oid, start.name, kind, self.service_id, session)
-        running = Running(oid, body, channel, tag, session, ctx)
-        running.isolation = isolation
-        self._run(running, loaded, args)
-        self.running.add(running)
-        self._report_started(running, redelivered)
+        # A child of the publish's span (the start's headers); its report links to it.
+        with tracing.consumer_span("start observer", delivery.headers, self._span_attributes(oid, kind)) as trace:
+            ctx = Context(oid, start.name, kind, self.service_id, session)
+            running = Running(oid, body, channel, tag, session, ctx)
+            running.isolation = isolation
+            self._run(running, loaded, args)
+            self.running.add(running)
+            self._report_started(running, redelivered, trace)
         logger.log(
             self.start_log.level(),
             "observer %s (%s %s) started, redelivered=%s",
@@ -142,7 +153,18 @@ class Runner:
             redelivered,
         )
 
-    def _report_started(self, running: Running, redelivered: bool) -> None:
+    def _span_attributes(self, oid: uuid.UUID, kind: str) -> dict[str, str | int | bool]:
+        """What a ``start observer`` span says (never the args), built only while traced."""
+        if not tracing.active():
+            return {}
+        return {
+            "orch.observer.id": str(oid),
+            "orch.observer.kind": kind,
+            "orch.service.name": self.settings.service_name,
+            "orch.service.id": str(self.service_id),
+        }
+
+    def _report_started(self, running: Running, redelivered: bool, trace: tracing.Carrier | None = None) -> None:
         self.outbox.put(
             StartedReport(
                 running.observer_id,
@@ -150,6 +172,7 @@ class Runner:
                 running.session.id,
                 redelivered,
                 "process" if running.isolation == "process" else "async",
+                trace,
             ),
             running.session,  # true only while that session lives
         )

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from observer_service import health, metrics
@@ -262,11 +263,19 @@ class ObserverService:
     # --- message handlers ----------------------------------------------------------------
 
     def _on_start(
-        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, aside: bool, *, session: Session
+        self,
+        body: bytes,
+        channel: DeliveryChannel,
+        tag: int,
+        redelivered: bool,
+        aside: bool,
+        headers: Mapping[str, Any] | None,
+        *,
+        session: Session,
     ) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        self.runner.on_start(body, channel, tag, redelivered, aside, session)
+        self.runner.on_start(body, channel, tag, redelivered, aside, session, headers)
 
     def _on_control(self, command: ControlMessage) -> None:
         """A control command, decoded and acked on the holding thread (``holding.py``). One

@@ -48,12 +48,13 @@ from observer_service.holding import (
 )
 from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
-from observer_service.outbox import Outbox, pack
+from observer_service.outbox import Outbox, Report, StartedReport, pack
 from observer_service.start_consumers import Placement
-from shared import topology
+from shared import topology, tracing
 from shared.amqp_errors import describe_close, describe_connect_failure, refusal
 from shared.broker_nodes import node_name
 from shared.errors import BrokerRefused, BrokerUnavailable, LeaseLost
+from shared.messages import Message, ObserversStarted
 from shared.settings import ServiceSettings, amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
@@ -343,8 +344,12 @@ class Session:
             if len(batch) < _LINGER_BELOW:
                 await asyncio.sleep(_LINGER_S)
                 batch = await outbox.peek_batch(_OUTBOX_BATCH)
+            traces = _traces(batch)
             publishes = [
-                self.publish(topology.STATE_QUEUE, topology.persistent(m.encode(), message_id=str(m.message_id)))
+                self.publish(
+                    topology.STATE_QUEUE,
+                    topology.persistent(m.encode(), message_id=str(m.message_id), headers=_trace_headers(m, traces)),
+                )
                 for m in pack(batch)
             ]
             try:
@@ -353,3 +358,17 @@ class Session:
                 self.fail(f"state publish failed: {e!r}")
                 return
             outbox.drop_head(len(batch))
+
+
+def _traces(batch: list[Report]) -> dict[uuid.UUID, tracing.Carrier]:
+    """The trace context of each start report of ``batch`` that has one (none: traces off)."""
+    if not tracing.active():
+        return {}
+    return {r.observer_id: r.trace for r in batch if isinstance(r, StartedReport) and r.trace is not None}
+
+
+def _trace_headers(message: Message, traces: dict[uuid.UUID, tracing.Carrier]) -> dict[str, Any] | None:
+    """A packed start report's headers: the context of each start it tells of (``tracing.report_headers``)."""
+    if not traces or not isinstance(message, ObserversStarted):
+        return None
+    return tracing.report_headers([traces[oid] for oid in message.observer_ids if oid in traces])

@@ -144,18 +144,24 @@ async def declare_control_queue(
     return queue
 
 
-def persistent_properties(message_id: str) -> aiormq.spec.Basic.Properties:
+def persistent_properties(message_id: str, headers: dict[str, Any] | None = None) -> aiormq.spec.Basic.Properties:
     """The properties of ``persistent`` for a publish on the underlying aiormq channel (a
     batch of thousands of starts, where aio-pika's ``Message`` wrapper costs the manager
-    too much: docs/design.md, "Where the time goes")."""
-    return aiormq.spec.Basic.Properties(content_type="application/json", delivery_mode=2, message_id=message_id)
+    too much: docs/design.md, "Where the time goes"). ``headers``: a trace's context
+    (``shared/tracing.py``), None while traces are off."""
+    return aiormq.spec.Basic.Properties(
+        content_type="application/json", delivery_mode=2, message_id=message_id, headers=headers
+    )
 
 
-def persistent(body: bytes, *, message_id: str | None = None) -> aio_pika.Message:
+def persistent(
+    body: bytes, *, message_id: str | None = None, headers: dict[str, Any] | None = None
+) -> aio_pika.Message:
     """A persistent JSON message (aio-pika's default is transient)."""
     return aio_pika.Message(
         body,
         content_type="application/json",
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
         message_id=message_id,
+        headers=headers,
     )

@@ -50,6 +50,7 @@ from manager.db.errors import database_outage, describe, is_transient
 from manager.metrics import STATE_APPLIED, STATE_BATCHES, STATE_BUSY
 from manager.state.follow_ups import FollowUps
 from manager.state.rules import StateRules
+from shared import tracing
 from shared.errors import BrokerUnavailable, DecodeError
 from shared.gc_pause import paused_collection
 from shared.messages import (
@@ -130,7 +131,10 @@ class StateConsumer:
             self._busy = True
             began = time.perf_counter()
             try:
-                follow_ups, applied = await self._apply(deliveries)
+                # Linked to the span of each start a report tells of (none: no span).
+                headers = (message.headers for message, _ in deliveries) if tracing.active() else ()
+                with tracing.linked_span("apply reports", headers, {"orch.reports": len(deliveries)}):
+                    follow_ups, applied = await self._apply(deliveries)
                 await self._committed.put((follow_ups, applied))
             finally:
                 self._busy = False

@@ -38,7 +38,9 @@ class Received:
         self.starts: list[tuple[bytes, DeliveryChannel, int, bool]] = []
         self.arrived = asyncio.Event()
 
-    def __call__(self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, aside: bool) -> None:
+    def __call__(
+        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, aside: bool, headers: object
+    ) -> None:
         self.starts.append((body, channel, tag, redelivered))
         self.arrived.set()
 
