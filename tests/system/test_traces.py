@@ -62,7 +62,9 @@ def test_one_create_is_one_trace(system: System, tmp_path: Path) -> None:
                 return None
             return request, publish, start, applies[0]
 
-        request, publish, start, apply = wait_for(chain, 30, "the create's spans, from the request to the apply")
+        found = wait_for(chain, 30, "the create's spans, from the request to the apply")
+        assert found is not None
+        request, publish, start, apply = found
         spans = receiver.snapshot()
     finally:
         receiver.stop()
