@@ -18,7 +18,7 @@ export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-unit test-broker test-postgres lint compose-check alerts-check bench bench-quick bench-tls bench-versions bench-scale bench-cluster ci clean
+.PHONY: venv infra-up infra-down migrate run test test-unit test-broker test-postgres lint compose-check alerts-check bench bench-quick bench-tls bench-traces bench-versions bench-scale bench-cluster ci clean
 
 venv: $(VENV)/.installed
 
@@ -86,11 +86,17 @@ BENCH_ARGS ?=
 bench: venv
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.tls
+	$(PY) -m bench.traces
 
 # TLS off and on in one run: create and failover (issue 63)
 TLS_ARGS ?=
 bench-tls: venv
 	$(PY) -m bench.tls $(TLS_ARGS)
+
+# Traces off, at the documented sampling and always on, alternated in one run: create (issue 63)
+TRACES_ARGS ?=
+bench-traces: venv
+	$(PY) -m bench.traces $(TRACES_ARGS)
 
 bench-quick: venv
 	$(PY) -m bench.run --quick
