@@ -92,7 +92,10 @@ def instrument_app(app: Any) -> None:
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
     FastAPIInstrumentor.instrument_app(
-        app, tracer_provider=_provider, excluded_urls="/health,/metrics,/static", exclude_spans=["receive", "send"]
+        app,
+        tracer_provider=_provider,
+        excluded_urls="/healthz,/readyz,/metrics,/static/",
+        exclude_spans=["receive", "send"],
     )
 
 
@@ -121,25 +124,27 @@ def _carrier(span: Span) -> Carrier:
 
 
 @contextlib.contextmanager
-def _span(name: str, kind: str, attributes: Attributes, **options: Any) -> Iterator[Span]:
-    """A span made current for the block, ended on the way out; an exception marks it failed
-    by its type alone (its message may quote what a span must not hold)."""
+def _span(name: str, kind: str, attributes: Attributes, current: bool = True, **options: Any) -> Iterator[Span]:
+    """A span, ended on the way out, and made current for the block unless ``current`` is
+    False; an exception marks it failed by its type alone (its message may quote what a span
+    must not hold)."""
     from opentelemetry.trace import Status, StatusCode
 
     assert _tracer is not None
-    with _tracer.start_as_current_span(
-        name,
-        kind=_kind(kind),
-        attributes=dict(attributes),
-        record_exception=False,
-        set_status_on_exception=False,
-        **options,
-    ) as span:
-        try:
+    span = _tracer.start_span(name, kind=_kind(kind), attributes=dict(attributes), record_exception=False, **options)
+    try:
+        if current:
+            from opentelemetry.trace import use_span
+
+            with use_span(span, record_exception=False, set_status_on_exception=False):
+                yield span
+        else:
             yield span
-        except BaseException as e:
-            span.set_status(Status(StatusCode.ERROR, type(e).__name__))
-            raise
+    except BaseException as e:
+        span.set_status(Status(StatusCode.ERROR, type(e).__name__))
+        raise
+    finally:
+        span.end()
 
 
 @contextlib.contextmanager
@@ -162,7 +167,9 @@ def consumer_span(name: str, headers: Mapping[str, Any] | None, attributes: Attr
         return
     assert _propagator is not None
     parent = _propagator.extract(_text_headers(headers))
-    with _span(name, "CONSUMER", attributes, context=parent) as span:
+    # Not made current: the observer's task, created in the block, would keep the span's
+    # context (and the span) for as long as it runs.
+    with _span(name, "CONSUMER", attributes, current=False, context=parent) as span:
         yield _carrier(span)
 
 
