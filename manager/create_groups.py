@@ -30,11 +30,13 @@ Each request keeps the answer it would have had alone:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from manager.errors import Conflict, NoCapacity
 from manager.metrics import API_CREATE_GROUP, API_CREATES_WAITING
+from shared import tracing
 
 if TYPE_CHECKING:
     from manager.create_result import CreatedObserver
@@ -55,10 +57,15 @@ class CreateGroups:
         # The task that runs groups while creates are waiting (None when there are none). It
         # is not any request's task: a client that goes away must not cancel the others'.
         self._runner: asyncio.Task[None] | None = None
+        # While traced: the context of each waiting request (by its future), for its group's
+        # publish to be a child of a request of the group, not of the one that began the runner.
+        self._contexts: dict[asyncio.Future[CreatedObserver], contextvars.Context] = {}
 
     async def create(self, spec: NewObserver) -> CreatedObserver:
         future: asyncio.Future[CreatedObserver] = asyncio.get_running_loop().create_future()
         self._waiting.append((spec, future))
+        if tracing.active():
+            self._contexts[future] = contextvars.copy_context()
         API_CREATES_WAITING.set(len(self._waiting))
         if self._runner is None:
             self._runner = asyncio.create_task(self._run())
@@ -72,13 +79,22 @@ class CreateGroups:
                 group = [(spec, future) for spec, future in taken if not future.done()]  # done: cancelled
                 if group:
                     API_CREATE_GROUP.observe(len(group))
-                    await self._create(group)
+                    await self._create_in_context(group)
         finally:
             self._runner = None
+            self._contexts.clear()
             for _, future in self._waiting:  # only if this task was cancelled (shutdown)
                 future.cancel()
             self._waiting = []
             API_CREATES_WAITING.set(0)
+
+    async def _create_in_context(self, group: list[Waiting]) -> None:
+        """``_create``, in the context of the group's first request while traced."""
+        contexts = [self._contexts.pop(future, None) for _, future in group]
+        if contexts[0] is None:
+            await self._create(group)
+            return
+        await asyncio.create_task(self._create(group), context=contexts[0])
 
     async def _create(self, group: list[Waiting]) -> None:
         try:

@@ -1,8 +1,8 @@
 """Traces (OpenTelemetry, ``pip install '.[otel]'``): on only when
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. This module is the only one that imports
 opentelemetry, and only from ``setup`` once it found that variable set: unset, nothing of
-OpenTelemetry is imported, every helper here is a no-op and no message gets a header
-(``tests/unit/test_tracing_off.py``).
+OpenTelemetry is imported here, every helper is a no-op and no message gets a header
+(``tests/unit/test_tracing.py``; FastAPI imports OpenTelemetry's API on its own).
 
 The chain of one start (docs/operations.md, "Traces"): the API's request span (FastAPI's
 instrumentation) → ``publish starts``, one per batch of starts, whose W3C ``traceparent``
