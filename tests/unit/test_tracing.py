@@ -4,6 +4,7 @@ start observer → the report's headers → the leader's linked span."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -166,3 +167,30 @@ def test_a_failure_marks_the_span_by_its_type_alone(spans: Any) -> None:
         raise ValueError("amqp://orch:password@host")
     (span,) = spans.get_finished_spans()
     assert span.status.description == "ValueError" and not span.events
+
+
+async def test_a_create_group_publishes_in_its_first_request_s_context(spans: Any) -> None:
+    """The groups' runner task is begun by one request and outlives it: each group's publish
+    must be the child of a request of that group, not of the request that began the runner."""
+    from manager.create_groups import CreateGroups
+
+    async def create_many(specs: list[Any]) -> list[Any]:
+        with tracing.producer_span("publish starts", {"messaging.batch.message_count": len(specs)}):
+            await asyncio.sleep(0.01)
+        return list(specs)
+
+    groups = CreateGroups(create_many)
+
+    async def request(name: str) -> None:
+        with tracing._span(name, "SERVER", {}):
+            await groups.create(name)  # type: ignore[arg-type]
+
+    first = asyncio.create_task(request("request a"))
+    await asyncio.sleep(0)  # a's group begins
+    await asyncio.gather(first, request("request b"))
+
+    by_name = {s.name: s for s in spans.get_finished_spans() if s.name.startswith("request")}
+    publishes = [s for s in spans.get_finished_spans() if s.name == "publish starts"]
+    assert len(publishes) == 2
+    parents = {s.parent.span_id for s in publishes}
+    assert parents == {by_name["request a"].context.span_id, by_name["request b"].context.span_id}
