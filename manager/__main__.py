@@ -51,17 +51,19 @@ def main() -> None:
     from manager.app import create_app
     from shared.event_loop import uses_uvloop
 
-    uvicorn.run(
-        create_app(settings, state_supervisor=child),
-        host=settings.manager_host,
-        port=settings.manager_port,
-        log_config=None,
-        loop="uvloop" if uses_uvloop(settings.event_loop) else "asyncio",
-        access_log=False,
-        ssl_certfile=settings.manager_tls_cert_file,  # HTTPS when set
-        ssl_keyfile=settings.manager_tls_key_file,
-    )
-    tracing.shutdown()  # uvicorn returns on SIGTERM: export the spans still held
+    try:
+        uvicorn.run(
+            create_app(settings, state_supervisor=child),
+            host=settings.manager_host,
+            port=settings.manager_port,
+            log_config=None,
+            loop="uvloop" if uses_uvloop(settings.event_loop) else "asyncio",
+            access_log=False,
+            ssl_certfile=settings.manager_tls_cert_file,  # HTTPS when set
+            ssl_keyfile=settings.manager_tls_key_file,
+        )
+    finally:
+        tracing.shutdown()  # uvicorn returns on SIGTERM: export the spans still held
 
 
 def _spawn_state_process() -> StateSupervisor:
