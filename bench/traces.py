@@ -9,8 +9,11 @@ and three services, then N idle observers created in bulk requests until all are
 * ``always_on``: on, every span sampled and exported; with ``--profile`` its processes are
   profiled (``bench/profile.py``), which costs a few per cent, so that round is not the
   figure quoted.
-The spans go to the tiny receiver of the tests (``tools/otlp_receiver.py``), in this process,
-counting them. Target: ``ratio`` at most 5 % slower than ``off``; ``always_on`` is reported.
+Each run also says the CPU seconds the manager's and the services' processes used during the
+create (``bench/profile.py``): on a machine shared with other work, where the rate moves with
+the load, the CPU ratio is the steadier figure. The spans go to the tiny receiver of the
+tests (``tools/otlp_receiver.py``), in this process, counting them. Target: ``ratio`` at most
+5 % slower than ``off``; ``always_on`` is reported.
 
     python -m bench.traces                    # N = 30,000, 2 rounds
     python -m bench.traces --n 3000 --rounds 1
@@ -24,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -64,6 +68,9 @@ def run_mode(mode: str, n: int, receiver: OtlpReceiver, profile_dir: Path | None
     try:
         system.start_manager()
         services = [system.start_service(f"svc-{i}", n) for i in range(3)]
+        assert system.manager is not None
+        roots = {system.manager.popen.pid} | {p.popen.pid for p in services}
+        cpu_before = profile.cpu_seconds(roots)
         if profile_dir is not None and mode == "always_on" and system.manager is not None:
             pids = {"manager": system.manager.popen.pid} | profile.children(system.manager.popen.pid)
             pids |= {p.name: p.popen.pid for p in services}
@@ -71,6 +78,7 @@ def run_mode(mode: str, n: int, receiver: OtlpReceiver, profile_dir: Path | None
                 per_s = asyncio.run(create(system, n))
         else:
             per_s = asyncio.run(create(system, n))
+        cpu = profile.cpu_delta(cpu_before, profile.cpu_seconds(roots))
         if MODES[mode]:
             stop_flushing(system.procs)
     finally:
@@ -78,8 +86,14 @@ def run_mode(mode: str, n: int, receiver: OtlpReceiver, profile_dir: Path | None
         rabbit.delete_vhost(tag, timeout=600)
         postgres.drop_database(tag)
     spans = receiver.count - before
-    print(f"  {mode}: create {per_s:,.0f}/s, {spans:,} span(s) exported", flush=True)
-    return {"create_per_s": per_s, "spans": spans}
+    cpu_s = sum(cpu.values())
+    load = os.getloadavg()[0]
+    print(
+        f"  {mode}: create {per_s:,.0f}/s, {cpu_s:.1f} CPU s of the manager and services {cpu}, "
+        f"{spans:,} span(s) exported, load {load:.1f}",
+        flush=True,
+    )
+    return {"create_per_s": per_s, "cpu_s": cpu_s, "spans": spans, "load_1m": load}
 
 
 def stop_flushing(procs: list[Proc]) -> None:
@@ -115,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs[mode].append(run_mode(mode, args.n, receiver, profile_dir))
 
     off = statistics.median(r["create_per_s"] for r in runs["off"])
-    rows = [("mode (median of rounds)", "create (observers/s)", "spans", "time / off", "target")]
+    off_cpu = statistics.median(r["cpu_s"] for r in runs["off"])
+    rows = [("mode (median of rounds)", "create (observers/s)", "spans", "time / off", "CPU / off", "target")]
     verdicts = {}
     for mode in MODES:
         per_s = statistics.median(r["create_per_s"] for r in runs[mode])
@@ -125,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             verdicts[mode] = slower <= TARGET
             target += " (met)" if verdicts[mode] else " (MISSED)"
         spans = statistics.median(r["spans"] for r in runs[mode])
-        rows.append((mode, f"{per_s:,.0f}", f"{spans:,.0f}", f"{slower:.3f}", target))
+        cpu = statistics.median(r["cpu_s"] for r in runs[mode]) / off_cpu
+        rows.append((mode, f"{per_s:,.0f}", f"{spans:,.0f}", f"{slower:.3f}", f"{cpu:.3f}", target))
     print(f"\nN = {args.n:,}, {args.rounds} round(s), modes alternated in each\n" + aligned(rows))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"traces-{stamp}.json"
