@@ -161,7 +161,8 @@ def producer_span(name: str, attributes: Attributes) -> Iterator[Carrier | None]
 @contextlib.contextmanager
 def consumer_span(name: str, headers: Mapping[str, Any] | None, attributes: Attributes) -> Iterator[Carrier | None]:
     """A span child of the context ``headers`` carry (a new trace if none); yields its own
-    context as headers, for the report it leads to (None when traces are off)."""
+    context as headers, for the report it leads to: None when traces are off or the span is
+    not sampled (a link to a trace nobody records is bytes on every report for nothing)."""
     if _tracer is None:
         yield None
         return
@@ -170,7 +171,7 @@ def consumer_span(name: str, headers: Mapping[str, Any] | None, attributes: Attr
     # Not made current: the observer's task, created in the block, would keep the span's
     # context (and the span) for as long as it runs.
     with _span(name, "CONSUMER", attributes, current=False, context=parent) as span:
-        yield _carrier(span)
+        yield _carrier(span) if span.get_span_context().trace_flags.sampled else None
 
 
 @contextlib.contextmanager

@@ -194,3 +194,13 @@ async def test_a_create_group_publishes_in_its_first_request_s_context(spans: An
     assert len(publishes) == 2
     parents = {s.parent.span_id for s in publishes}
     assert parents == {by_name["request a"].context.span_id, by_name["request b"].context.span_id}
+
+
+def test_an_unsampled_start_leads_to_no_header(spans: Any) -> None:
+    """A publish not sampled (flags 00) still tells the service so (its start is not sampled
+    either), and its report carries nothing to link."""
+    unsampled = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-00"}
+    with tracing.consumer_span("start observer", unsampled, {}) as carrier:
+        assert carrier is None
+    assert tracing.report_headers([]) is None
+    assert not spans.get_finished_spans()
