@@ -22,6 +22,7 @@ args, a token or a password, and no span records an exception's message.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Link, Span, SpanKind, Tracer
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+logger = logging.getLogger(__name__)
 
 ENDPOINT_VARIABLE = "OTEL_EXPORTER_OTLP_ENDPOINT"
 TRACEPARENT = "traceparent"
@@ -60,12 +63,16 @@ def setup(default_service_name: str) -> bool:
     global _provider, _tracer, _propagator
     if _tracer is not None or not enabled():
         return _tracer is not None
-    from opentelemetry import trace
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    try:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError as e:  # traces are no reason to refuse to run
+        logger.error("%s is set but %s: no traces (pip install '.[otel]')", ENDPOINT_VARIABLE, e)
+        return False
 
     name = os.environ.get("OTEL_SERVICE_NAME") or default_service_name
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: name}))  # sampler: OTEL_TRACES_SAMPLER

@@ -204,3 +204,29 @@ def test_an_unsampled_start_leads_to_no_header(spans: Any) -> None:
         assert carrier is None
     assert tracing.report_headers([]) is None
     assert not spans.get_finished_spans()
+
+
+_NOT_INSTALLED = textwrap.dedent(
+    """
+    import sys
+
+    class NotInstalled:
+        def find_spec(self, name, path=None, target=None):
+            if name.startswith("opentelemetry.sdk"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, NotInstalled())
+    from shared import tracing
+    assert tracing.enabled() and not tracing.setup("orchestrator-service") and not tracing.active()
+    print("ok")
+    """
+)
+
+
+def test_without_the_extra_the_variable_says_so_and_runs_untraced() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:9"
+    done = subprocess.run([sys.executable, "-c", _NOT_INSTALLED], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+    assert "pip install '.[otel]'" in done.stderr
