@@ -6,9 +6,10 @@ and three services, then N idle observers created in bulk requests until all are
 (observers/s). The modes:
 * ``off``: ``OTEL_EXPORTER_OTLP_ENDPOINT`` unset (nothing of OpenTelemetry loaded);
 * ``ratio``: on, at the documented sampling, ``parentbased_traceidratio`` with 0.1;
-* ``always_on``: on, every span sampled and exported; with ``--profile`` its processes are
-  profiled (``bench/profile.py``), which costs a few per cent, so that round is not the
-  figure quoted.
+* ``always_on``: on, every span sampled and exported.
+``--profile`` profiles the processes of the always_on rounds (``--profile ratio,always_on``:
+of those modes; ``bench/profile.py``), which costs a few per cent: a profiled run's figures
+are not the ones to quote.
 Each run also says the CPU seconds the manager's and the services' processes used during the
 create (``bench/profile.py``): on a machine shared with other work, where the rate moves with
 the load, the CPU ratio is the steadier figure. The spans go to the tiny receiver of the
@@ -71,7 +72,7 @@ def run_mode(mode: str, n: int, receiver: OtlpReceiver, profile_dir: Path | None
         assert system.manager is not None
         roots = {system.manager.popen.pid} | {p.popen.pid for p in services}
         cpu_before = profile.cpu_seconds(roots)
-        if profile_dir is not None and mode == "always_on" and system.manager is not None:
+        if profile_dir is not None:
             pids = {"manager": system.manager.popen.pid} | profile.children(system.manager.popen.pid)
             pids |= {p.name: p.popen.pid for p in services}
             with profile.profiled(profile_dir, f"create-{mode}", pids):
@@ -112,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=30_000, help="observers created per mode and round")
     parser.add_argument("--rounds", type=int, default=2, help="off, ratio, always_on: this many times")
-    parser.add_argument("--profile", action="store_true", help="profile the always_on rounds (py-spy)")
+    parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="always_on",
+        default="",
+        help="profile the rounds of these modes (comma-separated; alone: always_on) with py-spy",
+    )
     args = parser.parse_args(argv)
     if args.profile and not profile.available():
         parser.error("--profile needs py-spy (make venv installs it)")
@@ -121,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     profile_dir = RESULTS / f"profile-traces-{stamp}" if args.profile else None
+    profiled = set(args.profile.split(",")) - {""}
+    if profiled - set(MODES):
+        parser.error(f"--profile takes modes among {', '.join(MODES)}")
     runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
     with OtlpReceiver(keep=False) as receiver:
         for round_no in range(args.rounds):
             print(f"round {round_no + 1} of {args.rounds}", flush=True)
             for mode in MODES:
-                runs[mode].append(run_mode(mode, args.n, receiver, profile_dir))
+                runs[mode].append(run_mode(mode, args.n, receiver, profile_dir if mode in profiled else None))
 
     off = statistics.median(r["create_per_s"] for r in runs["off"])
     off_cpu = statistics.median(r["cpu_s"] for r in runs["off"])
