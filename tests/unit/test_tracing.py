@@ -196,12 +196,23 @@ async def test_a_create_group_publishes_in_its_first_request_s_context(spans: An
     assert parents == {by_name["request a"].context.span_id, by_name["request b"].context.span_id}
 
 
-def test_an_unsampled_start_leads_to_no_header(spans: Any) -> None:
-    """A publish not sampled (flags 00) still tells the service so (its start is not sampled
-    either), and its report carries nothing to link."""
+def test_an_unsampled_trace_adds_no_header_and_makes_no_span_downstream(spans: Any) -> None:
+    """A request sampled out: its publish puts no header on the starts; a start without a
+    sampled context (none, or flags 00) makes no span and its report carries nothing."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    saved = tracing._tracer
+    tracing._tracer = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test")
+    try:
+        with tracing.producer_span("publish starts", {}) as headers:
+            assert headers is None
+    finally:
+        tracing._tracer = saved
     unsampled = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-00"}
-    with tracing.consumer_span("start observer", unsampled, {}) as carrier:
-        assert carrier is None
+    for carried in (None, {}, {"other": "x"}, unsampled, {"traceparent": "nonsense"}):
+        with tracing.consumer_span("start observer", carried, {}) as carrier:
+            assert carrier is None
     assert tracing.report_headers([]) is None
     assert not spans.get_finished_spans()
 
