@@ -10,7 +10,8 @@ every start message of the batch carries in its AMQP headers (starts are publish
 aiormq directly, ``shared/batch_publish.py``, where aio-pika's instrumentation never
 looks) → the service's ``start observer``, a child of the context its delivery carried →
 the leader's ``apply reports``, one span per applied batch with a link to each start report's
-``start observer`` (a packed report carries them all in ``x-orch-traceparents``).
+``start observer`` (a packed report carries them all in ``x-orch-traceparents``), a child of
+the first. A trace sampled out at its root carries no header downstream and makes no span.
 
 The SDK is configured from the standard variables: ``OTEL_SERVICE_NAME`` (default: the
 name given to ``setup``), ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG``,
@@ -193,15 +194,18 @@ def consumer_span(name: str, headers: Mapping[str, Any] | None, attributes: Attr
 
 @contextlib.contextmanager
 def linked_span(name: str, headers: Iterable[Mapping[str, Any] | None], attributes: Attributes) -> Iterator[None]:
-    """A span of its own trace linked to the context each of ``headers`` carries; none at all
-    if none of them carries one (or traces are off)."""
+    """A span linked to the sampled context each of ``headers`` carries, and a child of the
+    first: in a trace that was sampled, so recorded whatever the ratio (as a root it would be
+    sampled again, at the ratio, and nine batches in ten would be lost at 0.1). None at all if
+    none of them carries one (or traces are off)."""
     links = _links(headers) if _tracer is not None else []
     if not links:
         yield
         return
-    from opentelemetry.context import Context
+    from opentelemetry import trace
 
-    with _span(name, "INTERNAL", {**attributes, "orch.links": len(links)}, context=Context(), links=links):
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(links[0].context))
+    with _span(name, "INTERNAL", {**attributes, "orch.links": len(links)}, context=parent, links=links):
         yield
 
 
@@ -232,7 +236,7 @@ def _links(all_headers: Iterable[Mapping[str, Any] | None]) -> list[Link]:
             if text is None:
                 continue
             context = trace.get_current_span(_propagator.extract({TRACEPARENT: text})).get_span_context()
-            if context.is_valid:
+            if context.is_valid and context.trace_flags.sampled:
                 links.append(Link(context))
     return links
 

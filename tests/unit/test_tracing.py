@@ -156,7 +156,8 @@ def test_one_start_is_one_chain(spans: Any) -> None:
     for start in starts:
         assert start.parent is not None and start.parent.span_id == publish.context.span_id
         assert start.context is not None and start.context.trace_id == publish.context.trace_id
-    assert apply.parent is None and apply.context.trace_id != publish.context.trace_id
+    assert apply.parent is not None and apply.parent.span_id == starts[0].context.span_id
+    assert apply.context.trace_id == publish.context.trace_id
     linked = {link.context.span_id for link in apply.links}
     assert linked == {s.context.span_id for s in starts if s.context is not None}
 
