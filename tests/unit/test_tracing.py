@@ -73,7 +73,7 @@ _MANAGER_OFF = textwrap.dedent(
     from shared import tracing
     assert not tracing.enabled() and not tracing.setup("orchestrator-manager")
 
-    import manager.__main__, manager.state.process
+    import manager.__main__, manager.state_side
     from manager.app import create_app
     from manager.broker import _publish_attributes
     from shared import topology
