@@ -62,15 +62,14 @@ test-broker: venv infra-up
 # The tests that lean on the database, which CI runs on PostgreSQL 17 besides the default 15
 # (docs/broker-versions.md), in about 3 minutes: the core flow, the migrations (every one, on
 # the template database) and their lock, asyncpg's errors sorted, the server stopped under a
-# manager, the switchover to a streaming replica, a restored backup, and TLS to the database
+# manager, the switchover to a streaming replica, and TLS to the database
 # (its world migrates over TLS; a certificate the client cannot verify is refused). The slower
 # variants of each stay in `make test` (each migration's own test, the network cut, the hot
-# standby, a run over TLS end to end).
+# standby, a restored backup, a run over TLS end to end): CI's time is the limit.
 PG_TESTS = $(addprefix tests/system/,test_lifecycle.py::test_create_runs_on_a_live_service_and_is_visible \
 	test_migrations.py::test_two_upgrades_at_once_take_turns test_db_errors.py \
 	test_db_outage.py::test_postgres_down_answers_503_and_the_manager_recovers \
 	test_db_failover.py::test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice \
-	test_restore.py \
 	test_tls.py::test_a_database_certificate_the_client_cannot_verify_or_a_wrong_host_is_refused)
 
 test-postgres: venv infra-up
