@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=30_000, help="observers created per mode and round")
     parser.add_argument("--rounds", type=int, default=2, help="off, ratio, always_on: this many times")
+    parser.add_argument("--ratio", type=float, default=0.1, help="the ratio mode's parentbased_traceidratio")
     parser.add_argument(
         "--profile",
         nargs="?",
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         help="profile the rounds of these modes (comma-separated; alone: always_on) with py-spy",
     )
     args = parser.parse_args(argv)
+    MODES["ratio"]["OTEL_TRACES_SAMPLER_ARG"] = str(args.ratio)
     if args.profile and not profile.available():
         parser.error("--profile needs py-spy (make venv installs it)")
 
@@ -152,10 +154,17 @@ def main(argv: list[str] | None = None) -> int:
         spans = statistics.median(r["spans"] for r in runs[mode])
         cpu = statistics.median(r["cpu_s"] for r in runs[mode]) / off_cpu
         rows.append((mode, f"{per_s:,.0f}", f"{spans:,.0f}", f"{slower:.3f}", f"{cpu:.3f}", target))
-    print(f"\nN = {args.n:,}, {args.rounds} round(s), modes alternated in each\n" + aligned(rows))
+    print(f"\nN = {args.n:,}, {args.rounds} round(s), ratio {args.ratio:g}, modes alternated in each\n" + aligned(rows))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"traces-{stamp}.json"
-    document = {"started": started.isoformat(), "n": args.n, "target": TARGET, "runs": runs, "met": verdicts}
+    document = {
+        "started": started.isoformat(),
+        "n": args.n,
+        "ratio": args.ratio,
+        "target": TARGET,
+        "runs": runs,
+        "met": verdicts,
+    }
     out.write_text(json.dumps(document, indent=2))
     print(f"results written to {out}")
     return 0
