@@ -40,6 +40,34 @@ def within(counts: dict[str, int], total: int, tolerance: float = 0.1) -> bool:
     return sum(counts.values()) == total and all(abs(n - mean) <= tolerance * mean for n in counts.values())
 
 
+def creates_and_stops_meanwhile(system: System, spec: dict[str, Any], stopped: list[str]) -> list[str]:
+    """After a broker lost its data: once the API's own broker link is back on the re-made
+    vhost (a 503 "retry later" until then is the right answer), a create of ``spec`` and a stop
+    of one of ``stopped`` every half second, each answered at once and then applied, as at any
+    other time. The ids created, the first one (the probe of the link) included."""
+
+    def create(name: str) -> httpx.Response:
+        return system.post("/api/observers", spec | {"name": name})
+
+    def accepted(name: str) -> str | None:
+        response = create(name)
+        return str(response.json()["id"]) if response.status_code == 201 else None
+
+    first = wait_for(lambda: accepted("late-first"), 30, "the API's broker link back")
+    assert first is not None  # wait_for returns a truthy value
+    created = [first]
+    for i, oid in enumerate(stopped):
+        response = create(f"late-{i}")
+        assert response.status_code == 201, response.text
+        created.append(response.json()["id"])
+        response = system.delete(f"/api/observers/{oid}")
+        assert response.status_code == 202, response.text
+        time.sleep(0.5)
+    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in created), 30, "the creates running")
+    wait_for(lambda: all(system.observer(oid)["status"] == "Deleted" for oid in stopped), 30, "the stops applied")
+    return created
+
+
 def bulk(system: System, prefix: str, count: int, **fields: Any) -> list[str]:
     specs = [{"name": f"{prefix}-{i}", "kind": "ticker", "args": {"interval_s": 5}} | fields for i in range(count)]
     response = system.post("/api/observers/bulk", {"observers": specs})
@@ -277,25 +305,11 @@ def test_creates_and_stops_go_on_while_a_rebuild_on_one_service_is_evened_out(
     for name in ("s2", "s3"):
         procs[name].signal(signal.SIGCONT)
 
-    # The API's own broker link may still be reconnecting to the re-made vhost (a 503 that says
-    # so is the right answer then); once it is back, a create and a stop every half second
-    # while the hand-over runs: each answered at once and applied, as at any other time.
-    def create(name: str) -> httpx.Response:
-        return system.post("/api/observers", {"name": name, "kind": "ticker", "args": {"interval_s": 5}})
-
-    wait_for(lambda: create("late-first").status_code == 201, 30, "the API's broker link back")
-    created, stopped = [], ids[:20]
-    for i, oid in enumerate(stopped):
-        response = create(f"late-{i}")
-        assert response.status_code == 201, response.text
-        created.append(response.json()["id"])
-        response = system.delete(f"/api/observers/{oid}")
-        assert response.status_code == 202, response.text
-        time.sleep(0.5)
+    # Creates and stops while the hand-over runs.
+    stopped = ids[:20]
+    created = creates_and_stops_meanwhile(system, {"kind": "ticker", "args": {"interval_s": 5}}, stopped)
     print(f"loads after the creates and stops: {loads(system)}")
-    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in created), 30, "the creates running")
-    wait_for(lambda: all(system.observer(oid)["status"] == "Deleted" for oid in stopped), 30, "the stops applied")
-    running = 210 - len(stopped) + 1 + len(created)
+    running = 210 - len(stopped) + len(created)
     wait_for(lambda: within(loads(system), running, tolerance=0.15), 90, f"even load (now {loads(system)})")
 
 

@@ -9,8 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-import httpx
-
+from tests.system.test_balance import creates_and_stops_meanwhile
 from tests.system.test_fencing import assert_never_on_two_hosts
 from tools import infra
 from tools.harness import System, probe_args, read_ticks, wait_for
@@ -73,25 +72,12 @@ def test_an_older_database_restored_then_the_broker_wiped(
     for name in ("s2", "s3"):
         procs[name].signal(signal.SIGCONT)
 
-    def create(name: str) -> httpx.Response:
-        return system.post("/api/observers", {"name": name, "kind": "probe", "args": probe_args(log, interval_s=1.0)})
-
-    # Creates and stops during the hand-over: answered at once and applied, as at any time
-    # (once the API's own broker link is back on the re-made vhost: 503 "retry later" till then).
-    wait_for(lambda: create("late-first").status_code == 201, 30, "the API's broker link back")
-    created, stopped = [], known[:10] + later[:10]
-    for i, oid in enumerate(stopped):
-        response = create(f"late-{i}")
-        assert response.status_code == 201, response.text
-        created.append(response.json()["id"])
-        response = system.delete(f"/api/observers/{oid}")
-        assert response.status_code == 202, response.text
-        time.sleep(0.5)
-    wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in created), 30, "the creates running")
-    wait_for(lambda: all(system.observer(oid)["status"] == "Deleted" for oid in stopped), 30, "the stops applied")
+    # Creates and stops during the hand-over, half of the stops of adopted observers.
+    stopped = known[:10] + later[:10]
+    created = creates_and_stops_meanwhile(system, {"kind": "probe", "args": probe_args(log, interval_s=1.0)}, stopped)
     kept = sorted(set(known + later) - set(stopped))
     wait_for(lambda: all(system.observer(oid)["status"] == "Processing" for oid in kept), 60, "the others running")
-    expected = len(kept) + 1 + len(created)
+    expected = len(kept) + len(created)
     wait_for(lambda: running(system) == expected, 60, f"{expected} running")
     print(f"every create and stop applied {time.time() - wiped:.1f}s after the broker lost its data")
 
