@@ -35,6 +35,7 @@ from manager.metrics import STATE_REGISTRY
 from manager.state.supervisor import StateSupervisor
 from manager.state_side import StateSide
 from shared import __version__, tracing
+from shared.broker_nodes import warn_if_classic_on_cluster
 from shared.settings import ManagerSettings, get_manager_settings
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ def create_app(settings: ManagerSettings | None = None, state_supervisor: StateS
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         warn_if_open(settings)
+        warn_if_classic_on_cluster(settings.broker_urls(), settings.queue_type)
         # The API's creates and stops give up on a lock held longer than the timeout. With the
         # state side in this process (``ORCH_STATE_PROCESS=false``) the engine is shared, and
         # the state side's transactions may wait for locks as long as they must: no timeout.

@@ -33,7 +33,7 @@ from observer_service.start_consumers import Placement
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
 from shared.backoff import backoff_delay
-from shared.broker_nodes import BrokerNodes
+from shared.broker_nodes import BrokerNodes, warn_if_classic_on_cluster
 from shared.errors import BrokerRefused, BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
@@ -107,6 +107,7 @@ class ObserverService:
             self._serve_metrics()
         self.outbox.put(self._born())
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
+        warn_if_classic_on_cluster(self.nodes.urls, self.settings.queue_type)
         # What API callers may make this host do (docs/threat-model.md), said once at start.
         logger.info(
             "periodic may call functions of: %s; http_poll/websocket may connect to: %s, never to: %s",

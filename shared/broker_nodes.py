@@ -9,8 +9,11 @@ pile onto the first node after a blip.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
 
 
 class BrokerNodes:
@@ -33,6 +36,18 @@ class BrokerNodes:
     def describe(self) -> str:
         """The current node for a log line: host and port, never the credentials."""
         return node_name(self.current)
+
+
+def warn_if_classic_on_cluster(urls: Sequence[str], queue_type: str) -> None:
+    """Classic queues asked for on several nodes: each lives on one node, and when that
+    node dies its starts and reports wait until it returns. Said once at start."""
+    if len(urls) > 1 and queue_type == "classic":
+        logger.warning(
+            "ORCH_QUEUE_TYPE=classic with %d broker nodes: a classic queue lives on one node and nothing "
+            "converges while that node is down; unset ORCH_QUEUE_TYPE (quorum on several nodes) unless "
+            "these URLs lead to one node",
+            len(urls),
+        )
 
 
 def node_name(url: str) -> str:

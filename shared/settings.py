@@ -75,10 +75,13 @@ class CommonSettings(BaseSettings):
     heartbeat_s: float = Field(
         default=5.0, gt=0, description="service heartbeat period (the manager uses it to judge silence)"
     )
+    # Several node URLs mean a cluster, where a classic queue dies with its node: never
+    # classic there unless asked for (issue 65).
     queue_type: Literal["classic", "quorum"] = Field(
-        default="classic",
+        default_factory=lambda data: "quorum" if len(data.get("amqp_urls") or []) > 1 else "classic",
         description="type of the durable queues: `quorum` on a RabbitMQ cluster (they survive a node, and the "
         "lease is confirmed by a majority), `classic` on one node; the manager and every service must agree",
+        json_schema_extra={"shown_default": "`quorum` with several `ORCH_AMQP_URLS`, else `classic`"},
     )
     log_level: str = Field(default="INFO", description="log level")
     log_format: Literal["text", "json"] = Field(default="text", description="`json` for one JSON object per line")

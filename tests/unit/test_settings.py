@@ -22,6 +22,23 @@ def test_settings_parse_pools_and_reject_bad_names(monkeypatch: pytest.MonkeyPat
         ServiceSettings()
 
 
+def test_several_node_urls_mean_quorum_queues_unless_classic_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A classic queue dies with its node: on a cluster the durable queues are quorum by
+    default (issue 65), on one node classic; an explicit choice wins either way."""
+    monkeypatch.delenv("ORCH_QUEUE_TYPE", raising=False)
+    monkeypatch.delenv("ORCH_AMQP_URLS", raising=False)
+    for settings in (ServiceSettings, ManagerSettings):
+        assert settings().queue_type == "classic"
+        monkeypatch.setenv("ORCH_AMQP_URLS", "amqp://a:5672/")
+        assert settings().queue_type == "classic"
+        monkeypatch.setenv("ORCH_AMQP_URLS", "amqp://a:5672/,amqp://b:5672/")
+        assert settings().queue_type == "quorum"
+        monkeypatch.setenv("ORCH_QUEUE_TYPE", "classic")
+        assert settings().queue_type == "classic"
+        monkeypatch.delenv("ORCH_QUEUE_TYPE")
+        monkeypatch.delenv("ORCH_AMQP_URLS")
+
+
 def test_amqp_heartbeat_is_added_unless_given() -> None:
     assert amqp_url_with_heartbeat("amqp://h/", 6) == "amqp://h/?heartbeat=6"
     assert amqp_url_with_heartbeat("amqp://h/?x=1", 6) == "amqp://h/?x=1&heartbeat=6"
