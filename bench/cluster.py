@@ -23,8 +23,9 @@ failover is the same, and 1,000 failovers of real services would take hours on 2
     python -m bench.cluster --size 3000 --failovers 100
     python -m bench.cluster --only failovers     # the memory and the failovers alone
 
-Prints the figures side by side and writes ``bench/results/cluster-<time>.json``. No targets:
-the cluster's figures are judged against one node's.
+Prints the figures side by side and writes ``bench/results/cluster-<time>.json``. One target,
+issue 65's: a node's death costs at most 3 s (``node_kill_s``; the manager's view, which comes
+after the observers run). The other figures are judged against one node's.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ from tools import infra
 from tools.harness import Proc, System
 
 _POLL_S = 0.25
+# Issue 65: a node's kill -9 until every observer of its services is Processing elsewhere.
+NODE_DEATH_TARGET_S = 3.0
 # Enough starts for each node's memory per start to stand above the noise of its baseline.
 _MEMORY_STARTS = 50_000
 
@@ -272,7 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"cluster-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    results: dict[str, object] = {"started": started.isoformat(), "size": args.size}
+    results: dict[str, object] = {
+        "started": started.isoformat(),
+        "size": args.size,
+        "targets": {"node_death_s": NODE_DEATH_TARGET_S},
+    }
     deployments = []
     for on_cluster in () if args.only == "failovers" else (False, True):
         tag = f"bench_cluster_{int(time.time())}"
@@ -310,10 +317,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_deployments(deployments: list[Deployment]) -> None:
     one, cluster = deployments
-    print(f"\n{'figure':<34}{'one node':>14}{'3-node cluster':>16}")
-    print(f"{'create (observers/s)':<34}{one.create_per_s:>14,.0f}{cluster.create_per_s:>16,.0f}")
-    print(f"{'failover after a service kill (s)':<34}{one.service_kill_s:>14.1f}{cluster.service_kill_s:>16.1f}")
-    print(f"{'failover after a node kill (s)':<34}{'-':>14}{cluster.node_kill_s or 0:>16.1f}")
+    print(f"\n{'figure':<34}{'one node':>14}{'3-node cluster':>16}{'target':>10}")
+    print(f"{'create (observers/s)':<34}{one.create_per_s:>14,.0f}{cluster.create_per_s:>16,.0f}{'-':>10}")
+    service_kill = f"{one.service_kill_s:>14.1f}{cluster.service_kill_s:>16.1f}"
+    print(f"{'failover after a service kill (s)':<34}{service_kill}{'-':>10}")
+    node_death = f"<= {NODE_DEATH_TARGET_S:.0f}"
+    print(f"{'failover after a node kill (s)':<34}{'-':>14}{cluster.node_kill_s or 0:>16.1f}{node_death:>10}")
 
 
 def print_failovers(done: Failovers) -> None:

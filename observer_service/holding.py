@@ -82,11 +82,12 @@ class HoldingConnection:
     ) -> None:
         self.lease = lease
         self._heartbeat_s = heartbeat_s
-        self._period = heartbeat_s / 4
         # On a cluster (quorum queues) the lease is a write a majority confirms, and a lease
         # unrenewed for ``give_up_s`` ends the session (docs/design.md, "On a RabbitMQ cluster").
         self._queue_type = queue_type
         self._quorum = queue_type == "quorum"
+        # Four round trips a lease on a cluster, where it is short (1 s), two on one node (H/4).
+        self._period = lease.validity_s / (4 if self._quorum else 2)
         self._give_up_s = give_up_s
         self._refused_retry_s = refused_retry_s
         self._to_main = to_main
@@ -368,7 +369,7 @@ class HoldingConnection:
         metrics.LEASE_ROUND_TRIP.observe(time.monotonic() - sent_at)
 
     async def _lease_loop(self) -> None:
-        """Renew every H/4. A slow round trip is waited for, however long, never cancelled
+        """Renew every ``_period``. A slow round trip is waited for, however long, never cancelled
         (aiormq closes the channel of a cancelled RPC) and never taken for a dead broker.
 
         A lapsed lease pauses the observers (``ensure_lease`` refuses) but does not end the

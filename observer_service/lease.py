@@ -18,12 +18,16 @@ import asyncio
 import contextlib
 import time
 
+from shared import topology
 from shared.errors import LeaseLost
 
 
 class Lease:
-    def __init__(self, heartbeat_s: float) -> None:
-        self.validity_s = heartbeat_s / 2
+    def __init__(self, heartbeat_s: float, *, cluster: bool = False) -> None:
+        # On a cluster a quorum queue hands a dead node's deliveries on after
+        # ``HAND_ON_AFTER_MS`` whatever H is: the lease must lapse well before that
+        # (docs/design.md, "How soon the starts of a dead node may move").
+        self.validity_s = min(heartbeat_s / 2, topology.HAND_ON_AFTER_MS / 2000) if cluster else heartbeat_s / 2
         self._renewed_at: float | None = None
         # A round trip sent before the last revocation proves nothing about the session
         # that follows it (the old one's was still under way when it was given up).

@@ -91,7 +91,7 @@ class ObserverService:
         self.service_id = uuid.uuid4()
         set_service_id(str(self.service_id))
         self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
-        self.lease = Lease(settings.amqp_heartbeat_s)
+        self.lease = Lease(settings.amqp_heartbeat_s, cluster=settings.queue_type == "quorum")
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
         self.refusals = Refusals()
         self.session: Session | None = None

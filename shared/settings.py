@@ -176,11 +176,11 @@ class ServiceSettings(CommonSettings):
         default=30.0, gt=0, description="period of the digest of what it runs, sent to the manager (anti-entropy)"
     )
     lease_give_up_s: float = Field(
-        default=15.0,
+        default=10.0,
         gt=0,
         description="with `ORCH_QUEUE_TYPE=quorum`: a lease unrenewed this long ends the session (its node may be "
-        "cut off from the others, which then hand its starts on); keep it well under the broker's "
-        "consumer_disconnected_timeout",
+        "cut off from the others, which then hand its starts on); keep it under 0.75 x the broker's "
+        '`net_ticktime` + 2 s (docs/design.md, "How soon the starts of a dead node may move")',
     )
     refused_retry_s: float = Field(
         default=30.0,

@@ -21,11 +21,14 @@ limit (4.3's default of 20 counts consumer deaths) and its consumers no timeout.
 
 Both the manager and the services declare what they use with the same arguments, so
 either can start first. Queue arguments must never change for an existing queue
-(RabbitMQ refuses a redeclare with other arguments): add a new queue instead.
+(RabbitMQ refuses a redeclare with other arguments): add a new queue instead. The one
+exception, ``HAND_ON_ARGUMENT``, is added only where the queue takes it (``_declare_handing_on``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import uuid
 from typing import Any, Literal
 
@@ -42,6 +45,8 @@ DEAD_LETTER_EXCHANGE = "orch.dead"
 REBUILD_MARKER = "orch.manager.marker"
 LEASE_QUEUE = "orch.lease"
 
+logger = logging.getLogger(__name__)
+
 QueueType = Literal["classic", "quorum"]
 # A quorum queue drops a start returned this many times: 20 by default since 4.0, and a host's
 # death counts. -1 lifts the limit on 4.x but, on 3.10, dead-letters a start at its first
@@ -49,6 +54,15 @@ QueueType = Literal["classic", "quorum"]
 NO_DELIVERY_LIMIT = 2**31 - 1
 # A consume argument wins over every policy and setting on a quorum queue (4.3); ten years.
 HELD_FOR_GOOD: dict[str, Any] = {"x-consumer-timeout": 315_360_000_000}
+# How long a quorum start or state queue keeps the deliveries of a consumer whose node's link
+# went down before it hands them on (T; the broker's own default is 60 s). Safe because a
+# holder acts only while its lease is valid, at most half of it (docs/design.md, "How soon
+# the starts of a dead node may move"). Known from 4.3.0; 4.0 and 3.10 ignore it.
+HAND_ON_AFTER_MS = 2000
+HAND_ON_ARGUMENT = "x-consumer-disconnected-timeout"
+# Quorum queues this process found declared before that argument: a redeclare that adds it
+# is refused (an argument must be repeated exactly), so they are redeclared as they are.
+_DECLARED_WITHOUT_HAND_ON: set[str] = set()
 
 
 def start_queue_name(pool: str) -> str:
@@ -96,7 +110,7 @@ async def declare_common(channel: AbstractChannel, queue_type: QueueType = "clas
 
 async def declare_state_queue(channel: AbstractChannel, queue_type: QueueType = "classic") -> AbstractQueue:
     args = _dead_letter_args(STATE_QUEUE) | {"x-single-active-consumer": True} | _typed(queue_type)
-    return await channel.declare_queue(STATE_QUEUE, durable=True, arguments=args)
+    return await _declare_handing_on(channel, STATE_QUEUE, args, queue_type)
 
 
 async def declare_start_queue(channel: AbstractChannel, pool: str, queue_type: QueueType = "classic") -> AbstractQueue:
@@ -105,14 +119,56 @@ async def declare_start_queue(channel: AbstractChannel, pool: str, queue_type: Q
     name = start_queue_name(pool)
     dead = await channel.get_exchange(DEAD_LETTER_EXCHANGE, ensure=False)
     await _declare_error_queue(channel, dead, name, queue_type)
-    return await channel.declare_queue(name, durable=True, arguments=start_queue_arguments(pool, queue_type))
+    args = _dead_letter_args(name) | _typed(queue_type)
+    if queue_type == "quorum":
+        args["x-delivery-limit"] = NO_DELIVERY_LIMIT
+    return await _declare_handing_on(channel, name, args, queue_type)
 
 
 def start_queue_arguments(pool: str, queue_type: QueueType = "classic") -> dict[str, Any]:
-    args = _dead_letter_args(start_queue_name(pool)) | _typed(queue_type)
+    """The arguments the pool's start queue was last declared with by this process."""
+    name = start_queue_name(pool)
+    args = _dead_letter_args(name) | _typed(queue_type)
     if queue_type == "quorum":
         args["x-delivery-limit"] = NO_DELIVERY_LIMIT
+        if name not in _DECLARED_WITHOUT_HAND_ON:
+            args[HAND_ON_ARGUMENT] = HAND_ON_AFTER_MS
     return args
+
+
+async def _declare_handing_on(
+    channel: AbstractChannel, name: str, args: dict[str, Any], queue_type: QueueType
+) -> AbstractQueue:
+    """Declare a durable queue; a quorum one with ``HAND_ON_ARGUMENT``, unless it exists
+    without it. That is tried first on a channel of its own, since a refused declare closes its
+    channel; any other refusal is left to the declare on ``channel``, which says it as before."""
+    if queue_type != "quorum":
+        return await channel.declare_queue(name, durable=True, arguments=args)
+    handing_on = args | {HAND_ON_ARGUMENT: HAND_ON_AFTER_MS}
+    raw = await channel.get_underlay_channel()
+    trial = await raw.connection.channel()
+    try:
+        await trial.queue_declare(name, durable=True, arguments=handing_on)
+    except aiormq.exceptions.AMQPChannelError as e:
+        if not isinstance(e, aiormq.exceptions.ChannelPreconditionFailed) or HAND_ON_ARGUMENT not in str(e):
+            return await channel.declare_queue(name, durable=True, arguments=handing_on)
+        if name not in _DECLARED_WITHOUT_HAND_ON:
+            logger.error(
+                "queue %s was declared before %s (an older release): after a broker node's death its "
+                "deliveries wait the broker's consumer_disconnected_timeout (60 s by default), not %.0f s; "
+                'add "consumer-disconnected-timeout": %d to the policy that applies to it (rabbitmqctl '
+                "set_policy ... --apply-to quorum_queues; it reaches existing queues)",
+                name,
+                HAND_ON_ARGUMENT,
+                HAND_ON_AFTER_MS / 1000,
+                HAND_ON_AFTER_MS,
+            )
+        _DECLARED_WITHOUT_HAND_ON.add(name)
+        return await channel.declare_queue(name, durable=True, arguments=args)
+    with contextlib.suppress(Exception):
+        await trial.close()
+    _DECLARED_WITHOUT_HAND_ON.discard(name)
+    return await channel.declare_queue(name, durable=True, arguments=handing_on)
 
 
 async def declare_marker(channel: AbstractChannel, queue_type: QueueType = "classic") -> AbstractQueue:

@@ -1,5 +1,5 @@
 """``python -m tools.node_death_fact``: how long a quorum queue keeps the delivery of a consumer
-whose node was killed (docs/design.md, "How soon a dead node's starts may move").
+whose node was killed (docs/design.md, "How soon the starts of a dead node may move").
 
 On the 3-node cluster of ``make infra-up BROKER_NODES=3`` (4.3), for the queue argument
 ``x-consumer-disconnected-timeout`` and then for the policy key ``consumer-disconnected-timeout``
