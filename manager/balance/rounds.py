@@ -95,11 +95,19 @@ class BalanceRound:
         waiting = self._settle.held({pool for m in fleet if m.id in placed for pool in m.pools})
         names = {m.id: m.name for m in fleet}
         budget = math.ceil(self.moves_per_s * self.period_s)
+        # A pool whose drain hands observers over this round, or is still landing, is not
+        # evened: the plan counts none of what is on its way to the takers, and the broker
+        # gives it to the emptiest first, so evening now overshoots and moves them back later.
+        landing = {pool for m in fleet if m.draining and m.busy for pool in m.pools}
         for move in decided.moves:  # drains first
             if budget <= 0:
                 break
-            if move.pool not in waiting:
-                budget -= await self._hand_over(replace(move, count=min(move.count, budget)), names[move.source])
+            if move.pool in waiting or (move.reason != "drain" and move.pool in landing):
+                continue
+            asked = await self._hand_over(replace(move, count=min(move.count, budget)), names[move.source])
+            budget -= asked
+            if asked and move.reason == "drain":
+                landing.add(move.pool)
 
     async def _place(self, fleet: list[planning.Member], decided: planning.Plan) -> set[uuid.UUID]:
         """Send each placement that changed, or that heartbeats still contradict after a
