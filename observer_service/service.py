@@ -96,6 +96,9 @@ class ObserverService:
         self.refusals = Refusals()
         self.session: Session | None = None
         self.shutdown = asyncio.Event()
+        # ServiceStopped is queued: nothing may follow it (the manager marks the row deleted,
+        # and a heartbeat after that reads as a namesake's clash: an IntroduceRequest).
+        self.said_goodbye = False
         self.gc_pauses = GcPauses()
         self.watchdog = LoopWatchdog(gc_pauses=self.gc_pauses)
 
@@ -241,6 +244,7 @@ class ObserverService:
         await session.stop_consuming()
         released = await self.runner.end_all()
         await session.requeue_held()  # only now: every observer has ended
+        self.said_goodbye = True
         self.outbox.put(ServiceStopped(service_id=self.service_id, released=released))
         if not await self.outbox.wait_empty(timeout=5):
             logger.warning("could not publish %d report(s) before exit", len(self.outbox))
@@ -352,7 +356,7 @@ class ObserverService:
             metrics.LOOP_LAG.set(lag / 1000)
             session = self.session
             placement = None if session is None else session.placement
-            if session is not None and placement is not None and not session.closed.is_set():
+            if session is not None and placement is not None and not session.closed.is_set() and not self.said_goodbye:
                 self.outbox.put(
                     ServiceHeartbeat(
                         service_id=self.service_id,
@@ -382,7 +386,7 @@ class ObserverService:
         itself goes once per session, at its start."""
         while True:
             await asyncio.sleep(self.settings.inventory_s)
-            if self.session is not None and not self.session.closed.is_set():
+            if self.session is not None and not self.session.closed.is_set() and not self.said_goodbye:
                 self._send_digest()
 
 
