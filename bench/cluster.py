@@ -109,6 +109,16 @@ async def all_processing(db: asyncpg.Connection, size: int) -> None:
     await until(done)
 
 
+async def handed_on(db: asyncpg.Connection, session: object, size: int) -> None:
+    """Until no observer is held by the broker session ``session`` and all are Processing."""
+
+    async def moved() -> bool:
+        return not await db.fetchval(_ON_SESSION, session)
+
+    await until(moved)
+    await all_processing(db, size)
+
+
 async def create(system: System, size: int) -> float:
     """Observers per second, from the first request until all are Processing."""
     db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
@@ -161,12 +171,7 @@ async def node_kill(system: System, nodes: list[infra.RabbitNode], size: int) ->
         print(f"  killing {node.node}, where {name} holds {held:,}", flush=True)
         began = time.monotonic()
         node.kill()
-
-        async def moved() -> bool:
-            return not await db.fetchval(_ON_SESSION, session)
-
-        await until(moved)
-        await all_processing(db, size)
+        await handed_on(db, session, size)
         seconds = time.monotonic() - began
     finally:
         await db.close()
@@ -193,12 +198,7 @@ async def node_cut(system: System, services: list[Proc], nodes: list[infra.Rabbi
         began = time.monotonic()
         partition.cut(nodes, node)
         try:
-
-            async def moved() -> bool:
-                return not await db.fetchval(_ON_SESSION, session)
-
-            await until(moved)
-            await all_processing(db, size)
+            await handed_on(db, session, size)
             seconds = time.monotonic() - began
         finally:
             partition.heal(nodes)
