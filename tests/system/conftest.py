@@ -14,10 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import aio_pika
 import pytest
+from aio_pika.abc import AbstractQueue
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.db.engine import make_engine, make_sessionmaker
+from shared import topology
 from tools import infra
 from tools.harness import REPO, System, unique
 
@@ -131,6 +134,19 @@ def vhost(rabbit: infra.RabbitNode, vhosts: VhostPool) -> Iterator[str]:
     name = vhosts.take()
     yield name
     vhosts.give_back(name)
+
+
+@pytest.fixture
+async def state_queue(rabbit: infra.RabbitNode, vhost: str) -> AsyncIterator[AbstractQueue]:
+    """The vhost's state queue as the manager declares it: what a service run in the test's
+    own process reports, read with ``get``."""
+    connection = await aio_pika.connect(rabbit.url_for(vhost))
+    try:
+        channel = await connection.channel()
+        await topology.declare_common(channel)
+        yield await topology.declare_state_queue(channel)
+    finally:
+        await connection.close()
 
 
 @pytest.fixture

@@ -5,19 +5,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import aio_pika
 import pytest
+from aio_pika.abc import AbstractQueue
 
 from observer_service.service import ObserverService
 from observer_service.session import Session
-from shared import topology
 from shared.messages import ServiceStopped, decode_state
 from shared.settings import ServiceSettings
 from tools import infra
 
 
 async def test_nothing_follows_a_services_goodbye(
-    rabbit: infra.RabbitNode, vhost: str, monkeypatch: pytest.MonkeyPatch
+    rabbit: infra.RabbitNode, vhost: str, state_queue: AbstractQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CI once: a heartbeat and a digest queued while the goodbye was being confirmed reached
     the manager after it; the row was deleted by then, so the manager took the service for one
@@ -40,19 +39,12 @@ async def test_nothing_follows_a_services_goodbye(
         await real_close(self, *args)
 
     monkeypatch.setattr(Session, "close", slow_close)
-    connection = await aio_pika.connect(rabbit.url_for(vhost))
-    channel = await connection.channel()
-    await topology.declare_common(channel)
-    state = await topology.declare_state_queue(channel)
     running = asyncio.create_task(service.run())
-    try:
-        await asyncio.sleep(1.0)  # open, born, beating
-        service.shutdown.set()
-        await asyncio.wait_for(running, 30)
-        kinds = []
-        while (message := await state.get(no_ack=True, fail=False)) is not None:
-            kinds.append(type(decode_state(message.body)).__name__)
-        assert ServiceStopped.__name__ in kinds, kinds
-        assert kinds[-1] == ServiceStopped.__name__, kinds[kinds.index(ServiceStopped.__name__) :]
-    finally:
-        await connection.close()
+    await asyncio.sleep(1.0)  # open, born, beating
+    service.shutdown.set()
+    await asyncio.wait_for(running, 30)
+    kinds = []
+    while (message := await state_queue.get(no_ack=True, fail=False)) is not None:
+        kinds.append(type(decode_state(message.body)).__name__)
+    assert ServiceStopped.__name__ in kinds, kinds
+    assert kinds[-1] == ServiceStopped.__name__, kinds[kinds.index(ServiceStopped.__name__) :]

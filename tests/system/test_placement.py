@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import pytest
+from aio_pika.abc import AbstractQueue
 
 from observer_service.service import ObserverService
 from observer_service.session import Session
-from shared import topology
 from shared.messages import ServiceHeartbeat, SetPlacement, decode_state
 from shared.settings import ServiceSettings
 from tests.system.test_fencing import assert_never_on_two_hosts
@@ -133,7 +132,7 @@ def test_starts_of_a_kind_one_service_lacks_reach_the_one_that_has_it_and_are_no
 
 
 async def test_a_placement_told_while_a_session_opens_is_applied_and_heartbeats_say_what_is_consumed(
-    rabbit: infra.RabbitNode, vhost: str, monkeypatch: pytest.MonkeyPatch
+    rabbit: infra.RabbitNode, vhost: str, state_queue: AbstractQueue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A real service, in this process, against the real broker: a cordon arrives while its
     session opens (its control queue is consumed before the open returns). Before issue 62 the
@@ -150,16 +149,12 @@ async def test_a_placement_told_while_a_session_opens_is_applied_and_heartbeats_
         service._on_control(SetPlacement(service_id=service.service_id, priority=1, cordoned=True))
 
     monkeypatch.setattr(Session, "open", open_then_cordoned)
-    connection = await aio_pika.connect(rabbit.url_for(vhost))
-    channel = await connection.channel()
-    await topology.declare_common(channel)
-    state = await topology.declare_state_queue(channel)
     running = asyncio.create_task(service.run())
     try:
         # The heartbeats say cordoned only once the start queue has no consumer left
         async with asyncio.timeout(20):
             while True:
-                message = await state.get(no_ack=True, fail=False)
+                message = await state_queue.get(no_ack=True, fail=False)
                 if message is None:
                     await asyncio.sleep(0.05)
                     continue
@@ -170,4 +165,3 @@ async def test_a_placement_told_while_a_session_opens_is_applied_and_heartbeats_
     finally:
         service.shutdown.set()
         await asyncio.wait_for(running, 30)
-        await connection.close()
