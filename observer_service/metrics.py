@@ -8,6 +8,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REGISTRY = CollectorRegistry()
 
 RUNNING = Gauge("orch_service_observers_running", "Observers running on this service", registry=REGISTRY)
+# Unix time, as Prometheus's *_timestamp_seconds: a service that stopped taking starts shows as
+# ``time() - orch_service_last_start_timestamp_seconds``; the bench times a failover by it.
+LAST_START = Gauge(
+    "orch_service_last_start_timestamp_seconds",
+    "When this service last started an observer (0: never)",
+    registry=REGISTRY,
+)
 CHILDREN = Gauge("orch_service_observer_processes", "Observers running in child processes", registry=REGISTRY)
 # In seconds, Prometheus's base unit: promtool refuses abbreviated units such as _ms
 # (tests/system/test_alerts.py). The heartbeat and /api/services keep their milliseconds.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -65,6 +66,7 @@ class Runner:
         self.outbox = outbox
         self.kinds = kinds
         self.running = Registry()
+        self.last_started_at = 0.0  # Unix time of the latest start (``metrics.LAST_START``)
         self.stop_memory = StopMemory(settings.stopped_ids_ttl_s)
         self._background: set[asyncio.Task[None]] = set()
         self.gc = GcPolicy()
@@ -143,6 +145,7 @@ class Runner:
             running.isolation = isolation
             self._run(running, loaded, args)
             self.running.add(running)
+            self.last_started_at = time.time()
             self._report_started(running, redelivered, trace)
         logger.log(
             self.start_log.level(),

@@ -122,6 +122,7 @@ class ObserverService:
         self.gc_pauses.install()
         metrics.RUNNING.set_function(lambda: len(self.runner.running))
         metrics.CHILDREN.set_function(self.runner.running.children)
+        metrics.LAST_START.set_function(lambda: self.runner.last_started_at)
         loops = [
             asyncio.create_task(c)
             for c in (
