@@ -57,7 +57,7 @@ async def busiest_host(db: asyncpg.Connection) -> asyncpg.Record:
     return row
 
 
-# The observers on the host given as $1, through the host's index (``manager.db.hosts``):
+# The observers on the service given as $1, through the services' index (``manager.db.service_observers``):
 # ``observers.service_id`` has none.
 ON_HOST = "id IN (SELECT observer_id FROM observer_hosts WHERE service_id = $1)"
 

@@ -195,7 +195,7 @@ class BrokerLink:
     async def _ensure_marker(self) -> None:
         """Starts go only to a broker the state side has checked (once per connection): on
         a broker that lost its data they would be mixed up with the rebuild, which releases
-        every hosted observer (``manager/repairs/rebuild.py``)."""
+        every observer from its service (``manager/repairs/rebuild.py``)."""
         if self._marker_seen == self.connects:
             return
         connects = self.connects
@@ -279,10 +279,10 @@ class BrokerLink:
         """Send a control command: to every service over the control fanout, or, when it
         names one (``service_id``), straight to that service's own control queue.
 
-        In a failover, each observer moved while the manager still counts its dead host alive
-        makes a stop aimed at that host (``observer_reports.started``); broadcast, every
+        In a failover, each observer moved while the manager still counts its dead service alive
+        makes a stop aimed at that service (``observer_reports.started``); broadcast, every
         survivor would decode them all on its holding thread and throw them away (figures:
-        docs/cost-curve.md). Sent to the target's queue, a command for a host that is gone
+        docs/cost-curve.md). Sent to the target's queue, a command for a service that is gone
         (its exclusive queue with it) is dropped by the broker. Both routes go over this one
         channel, so the commands a service gets keep the order they were published in."""
         channel = await self._channel()

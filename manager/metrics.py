@@ -24,7 +24,7 @@ CAPACITY_FREE = Gauge(
 )
 PROBATION = Gauge(
     "orch_observers_on_probation",
-    "Live observers on probation (run in a child process because their hosts died too often)",
+    "Live observers on probation (run in a child process because their services died too often)",
     registry=REGISTRY,
 )
 STOPPING_OLDEST = Gauge(
@@ -34,7 +34,7 @@ STOPPING_OLDEST = Gauge(
 )
 PAUSED = Gauge(
     "orch_observers_paused",
-    "Observers on probation not yet running in a child process: paused (their delivery held) until their host has "
+    "Observers on probation not yet running in a child process: paused (their delivery held) until their service has "
     "a free process slot",
     registry=REGISTRY,
 )
@@ -89,8 +89,8 @@ SCHEDULED_EXPIRED = Counter(
 STOP_RESENDS = Counter("orch_stop_resends", "Stops broadcast again because still OnDeleting", registry=STATE_REGISTRY)
 PROBATION_DEFERRED = Counter(
     "orch_probation_deferred",
-    "Suspects of a host death not put on probation because the fleet's budget (ORCH_PROBATION_BUDGET) or their "
-    "host's process slots were taken",
+    "Suspects of a service's death not put on probation because the fleet's budget (ORCH_PROBATION_BUDGET) or "
+    "their service's process slots were taken",
     registry=STATE_REGISTRY,
 )
 HANDOVERS = Counter(

@@ -1,4 +1,4 @@
-"""The observer service: hosts observers, scheduled by RabbitMQ (an unacked start is the lease).
+"""The observer service: runs observers, scheduled by RabbitMQ (an unacked start is the lease).
 
 Where things are handled:
 * ``service``: the run loop: sessions, heartbeats, inventories, control commands (stops,

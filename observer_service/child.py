@@ -54,7 +54,7 @@ class ChildContext:
         if self.lease_until <= 0:
             raise LeaseLost("no lease: the service is not connected to the broker")
         if lapsed >= 0:
-            raise LeaseLost(f"lease lapsed {lapsed:.3f}s ago: this host may no longer own this observer")
+            raise LeaseLost(f"lease lapsed {lapsed:.3f}s ago: this service may no longer own this observer")
 
     async def emit(self, payload: dict[str, Any]) -> None:
         self.ensure_lease()

@@ -1,6 +1,6 @@
 """The holding connection, on a thread and event loop of its own.
 
-What makes this host the owner of its observers lives here, and nothing bulky:
+What makes this service the owner of its observers lives here, and nothing bulky:
 * the start channels: channels that consume the pools' start queues (manual ack, one consumer each,
   ``HOLD_PER_CHANNEL`` deliveries at most, together ``workers_count`` per pool), under the
   consumer priority or cordon the manager placed this service at (``start_consumers.py``);
@@ -243,7 +243,7 @@ class HoldingConnection:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum
         queue's consumer timeout) ends the session. The broker has already given its
         deliveries back, or lost them with the queue, so the observers they started are no
-        longer this host's to run: the session's end fences them at once, and the next
+        longer this service's to run: the session's end fences them at once, and the next
         session declares the queues again and consumes. Ending the whole session costs a
         move of the other observers too, but keeps one rule for every loss of a lease:
         deliveries belong to a session, and a session is whole or gone. For a start queue it

@@ -79,7 +79,7 @@ class ObserverProcessError(Exception):
     """The observer's child process crashed, exceeded its memory, hung or the observer raised."""
 
 
-class HostContext(Protocol):  # what this needs of the runner's ``Context``
+class RunnerContext(Protocol):  # what this needs of the runner's ``Context``
     observer_id: uuid.UUID
     name: str
     kind: str
@@ -93,7 +93,7 @@ class HostContext(Protocol):  # what this needs of the runner's ``Context``
     async def emit(self, payload: dict[str, Any]) -> None: ...
 
 
-async def run_in_process(kind_ref: str, args: dict[str, Any], ctx: HostContext, limits: ProcessLimits) -> None:
+async def run_in_process(kind_ref: str, args: dict[str, Any], ctx: RunnerContext, limits: ProcessLimits) -> None:
     """Run the kind in a child; return when its ``run()`` returned normally. Raise
     ``LeaseLost`` if the child hit a lapsed lease or the session went away, the exception of a
     failed ``ctx.emit``, else ``ObserverProcessError`` (crash, memory, hang, or the observer
@@ -117,7 +117,7 @@ async def run_in_process(kind_ref: str, args: dict[str, Any], ctx: HostContext, 
 
 
 class _Supervisor:
-    def __init__(self, proc: asyncio.subprocess.Process, ctx: HostContext, limits: ProcessLimits) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, ctx: RunnerContext, limits: ProcessLimits) -> None:
         self.proc = proc
         self.ctx = ctx
         self.limits = limits
@@ -230,7 +230,7 @@ class _Supervisor:
         self.emitting = True
         try:
             await self.ctx.emit(payload)
-        except Exception as e:  # noqa: BLE001 - the host's verdict on this observer, raised to the runner
+        except Exception as e:  # noqa: BLE001 - the service's verdict on this observer, raised to the runner
             logger.warning("observer %s: emit failed (%r): killing its process", self.ctx.observer_id, e)
             self.kill(e)
         finally:

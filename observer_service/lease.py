@@ -1,7 +1,7 @@
 """The fencing lease (docs/design.md, "Pauses and the lease").
 
 The broker declares a silent connection dead about H seconds (the AMQP heartbeat) after it
-last heard from it, and only then hands its deliveries to another host. So if a round trip
+last heard from it, and only then hands its deliveries to another service. So if a round trip
 *sent* at time t was confirmed by the broker, nobody else can run our observers before
 about t + H. We call the lease valid while ``now - t < H/2``: a process that was frozen
 (SIGSTOP, GC pause, swapped out) wakes up with a lapsed lease and must not act until it has
@@ -109,7 +109,7 @@ class Lease:
         remaining = self.remaining_s()
         if remaining <= 0:
             raise LeaseLost(
-                f"lease lapsed {-remaining:.3f}s ago: this host may no longer own its observers"
+                f"lease lapsed {-remaining:.3f}s ago: this service may no longer own its observers"
                 if self._renewed_at is not None
                 else "no lease: the service is not connected to the broker"
             )

@@ -73,7 +73,7 @@ class Context:
             self._stopping.set()
 
     def lease_deadline(self) -> float:
-        """Monotonic instant until which this observer's host holds its delivery (0 once its
+        """Monotonic instant until which this observer's service holds its delivery (0 once its
         session is gone). A process observer's child acts until this deadline; its stop is
         bounded by a grace shorter than the service's, so it ends before the delivery is
         settled."""

@@ -8,7 +8,7 @@ idempotent, so a report published twice (confirm lost with the connection) is ha
 One exception: a start report (or an inventory) not yet published when its session died is
 dropped. Its delivery went back to the queue with the session and may already run
 elsewhere; published late, it would tell the manager that this service took the observer
-over from the real host, and the manager would stop the only running copy (docs/design.md,
+over from the service really running it, and the manager would stop the only running copy (docs/design.md,
 invariant 3).
 
 Starts wait for room (``has_room``/``room``): past ``high_water`` unpublished reports the

@@ -214,7 +214,7 @@ class Runner:
                 ending.append(running)
             elif target is None and lives is not None:
                 # Remember a broadcast stop: the start may be on its way here (redistribution).
-                # A targeted stop is about one delivery this host no longer holds; remembering
+                # A targeted stop is about one delivery this service no longer holds; remembering
                 # it could later throw away a legitimate start of the observer.
                 self.stop_memory.remember(observer_id, lives[i])
         await self._end(ending)
@@ -222,7 +222,7 @@ class Runner:
             return
         # Report first, ack once the broker confirmed the reports: acked first, a crash in
         # between would leave the observer OnDeleting for ever with no copy anywhere. Not
-        # acked, its start is requeued with a dead session and the next host's start report
+        # acked, its start is requeued with a dead session and the next service's start report
         # is answered with a stop (the manager knows it is OnDeleting or Deleted).
         confirmed = None
         for running in ending:
@@ -256,7 +256,7 @@ class Runner:
         for running in ending:
             by_session.setdefault(running.session, []).append(running.observer_id)
         # Reported before the starts go back: one the broker gives back to this service is
-        # started and reported after it, so the manager never un-hosts a copy running here.
+        # started and reported after it, so the manager never takes a copy running here off this service.
         for session, ids in by_session.items():
             report = ObserversHandedOver(
                 service_id=self.service_id, session_id=session.id, observer_ids=ids, reason=reason

@@ -111,7 +111,7 @@ class ObserverService:
         self.outbox.put(self._born())
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
         warn_if_classic_on_cluster(self.nodes.urls, self.settings.queue_type)
-        # What API callers may make this host do (docs/threat-model.md), said once at start.
+        # What API callers may make this service do (docs/threat-model.md), said once at start.
         logger.info(
             "periodic may call functions of: %s; http_poll/websocket may connect to: %s, never to: %s",
             ", ".join(self.settings.periodic_modules) or "nothing (ORCH_PERIODIC_MODULES unset)",

@@ -3,7 +3,7 @@
 
 A session is two AMQP connections, so that liveness never waits behind bulk traffic, and two
 threads, so that it never waits behind the observers either:
-* ``holding`` (``holding.py``, a thread and event loop of its own): what makes this host the
+* ``holding`` (``holding.py``, a thread and event loop of its own): what makes this service the
   owner of its observers: the start deliveries, the control queue and the lease round
   trips, and nothing bulky. ``holding.py`` says why it has a thread.
 * ``publish`` (this module, the main loop with the observers): publisher confirms; state

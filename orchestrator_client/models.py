@@ -35,7 +35,7 @@ class RetryPolicy:
 
 @dataclass(frozen=True, slots=True)
 class Probation:
-    """Its hosts died too often while it ran: it runs in a child process of its own."""
+    """Its services died too often while it ran: it runs in a child process of its own."""
 
     since: datetime
     isolated_since: datetime | None

@@ -2,7 +2,7 @@
 
 OrchestratorError
 ├── DecodeError            a message body that is not a valid contract
-├── LeaseLost              an observer tried to act after its host lost the lease (fencing)
+├── LeaseLost              an observer tried to act after its service lost the lease (fencing)
 ├── UnknownKind            no observer kind with that name is installed
 ├── BrokerUnavailable      the broker could not be reached or did not confirm a publish
 │   └── BrokerRefused      it refused a session for a reason no retry heals (the hint says what)
@@ -19,7 +19,7 @@ class DecodeError(OrchestratorError):
 
 
 class LeaseLost(OrchestratorError):
-    """The host no longer holds a valid lease: the observer must not act.
+    """The service no longer holds a valid lease: the observer must not act.
 
     Raised by ``ctx.ensure_lease()`` and ``ctx.emit()``. Observer code should let it
     propagate: the service then fences itself (drops its broker session, cancels every
@@ -28,7 +28,7 @@ class LeaseLost(OrchestratorError):
 
 
 class UnknownKind(OrchestratorError):
-    """No observer kind with the requested name is installed on this host."""
+    """No observer kind with the requested name is installed in this service."""
 
 
 class BrokerUnavailable(OrchestratorError):

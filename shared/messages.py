@@ -100,7 +100,7 @@ class StartObserver(Message):
 class IsolateObservers(Message):
     """Probation: the named service runs these observers in child processes of their own
     from now on (restarted in place; the start delivery stays held). Sent again whenever a
-    host reports one of them started, since the start message itself does not change."""
+    service reports one of them started, since the start message itself does not change."""
 
     type: Literal["IsolateObservers"] = "IsolateObservers"
     observer_ids: list[uuid.UUID]
@@ -187,7 +187,7 @@ class ServiceHeartbeat(Message):
     service_id: uuid.UUID
     running: int
     loop_lag_ms: float = 0.0
-    # The broker session it speaks from: a host death takes the moves of that session only
+    # The broker session it speaks from: a service's death takes the moves of that session only
     # (``manager/state/probation.py``). None: a service of an older version.
     session_id: uuid.UUID | None = None
     # What the broker refuses this service for good now (a pool's start queue it cannot
@@ -287,7 +287,7 @@ class StartsGone(Message):
     """The start queue of ``pools`` was deleted while this service held these starts from it
     in session ``session_id`` (``observer_service/queue_watch.py``): the broker dropped them
     with the queue, and the service has stopped the observers. The manager publishes again
-    those it still knows on this host in this session (no copy is left anywhere), or ends a
+    those it still knows on this service in this session (no copy is left anywhere), or ends a
     stop that was under way."""
 
     type: Literal["StartsGone"] = "StartsGone"
@@ -361,7 +361,7 @@ class StopObservers(Message):
     """Stop observers. With ``service_id`` set only that service acts, and it acks its
     delivery instead of keeping it (used to remove a duplicate copy). With ``session_id``
     set too, only the copy that service holds in that broker session: a stop decided about
-    one copy must not hit a newer one the same host got since (the observer went A → B →
+    one copy must not hit a newer one the same service got since (the observer went A → B →
     back to A while the manager was behind). A broadcast (no ``service_id``) carries the
     life it stops of each observer (see ``StartObserver.life``)."""
 

@@ -42,7 +42,7 @@ ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
 
 class ObserverContext(Protocol):
-    """What a running observer gets from its host."""
+    """What a running observer gets from its service."""
 
     observer_id: uuid.UUID
     name: str
@@ -51,14 +51,14 @@ class ObserverContext(Protocol):
 
     @property
     def stopping(self) -> asyncio.Event:
-        """Set once the host tells the observer to stop (a body may wait on it)."""
+        """Set once the service tells the observer to stop (a body may wait on it)."""
 
     @property
     def logger(self) -> logging.LoggerAdapter[logging.Logger]:
         """A logger that names the observer in every record."""
 
     def ensure_lease(self) -> None:
-        """Raise ``LeaseLost`` unless this host still holds the observer's delivery on a
+        """Raise ``LeaseLost`` unless this service still holds the observer's delivery on a
         live channel (confirmed by the broker within the last H/2 seconds) and the observer
         is not being stopped (``stopping`` set: a body that swallows cancellation can do
         nothing more, since its delivery is settled after the grace)."""
@@ -82,10 +82,10 @@ class ObserverKind(Generic[ArgsT]):
     # load (a session that is costly to open, a source that limits reconnects). Drains still
     # move them.
     rebalance: bool = True
-    # Narrows the args schema to what *this host* accepts (e.g. the modules ``periodic`` may
+    # Narrows the args schema to what *this service* accepts (e.g. the modules ``periodic`` may
     # call here, from the service's environment). The service announces the narrowed schema
     # and the manager checks new observers against every schema announced in their pool, so
-    # a host's own limits are answered with a 422 at create instead of a failure later.
+    # a service's own limits are answered with a 422 at create instead of a failure later.
     announce: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     @functools.cached_property
@@ -99,13 +99,13 @@ class ObserverKind(Generic[ArgsT]):
         )
 
     def info(self) -> KindInfo:
-        """The kind as its code defines it, whatever the host (the manager's view of a
+        """The kind as its code defines it, whatever the service (the manager's view of a
         built-in). Generated once: the manager asks for the built-ins' schemas on every
         catalog load."""
         return self._info
 
     def announced_info(self) -> KindInfo:
-        """What this host announces (ServiceBorn, then ``GET /api/kinds``): ``info()``
+        """What this service announces (ServiceBorn, then ``GET /api/kinds``): ``info()``
         narrowed by ``announce`` when the kind has one. Not cached: ``announce`` may read the
         environment, and a service calls this once, at start."""
         if self.announce is None:

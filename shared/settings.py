@@ -207,7 +207,7 @@ class ServiceSettings(CommonSettings):
     stop_grace_s: float = Field(default=5.0, ge=0, description="how long a stopped observer may take to finish")
     # So that a start arriving after its stop (a redistribution race) is acked at once, not run.
     stopped_ids_ttl_s: float = Field(
-        default=300.0, gt=0, description="how long a stop for an observer it does not host is remembered"
+        default=300.0, gt=0, description="how long a stop for an observer it does not run is remembered"
     )
     process_liveness_timeout_s: float | None = Field(
         default=None,
@@ -367,7 +367,7 @@ class ManagerSettings(CommonSettings):
     lost_start_after_s: float = Field(
         default=60.0,
         gt=0,
-        description="a row with no host whose pool's queue stayed empty this long gets its start published again "
+        description="a row with no service whose pool's queue stayed empty this long gets its start published again "
         "(doubling per attempt)",
     )
     services_retention_s: float = Field(
@@ -457,31 +457,33 @@ class ManagerSettings(CommonSettings):
     retry_reset_after_s: float = Field(
         default=60.0, ge=0, description="default retry policy: a run this long starts the count again"
     )
-    # manager/state/probation.py. A host death is never enough to fail an observer.
+    # manager/state/probation.py. A service's death is never enough to fail an observer. The
+    # variable's HOST_DEATHS is an older name for the deaths of services, kept for compatibility.
     probation_after_host_deaths: int = Field(
         default=3,
         ge=0,
-        description="host deaths within `ORCH_PROBATION_WINDOW_S` while it ran that put an observer on probation "
-        "(a child process of its own until it has run cleanly for its policy's reset time; `0` = never)",
+        description="deaths of its services (the name's `HOST` is an older word for service) within "
+        "`ORCH_PROBATION_WINDOW_S` while it ran that put an observer on probation (a child process of its own "
+        "until it has run cleanly for its policy's reset time; `0` = never)",
     )
     probation_window_s: float = Field(
         default=600.0,
         gt=0,
-        description="the window of those host deaths",
+        description="the window of those service deaths",
     )
     probation_min_share: float = Field(
         default=0.75,
         ge=0,
         le=1,
-        description="and the share of the host deaths it could have seen (in its pool, while it existed) that it "
-        "must have seen: in an incident every observer sees some deaths, a host killer nearly all",
+        description="and the share of the service deaths it could have seen (in its pool, while it existed) that it "
+        "must have seen: in an incident every observer sees some deaths, a service killer nearly all",
     )
     probation_budget: float = Field(
         default=0.05,
         ge=0,
         le=1,
         description="at most this share of the live observers on probation at once (at least one); a suspect past "
-        "it, or whose host has no free process slot, waits for a next death",
+        "it, or whose service has no free process slot, waits for a next death",
     )
 
     @field_validator("api_tokens", "api_read_tokens", mode="before")

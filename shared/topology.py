@@ -48,8 +48,8 @@ LEASE_QUEUE = "orch.lease"
 logger = logging.getLogger(__name__)
 
 QueueType = Literal["classic", "quorum"]
-# A quorum queue drops a start returned this many times: 20 by default since 4.0, and a host's
-# death counts. -1 lifts the limit on 4.x but, on 3.10, dead-letters a start at its first
+# A quorum queue drops a start returned this many times: 20 by default since 4.0, and a
+# service's death counts. -1 lifts the limit on 4.x but, on 3.10, dead-letters a start at its first
 # return; the largest 32-bit value is no limit in practice on every series.
 NO_DELIVERY_LIMIT = 2**31 - 1
 # A consume argument wins over every policy and setting on a quorum queue (4.3); ten years.
@@ -115,7 +115,7 @@ async def declare_state_queue(channel: AbstractChannel, queue_type: QueueType = 
 
 async def declare_start_queue(channel: AbstractChannel, pool: str, queue_type: QueueType = "classic") -> AbstractQueue:
     """The pool's start queue and its error queue. No message TTL and no delivery limit:
-    a start message must survive any number of host crashes."""
+    a start message must survive any number of service crashes."""
     name = start_queue_name(pool)
     dead = await channel.get_exchange(DEAD_LETTER_EXCHANGE, ensure=False)
     await _declare_error_queue(channel, dead, name, queue_type)

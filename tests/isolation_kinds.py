@@ -3,7 +3,7 @@ child process (``tests.isolation_kinds:NAME``). Each first emits ``{"pid": os.ge
 that the test knows which process to watch.
 
 Also a stand-in for the runner's ``Context`` and ``python -m tests.isolation_kinds NAME``, a
-small host process whose child the orphan test leaves behind by killing the host.
+small service process whose child the orphan test leaves behind by killing the service.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ RAISER = ObserverKind(name="raiser", args_model=NoArgs, run=raiser, isolation="p
 PRINTER = ObserverKind(name="printer", args_model=NoArgs, run=printer, isolation="process")
 
 
-class FakeHost:
+class FakeService:
     """Stands in for ``observer_service.runner.Context``: the test sets the lease deadline,
     and emits are collected (after the same lease check as the real one)."""
 
@@ -162,13 +162,13 @@ class FakeHost:
         return int(self.emitted[0]["pid"])
 
 
-def _host_main(name: str) -> None:
-    """Run one child and print its pid on stdout, for a test to kill this host."""
+def _service_main(name: str) -> None:
+    """Run one child and print its pid on stdout, for a test to kill this service."""
     from observer_service.isolation import ProcessLimits, run_in_process
 
-    host = FakeHost(on_emit=lambda p: print(p.get("pid", ""), flush=True))
-    asyncio.run(run_in_process(f"tests.isolation_kinds:{name}", {}, host, ProcessLimits()))
+    service = FakeService(on_emit=lambda p: print(p.get("pid", ""), flush=True))
+    asyncio.run(run_in_process(f"tests.isolation_kinds:{name}", {}, service, ProcessLimits()))
 
 
 if __name__ == "__main__":
-    _host_main(sys.argv[1])
+    _service_main(sys.argv[1])

@@ -291,7 +291,7 @@ def read_ticks(path: Path) -> list[tuple[str, str, int, float]]:
 
 def read_probe_lines(path: Path) -> list[tuple[str, str, int, float, str]]:
     """Lines the test plug-in wrote: (observer id, service id, pid, unix time, run token);
-    the token is ``probe``'s, one per start of the observer on a host ("" for other kinds)."""
+    the token is ``probe``'s, one per start of the observer on a service ("" for other kinds)."""
     if not path.exists():
         return []
     lines = []

@@ -49,7 +49,7 @@ class ObserverCreate(BaseModel):
     )
     rebalance: bool | None = Field(
         default=None,
-        description="false: never moved to even the load (pinned); draining its host still moves it. "
+        description="false: never moved to even the load (pinned); draining its service still moves it. "
         "Default: the kind's own (true unless the kind pins its observers)",
     )
     start_at: datetime | None = Field(
@@ -86,19 +86,19 @@ class ObserverCreate(BaseModel):
 
 
 class Probation(BaseModel):
-    """Its hosts died too often while it ran: it runs in a child process of its own until it
+    """Its services died too often while it ran: it runs in a child process of its own until it
     has run cleanly there for its retry policy's ``reset_after_s``."""
 
     since: datetime
     # When its current clean run in a child began; None: not isolated yet (waiting for its
-    # host to move it into a child process, or for a free process slot).
+    # service to move it into a child process, or for a free process slot).
     isolated_since: datetime | None
 
 
 def _paused(obs: Observer | CreatedObserver) -> str | None:
     if obs.status != ObserverStatus.PROCESSING or obs.probation_since is None or obs.probation_clean_since:
         return None
-    return "on probation: waits for a free process slot on its host to run in a child process"
+    return "on probation: waits for a free process slot on its service to run in a child process"
 
 
 class ObserverOut(BaseModel):
@@ -111,7 +111,7 @@ class ObserverOut(BaseModel):
     service_id: uuid.UUID | None
     service_name: str | None
     attempts: int = Field(
-        description="its first start plus each retry after its own failure; a move to another host is not one"
+        description="its first start plus each retry after its own failure; a move to another service is not one"
     )
     last_error: str | None
     retry: RetryPolicy | None
@@ -120,7 +120,7 @@ class ObserverOut(BaseModel):
     probation: Probation | None = None
     paused: str | None = Field(
         default=None,
-        description="why a Processing observer is not running now: on probation, it waits for its host to move it "
+        description="why a Processing observer is not running now: on probation, it waits for its service to move it "
         "into a child process, which takes a free process slot (its delivery stays held)",
     )
     start_at: datetime | None = Field(default=None, description="when a Scheduled observer starts")
@@ -281,7 +281,7 @@ class Stats(BaseModel):
     kinds: dict[str, dict[str, int]] = Field(description="observers per kind, then per status")
     probation: int = Field(default=0, description="live observers on probation (run in a child process)")
     paused: int = Field(
-        default=0, description="of those, Processing but paused until their host has a free process slot"
+        default=0, description="of those, Processing but paused until their service has a free process slot"
     )
     state_applied_by: str | None = Field(
         default=None,

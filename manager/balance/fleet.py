@@ -12,8 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.balance.plan import Member, Move
 from manager.db.digests import held_per_service
-from manager.db.hosts import hosted_on
 from manager.db.models import Observer, ObserverHost, ObserverStatus, Service, ServiceStatus
+from manager.db.service_observers import on_service
 from manager.errors import Conflict, NotFound
 
 # What a service's digest counts as held (migration 0008).
@@ -52,8 +52,8 @@ async def members(session: AsyncSession, busy: set[uuid.UUID]) -> tuple[list[Mem
 
 async def _running_by_pool(session: AsyncSession, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, int]]:
     """What each of these services (those in several pools) runs in each pool. Read through
-    the hosts' index, so it costs what they run, not the fleet; a service in one pool runs all
-    it runs there, which its digest already counts."""
+    the services' index (``observer_hosts``), so it costs what they run, not the fleet; a
+    service in one pool runs all it runs there, which its digest already counts."""
     if not ids:
         return {}
     query = (
@@ -79,7 +79,7 @@ async def movable(session: AsyncSession, move: Move) -> list[tuple[uuid.UUID, uu
     kinds = set().union(*(m.kinds for m in move.to))
     process_kinds = set().union(*(m.process_kinds for m in move.to))
     query = select(Observer.id, Observer.host_session_id).where(
-        hosted_on(move.source),
+        on_service(move.source),
         Observer.status == ObserverStatus.PROCESSING,
         Observer.pool == move.pool,
         Observer.kind.in_(kinds),

@@ -1,7 +1,7 @@
 """The hand-overs the balancer asked for and whose observer has not started elsewhere yet.
 
 Kept in the leader's memory, shared by the balancer (which records them and waits while a
-service has some in flight) and the state rules (which record the start on the new host as
+service has some in flight) and the state rules (which record the start on the new service as
 ``rebalanced`` and forget it). A leader that changes forgets them: the history then says
 ``started`` or ``moved`` instead, and the next balancer round starts from the rows.
 """

@@ -45,7 +45,7 @@ class Member:
     id: uuid.UUID
     name: str
     capacity: int  # workers, in each of its pools
-    running: int  # observers the rows say it hosts, in all its pools
+    running: int  # observers the rows say it runs, in all its pools
     pools: tuple[str, ...]
     draining: bool = False
     busy: bool = False  # its last hand-over has not landed yet

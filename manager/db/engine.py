@@ -49,7 +49,7 @@ def make_engine(
     # pg_terminate_backend) is replaced at checkout rather than failing its next user; a
     # disconnect seen mid-query also invalidates the rest of the pool (SQLAlchemy does it).
     # No JIT: PostgreSQL compiles a query whose estimated cost passes jit_above_cost, and an
-    # array of ids inflates estimates, so a big host-death step's probation query was
+    # array of ids inflates estimates, so the probation query of a big service's death was
     # compiled mid-failover (docs/cost-curve.md). Every query here is an index lookup or a
     # short scan.
     server_settings = {"jit": "off"}

@@ -103,8 +103,8 @@ class Observer(Base):
     pool: Mapped[str] = mapped_column(String(64), nullable=False, server_default="default")
     status: Mapped[ObserverStatus] = mapped_column(_enum(ObserverStatus, "observer_status"), nullable=False)
     # No foreign key (migration 0010): a failover changes it for thousands of rows at once.
-    # The state rules write only hosts they know (services rows are never deleted).
-    # Not indexed (migration 0011): queries by host read ``ObserverHost``, so a move changes
+    # The state rules write only services they know (services rows are never deleted).
+    # Not indexed (migration 0011): queries by service read ``ObserverHost``, so a move changes
     # no indexed column and PostgreSQL updates the row in place.
     service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     attempts: Mapped[int] = mapped_column(Integer, nullable=False, server_default="0")
@@ -112,7 +112,8 @@ class Observer(Base):
     retry: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     isolation: Mapped[str | None] = mapped_column(String(16))
     memory_limit_mb: Mapped[float | None] = mapped_column(Float)
-    # The broker session of the host holding its start: a stop aimed at one copy names it.
+    # The broker session of the service holding its start: a stop aimed at one copy names it.
+    # (A column named before "host" meant only a machine: the service's session.)
     host_session_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     # Restarts after Failed: starts and broadcast stops carry it (a stop of an older life
     # never eats the start of a newer one, whatever the managers' clocks say).
@@ -163,9 +164,10 @@ class Observer(Base):
 
 
 class ObserverHost(Base):
-    """``observers.service_id`` of every row that has one: what queries by host
-    read (``manager.db.hosts``). Written only by the triggers of migration 0011, in the
-    statement that changes the observer row, so it always says what the rows say."""
+    """``observers.service_id`` of every row that has one: what queries by service
+    read (``manager.db.service_observers``). Written only by the triggers of migration 0011, in the
+    statement that changes the observer row, so it always says what the rows say. The table's
+    name, and so the class's, is older than "host" meaning only a machine: read "service"."""
 
     __tablename__ = "observer_hosts"
 
@@ -197,10 +199,10 @@ class EventType(enum.StrEnum):
     STOP_REQUESTED = "stop_requested"
     STOPPED = "stopped"
     FAILED = "failed"
-    RELEASED = "released"  # its host went away; waits for a new host
-    HOST_LOST = "host_lost"  # its host (service_id) died while running it
-    PROBATION = "probation"  # its hosts died too often while it ran: runs in a child process
-    ISOLATED = "isolated"  # its host runs it in a child process now (probation)
+    RELEASED = "released"  # its service went away; waits for a new service
+    HOST_LOST = "host_lost"  # its service (service_id) died while running it (an old name, kept)
+    PROBATION = "probation"  # its services died too often while it ran: runs in a child process
+    ISOLATED = "isolated"  # its service runs it in a child process now (probation)
     PROBATION_ENDED = "probation_ended"  # ran cleanly in a child for its reset_after_s
     ADOPTED = "adopted"  # found running with no row (database restored from an older backup)
     RESTARTED = "restarted"
@@ -247,9 +249,10 @@ class AbandonedObserver(Base):
 
 
 class HostDeath(Base):
-    """A host judged dead (lost, or replaced by a restart under its name), at the instant its
-    victims' ``host_lost`` events carry: how many died in a window bounds how many hosts any
-    one observer can have lost in it (``manager/state/probation.py``)."""
+    """A service judged dead (lost, or replaced by a restart under its name), at the instant its
+    victims' ``host_lost`` events carry: how many died in a window bounds how many services any
+    one observer can have lost in it (``manager/state/probation.py``). The table's name, and so
+    the class's, is older than "host" meaning only a machine: read "service"."""
 
     __tablename__ = "host_deaths"
 
@@ -273,7 +276,7 @@ class ObserverEvent(Base):
     event: Mapped[str] = mapped_column(String(32), nullable=False)
     service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     from_service_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
-    # A move: the old host's broker session that held the start (migration 0012).
+    # A move: the old service's broker session that held the start (migration 0012).
     from_session_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     detail: Mapped[str | None] = mapped_column(Text)
 

@@ -23,7 +23,6 @@ from sqlalchemy import CursorResult, delete, exists, func, or_, select, text, tu
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from manager.db.hosts import hosted_on
 from manager.db.models import (
     FINAL_STATUSES,
     AbandonedObserver,
@@ -34,6 +33,7 @@ from manager.db.models import (
     PendingStart,
     Service,
 )
+from manager.db.service_observers import on_service
 from manager.db.sql import id_in, lock_by_ids
 from manager.errors import Invalid, NotFound
 
@@ -88,7 +88,7 @@ async def list_observers(
     if flt.pool is not None:
         query = query.where(Observer.pool == flt.pool)
     if flt.service_id is not None:
-        query = query.where(hosted_on(flt.service_id))
+        query = query.where(on_service(flt.service_id))
     if flt.name is not None:
         query = query.where(Observer.name == flt.name)
     if flt.q:
@@ -176,8 +176,8 @@ async def mark_pending(session: AsyncSession, ids: Sequence[uuid.UUID], now: dat
     )
 
 
-async def pending_hostless(session: AsyncSession, ids: Sequence[uuid.UUID]) -> list[Observer]:
-    """The rows among ``ids`` still Created with no host and a start still pending."""
+async def pending_without_service(session: AsyncSession, ids: Sequence[uuid.UUID]) -> list[Observer]:
+    """The rows among ``ids`` still Created with no service and a start still pending."""
     query = (
         select(Observer)
         .join(PendingStart, PendingStart.observer_id == Observer.id)
@@ -324,7 +324,7 @@ async def live_owners(session: AsyncSession, names: set[str]) -> dict[str, uuid.
 
 
 def waiting_for_a_start(unchanged_since: datetime) -> Any:
-    """Rows with no host and no pending start that wait for their start to be taken: Created
+    """Rows with no service and no pending start that wait for their start to be taken: Created
     ones unchanged since ``unchanged_since``, and every OnDeleting one (re-stops touch its
     ``modified_at``: the repair judges those by its own memory)."""
     return (
@@ -357,35 +357,35 @@ async def still_waiting(session: AsyncSession, ids: Sequence[uuid.UUID], unchang
 # while holding others deadlocks the two (docs/design.md, invariant 15; figures:
 # docs/bench-history.md, "2026-11-26: the slow machine"). The release loop ends when no row
 # matches: both statements must use this one predicate.
-_HOSTED = "status = 'Processing' OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL))"
+_HELD = "status = 'Processing' OR (status = 'OnDeleting' AND (service_id IS NOT NULL OR host_session_id IS NOT NULL))"
 _RELEASE = text(
     f"""
     WITH released AS (
         UPDATE observers AS o
         SET status = CASE WHEN o.status = 'Processing' THEN 'Created'::observer_status ELSE o.status END,
             service_id = NULL, host_session_id = NULL, modified_at = :now
-        FROM (SELECT id, service_id FROM observers WHERE {_HOSTED}
+        FROM (SELECT id, service_id FROM observers WHERE {_HELD}
               ORDER BY id FOR NO KEY UPDATE SKIP LOCKED) AS old
         WHERE o.id = old.id
-        RETURNING o.id, old.service_id AS host
+        RETURNING o.id, old.service_id AS from_service
     )
     INSERT INTO observer_events (observer_id, at, event, from_service_id, detail)
-    SELECT id, :now, :event, host, :detail FROM released
+    SELECT id, :now, :event, from_service, :detail FROM released
     """
 )
-_ANY_HOSTED = text(f"SELECT EXISTS (SELECT 1 FROM observers WHERE {_HOSTED})")
+_ANY_HELD = text(f"SELECT EXISTS (SELECT 1 FROM observers WHERE {_HELD})")
 
 
-async def release_unlocked_hosts(session: AsyncSession, now: datetime, detail: str) -> int:
-    """Every hosted row no other writer holds loses its host (Processing → Created,
+async def release_unlocked(session: AsyncSession, now: datetime, detail: str) -> int:
+    """Every row on a service that no other writer holds loses its service (Processing → Created,
     OnDeleting keeps its status), with a ``released`` event; returns how many."""
     result = await session.execute(_RELEASE, {"now": now, "event": EventType.RELEASED.value, "detail": detail})
     return cast("CursorResult[Any]", result).rowcount
 
 
-async def any_hosted(session: AsyncSession) -> bool:
-    """Whether any row still has a host (``release_unlocked_hosts`` skipped it)."""
-    return bool(await session.scalar(_ANY_HOSTED))
+async def any_on_a_service(session: AsyncSession) -> bool:
+    """Whether any row is still on a service (``release_unlocked`` skipped it)."""
+    return bool(await session.scalar(_ANY_HELD))
 
 
 async def needing_a_start(session: AsyncSession, after: uuid.UUID | None, limit: int) -> list[Observer]:

@@ -1,7 +1,7 @@
-"""The statements of probation (``manager/state/probation.py`` holds the policy): a host's
-death recorded (a ``host_deaths`` row, and ``host_lost`` for each observer it took a host
-from), the deaths counted within a window, the room the budgets leave, and who has run
-cleanly long enough to leave."""
+"""The statements of probation (``manager/state/probation.py`` holds the policy): a service's
+death recorded (a ``host_deaths`` row, and ``host_lost`` for each observer it ran: names older
+than "host" meaning only a machine), the deaths counted within a window, the room the budgets
+leave, and who has run cleanly long enough to leave."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from manager.db.counts import LIVE_TOTAL_SQL
-from manager.db.hosts import hosted_on
 from manager.db.models import EventType, HostDeath, Observer, ObserverEvent, ObserverStatus, Service
+from manager.db.service_observers import on_service
 from manager.db.sql import id_in
 from shared.messages import RetryPolicy
 
@@ -52,9 +52,9 @@ async def last_session(session: AsyncSession, service_id: uuid.UUID) -> uuid.UUI
 async def record_death(
     session: AsyncSession, service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None, now: datetime
 ) -> int:
-    """A ``host_lost`` event at ``now`` for each observer the death took a host from
+    """A ``host_lost`` event at ``now`` for each observer the death took a service from
     (``victims``), and the death's ``host_deaths`` row; returns how many events."""
-    # One statement, in the database: the victims of a host's death are a third of a million
+    # One statement, in the database: the victims of a service's death are a third of a million
     # at 1,000,000, and reading their ids into the manager only to send them back as events
     # cost the state process seconds of a failover's CPU, which is all taken.
     victims = _victims(service_id, last_heard, died_in).subquery()
@@ -74,7 +74,7 @@ async def record_death(
     )
     # Not locked: writing an event locks nothing of its observer (no foreign key, migration
     # 0009), so it never waits for the consumer's FOR NO KEY UPDATE (``state/rows.py``).
-    # Locked, the victims would make every start reported by the hosts taking them over wait
+    # Locked, the victims would make every start reported by the services taking them over wait
     # for the record of the death that caused it (docs/design.md, invariant 7).
     lost = await session.scalar(select(func.count()).select_from(recorded))
     await session.execute(insert(HostDeath).values(service_id=service_id, at=now))
@@ -82,7 +82,7 @@ async def record_death(
 
 
 async def deaths_since(session: AsyncSession, since: datetime) -> int:
-    """The host deaths recorded after ``since`` whose hosts have not come back since."""
+    """The service deaths recorded after ``since`` whose services have not come back since."""
     deaths = await session.scalar(
         select(func.count())
         .select_from(HostDeath)
@@ -94,29 +94,29 @@ async def deaths_since(session: AsyncSession, since: datetime) -> int:
 async def victim_ids(
     session: AsyncSession, service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None
 ) -> set[uuid.UUID]:
-    """The ids of the observers a death took a host from (``_victims``)."""
+    """The ids of the observers a death took a service from (``_victims``)."""
     return set(await session.scalars(_victims(service_id, last_heard, died_in)))
 
 
-def _not_back_since(host: Any, died_at: Any) -> ColumnElement[bool]:
-    """The host of a death recorded at ``died_at`` has not spoken since: no heartbeat of its
+def _not_back_since(dead: Any, died_at: Any) -> ColumnElement[bool]:
+    """The service of a death recorded at ``died_at`` has not spoken since: no heartbeat of its
     id came later (one whose row is gone with the retention did not come back either). Judged
-    per death, not by the host's status now: in a flap of the whole fleet a host is lost
-    again while another's death is recorded, and the death being recorded is its host's
+    per death, not by the service's status now: in a flap of the whole fleet a service is lost
+    again while another's death is recorded, and the death being recorded is its service's
     second under the same id."""
-    return ~exists().where(Service.id == host, Service.last_heartbeat_at > died_at)
+    return ~exists().where(Service.id == dead, Service.last_heartbeat_at > died_at)
 
 
 def _victims(service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | None) -> CompoundSelect[uuid.UUID]:
     """The observers a death of ``service_id`` in broker session ``died_in`` (the one it last
-    spoke from) took a host from: those moved away from that session since it was last heard
+    spoke from) took a service from: those moved away from that session since it was last heard
     of (the broker hands its starts over as its connection drops, before the death is
     judged) and those the rows still have in it.
 
-    By session, not only by time: a move is recorded when the new host reports it, and that
-    report can be applied after the old host, back from a partition under the same id, spoke
+    By session, not only by time: a move is recorded when the new service reports it, and that
+    report can be applied after the old service, back from a partition under the same id, spoke
     from its next session. Such a move (and a row not yet moved) belongs to the session
-    before, whose end the host survived; counted again here, one flap was two deaths
+    before, whose end the service survived; counted again here, one flap was two deaths
     (``tests/system/test_probation_rules.py``). A session not said (None, on either side: a service
     of an older version) matches any."""
     return union(
@@ -127,7 +127,7 @@ def _victims(service_id: uuid.UUID, last_heard: datetime, died_in: uuid.UUID | N
             _in_session(ObserverEvent.from_session_id, died_in),
         ),
         select(Observer.id).where(
-            hosted_on(service_id),
+            on_service(service_id),
             Observer.status == ObserverStatus.PROCESSING,
             _in_session(Observer.host_session_id, died_in),
         ),
@@ -180,11 +180,11 @@ def served(now: datetime) -> ColumnElement[bool]:
 
 
 async def forget_deaths(session: AsyncSession, before: datetime) -> None:
-    """Delete the record of the host deaths before ``before``."""
+    """Delete the record of the service deaths before ``before``."""
     await session.execute(delete(HostDeath).where(HostDeath.at < before))
 
 
-# The fleet's and each host's room for probation, in one round trip: live observers from the
+# The fleet's and each service's room for probation, in one round trip: live observers from the
 # counts tables, those on probation through the partial index ix_observers_probation.
 _ROOM = text(
     f"""
@@ -203,14 +203,14 @@ _ROOM = text(
 
 async def probation_room(session: AsyncSession) -> tuple[int, int, dict[uuid.UUID, int]]:
     """(live observers, those on probation now, each alive service's process slots not taken
-    by an observer on probation it hosts)."""
+    by an observer on probation it runs)."""
     row = (await session.execute(_ROOM, {"live": [s.value for s in _LIVE]})).one()
     return int(row.live), int(row.on_probation), {uuid.UUID(k): int(v) for k, v in row.slots.items()}
 
 
-# Per observer: the host deaths it could have witnessed, the evidence's denominator. Those of
-# the window after it existed and after its last probation ended, of hosts that served its
-# pool (a host whose row is gone counts), and not come back since.
+# Per observer: the service deaths it could have witnessed, the evidence's denominator. Those of
+# the window after it existed and after its last probation ended, of services that served its
+# pool (a service whose row is gone counts), and not come back since.
 _WITNESSABLE = text(
     """
     SELECT o.id, count(d.id) AS n
@@ -228,6 +228,6 @@ _WITNESSABLE = text(
 
 
 async def witnessable(session: AsyncSession, ids: Collection[uuid.UUID], since: datetime) -> dict[uuid.UUID, int]:
-    """For each of ``ids``, the host deaths since ``since`` it could have witnessed."""
+    """For each of ``ids``, the service deaths since ``since`` it could have witnessed."""
     params = {"ids": list(ids), "since": since, "ended": EventType.PROBATION_ENDED.value}
     return {oid: int(n) for oid, n in (await session.execute(_WITNESSABLE, params)).all()}

@@ -53,7 +53,7 @@ def factor(items: Iterable[Any], shared: Callable[[Any], tuple[Any, ...]]) -> tu
     ones, and those distinct tuples as columns: a statement joins
     ``unnest(:keys)`` to ``unnest(column, ...) WITH ORDINALITY`` on that number. The items of
     one batch of state reports share nearly everything but their ids (the same instant, the
-    same event, the same new host), and asyncpg encodes every array element in Python, which
+    same event, the same new service), and asyncpg encodes every array element in Python, which
     was the largest part of a catch-up's transaction (figures: docs/bench-history.md,
     "2026-11-27, first and second sessions")."""
     numbers: dict[tuple[Any, ...], int] = {}

@@ -8,7 +8,7 @@ a period, ``run``), run in order by the one loop in ``loop.py``:
   ones' deaths recorded;
 * ``pending_starts``: starts a crash left unconfirmed are published again;
 * ``lost_starts``: rows waiting for a start that is in no queue get it published again;
-* ``unknown``: observers running with no row are described by their host, to adopt them;
+* ``unknown``: observers running with no row are described by their service, to adopt them;
 * ``housekeeping``: probations ended, applied-message ids forgotten, history pruned
   (``retention``), the triggers' deltas folded;
 * ``balance``: the load evened and drains carried out (``manager/balance/``).

@@ -2,25 +2,25 @@
 
 A late heartbeat is only a reason to ask. On a busy machine a service's heartbeats wait
 behind its reports, behind a broker that is paging or behind a flood of deliveries; judged
-by lateness alone, it would be called lost and charged a host death against each of its
+by lateness alone, it would be called lost and charged a service's death against each of its
 observers while nothing had died and the broker still held its deliveries for it.
 
 So a service whose heartbeats are ``lost_after_heartbeats`` periods late is judged by the
 broker, which is the authority on what it owns: its connection lives (its exclusive control
 queue is locked) → it is late, not lost, and stays alive (one warning); the connection is
-gone → the broker has requeued its deliveries, so it is lost, and its host death is
-recorded (``probation.host_died``). No answer from the broker is no evidence: nothing is
+gone → the broker has requeued its deliveries, so it is lost, and its death is
+recorded (``probation.service_died``). No answer from the broker is no evidence: nothing is
 judged until it answers. Judging waits until the state backlog is drained: a
 ``ServiceStopped`` still in the queue must not be taken for a death.
 
-A death is not recorded while the dead host's share is still moving: recording it writes a
+A death is not recorded while the dead service's share is still moving: recording it writes a
 ``host_lost`` event for each of its observers, and in the middle of the takeover that takes
 CPU the takeover needs (figures: docs/cost-curve.md). The broker has already given the share
 away, so nothing waits for the record. It waits while the state rules applied a takeover
-from that host within the last judging period (``StateContext.moved_from_at``), for at most
+from that service within the last judging period (``StateContext.moved_from_at``), for at most
 ``MOVING_GRACE`` silences, and the log says so once.
 
-The host-death step is one transaction that takes observer rows first, in id order, then
+The step that records a service's death is one transaction that takes observer rows first, in id order, then
 the service row (the state consumer's order), and is run again when it loses a deadlock: in
 two transactions, a second one that lost a deadlock would leave a lost service whose death
 was never recorded.
@@ -42,7 +42,7 @@ from manager.db.retry import retry_lost_races
 from manager.metrics import SERVICES_LATE, SERVICES_LOST
 from manager.repairs.base import Repair
 from manager.state.context import StateContext
-from manager.state.probation import ProbationPolicy, host_died
+from manager.state.probation import ProbationPolicy, service_died
 from manager.state.rows import ObserverRows, ServiceRows
 from shared.messages import IsolateObservers
 from shared.settings import ManagerSettings
@@ -50,7 +50,7 @@ from shared.settings import ManagerSettings
 logger = logging.getLogger(__name__)
 
 Isolate = Callable[[dict[uuid.UUID, uuid.UUID]], Awaitable[None]]
-# How many silences a death may wait for its host's share to finish moving.
+# How many silences a death may wait for the dead service's share to finish moving.
 MOVING_GRACE = 20
 
 
@@ -124,7 +124,7 @@ class Liveness:
         self._moving = moving
 
     def _share_moving(self, service_id: uuid.UUID, last_heard: datetime) -> bool:
-        """A takeover from this host was applied within the last judging period, and it fell
+        """A takeover from this service was applied within the last judging period, and it fell
         silent less than ``moving_grace`` ago."""
         moved_at = self.moved_from_at.get(service_id)
         return (
@@ -134,7 +134,7 @@ class Liveness:
         )
 
     def _forget_old_moves(self) -> None:
-        """Hosts whose observers moved away long ago (a live host's duplicates, a death
+        """Services whose observers moved away long ago (a live service's duplicates, a death
         recorded by a restart under its name) are of no more use here."""
         cutoff = time.monotonic() - self.moving_grace.total_seconds()
         for service_id in [s for s, at in self.moved_from_at.items() if at < cutoff]:
@@ -147,7 +147,7 @@ class Liveness:
             now = datetime.now(UTC)
             async with self.sessions.begin() as session:
                 rows = ObserverRows(session)
-                isolate = await host_died(rows, service_id, last_heard, now, self.probation)
+                isolate = await service_died(rows, service_id, last_heard, now, self.probation)
                 await rows.flush()
                 # Last: the consumer locks observers, then their services.
                 if not await ServiceRows(session).mark_lost(service_id, last_heard, now):
@@ -155,7 +155,7 @@ class Liveness:
             return isolate
 
         try:
-            isolate = await retry_lost_races(transaction, f"the host death of {service_id}")
+            isolate = await retry_lost_races(transaction, f"the death of service {service_id}")
         except _SpokeMeanwhile:
             return False
         self.moved_from_at.pop(service_id, None)
@@ -196,10 +196,11 @@ class JudgeHeartbeats(Repair):
         await self.liveness.judge()
 
     async def _isolate(self, isolate: dict[uuid.UUID, uuid.UUID]) -> None:
-        """Ask each host to move the observers its death put on probation into child processes."""
-        per_host: dict[uuid.UUID, list[uuid.UUID]] = {}
-        for observer_id, host in isolate.items():
-            per_host.setdefault(host, []).append(observer_id)
-        for host, ids in per_host.items():
-            logger.warning("%d observer(s) on probation: asking service %s to isolate them", len(ids), host)
-            await self.broker.publish_control(IsolateObservers(observer_ids=ids, service_id=host))
+        """Ask each service to move the observers on it that a death put on probation into child
+        processes."""
+        per_service: dict[uuid.UUID, list[uuid.UUID]] = {}
+        for observer_id, service_id in isolate.items():
+            per_service.setdefault(service_id, []).append(observer_id)
+        for service_id, ids in per_service.items():
+            logger.warning("%d observer(s) on probation: asking service %s to isolate them", len(ids), service_id)
+            await self.broker.publish_control(IsolateObservers(observer_ids=ids, service_id=service_id))

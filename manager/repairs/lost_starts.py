@@ -1,16 +1,16 @@
 """Rows waiting for a start that is in no queue get it published again (issue 11).
 
-A Created observer without a host waits for its start message to be taken; an OnDeleting
-one without a host waits for a service to take its start and stop it. If that start is
+A Created observer without a service waits for its start message to be taken; an OnDeleting
+one without a service waits for a service to take its start and stop it. If that start is
 gone (acked by a stop aimed at the wrong copy before sessions named their copies, a queue
 deleted by an operator, a bug), nothing would ever happen: the row stays Created, or is
 re-stopped for ever. The queues cannot be searched for one message, but a pool whose start
-queue holds no ready message has none waiting; so a row seen hostless in such a pool at
+queue holds no ready message has none waiting; so a row seen with no service in such a pool at
 every pass for ``ORCH_LOST_START_AFTER_S`` gets its start published again. If the start
 was in fact held by a service that had not reported it yet, or one that hands it back
 every few seconds (its kind missing, its process slots full: the queue is then empty most
 of the time), the duplicate is absorbed by the rules (a second start reported while the
-first host lives is stopped); the wait doubles after each attempt for the same row (up to
+first service lives is stopped); the wait doubles after each attempt for the same row (up to
 64 times), so such a row does not pile up copies. A start a service declined within the wait
 (it cannot run it, and handed it on: ``manager/state/declines.py``) is not lost: it is held
 or on its way, and a second copy would run beside the first once a service could take both.
@@ -88,7 +88,7 @@ class LostStarts(Repair):
             self._attempts[obs.id] = self._attempts.get(obs.id, 0) + 1
         if lost:
             logger.warning(
-                "published again %d start(s) that were in no queue (e.g. %s, %s for %.0fs with no host)",
+                "published again %d start(s) that were in no queue (e.g. %s, %s for %.0fs with no service)",
                 len(lost),
                 lost[0].id,
                 lost[0].status.value,

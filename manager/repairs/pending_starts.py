@@ -51,7 +51,7 @@ class PendingStarts(Repair):
 
 class GoneStarts(Repair):
     """Every pass: the starts ``gone`` names (the state rules add to it), still pending and
-    hostless, published again; the names are forgotten once the broker confirmed them."""
+    with no service, published again; the names are forgotten once the broker confirmed them."""
 
     name = "republish_gone"
 
@@ -67,7 +67,7 @@ class GoneStarts(Repair):
             return
         asked = list(self.gone)
         async with self.sessions() as session:
-            rows = await observers.pending_hostless(session, asked)
+            rows = await observers.pending_without_service(session, asked)
         if rows:
             await self.starts.publish_pending([start_message(obs) for obs in rows])
             logger.warning("published again %d start(s) that went with a deleted start queue", len(rows))

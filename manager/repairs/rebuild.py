@@ -9,9 +9,9 @@ again) has lost every start message, held or waiting, so nothing would ever run 
   missing means the broker is not the one the starts were published to. Nobody else
   declares the marker (services declare the start queues themselves, so a start queue that
   exists proves nothing).
-* **Rebuild.** (1) Every observer held by a host is released: Processing → Created, and
-  OnDeleting keeps its status; no host. The broker closed every connection when it lost its
-  data, so every service fenced its observers; a host that still ran one would list it in
+* **Rebuild.** (1) Every observer on a service is released: Processing → Created, and
+  OnDeleting keeps its status; no service. The broker closed every connection when it lost its
+  data, so every service fenced its observers; a service that still ran one would list it in
   its next inventory and take it back, and its duplicate is then stopped by the rules.
   (2) A start is published for every Created and OnDeleting observer (an OnDeleting one is
   stopped by the service that takes it: the rules answer its start report with a stop).
@@ -47,10 +47,10 @@ _RELEASE_POLL_S = 0.05
 
 
 async def rebuild(sessions: async_sessionmaker[AsyncSession], starts: StartPublisher) -> int:
-    """Release every hosted observer and publish a start for every live one; returns how
+    """Release every observer from its service and publish a start for every live one; returns how
     many starts were published. The caller declares the marker afterwards."""
     began = time.monotonic()
-    count = await _release_hosted(sessions)
+    count = await _release_all(sessions)
     published = 0
     after: uuid.UUID | None = None
     while True:
@@ -64,7 +64,7 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], starts: StartPubli
         after = rows[-1].id
     if count or published:
         logger.warning(
-            "the broker lost its data (no rebuild marker): released %d hosted observer(s), "
+            "the broker lost its data (no rebuild marker): released %d observer(s) from their services, "
             "published %d start(s) again from the database in %.1fs",
             count,
             published,
@@ -75,9 +75,9 @@ async def rebuild(sessions: async_sessionmaker[AsyncSession], starts: StartPubli
     return published
 
 
-async def _release_hosted(sessions: async_sessionmaker[AsyncSession]) -> int:
-    """Release every hosted observer (Processing → Created, OnDeleting keeps its status; no
-    host), never waiting for a row another writer holds: such a row is taken in a later
+async def _release_all(sessions: async_sessionmaker[AsyncSession]) -> int:
+    """Release every observer from its service (Processing → Created, OnDeleting keeps its
+    status; no service), never waiting for a row another writer holds: such a row is taken in a later
     round, once that writer committed. Raises ``TimeoutError`` if some stay held
     past ``_RELEASE_WAIT_S``."""
     now = datetime.now(UTC)
@@ -85,15 +85,15 @@ async def _release_hosted(sessions: async_sessionmaker[AsyncSession]) -> int:
     deadline = time.monotonic() + _RELEASE_WAIT_S
     while True:
         async with sessions.begin() as session:
-            done = await observers.release_unlocked_hosts(session, now, _DETAIL)
+            done = await observers.release_unlocked(session, now, _DETAIL)
         released += done
         if done:
             continue
         async with sessions() as session:
-            if not await observers.any_hosted(session):
+            if not await observers.any_on_a_service(session):
                 return released
         if time.monotonic() > deadline:
-            raise TimeoutError(f"hosted observers stayed locked by other writers for {_RELEASE_WAIT_S:g}s")
+            raise TimeoutError(f"observers on services stayed locked by other writers for {_RELEASE_WAIT_S:g}s")
         await asyncio.sleep(_RELEASE_POLL_S)
 
 

@@ -35,7 +35,7 @@ async def prune_events(sessions: async_sessionmaker[AsyncSession], days: float) 
     cutoff = datetime.now(UTC) - timedelta(days=days)
     async with sessions.begin() as session:
         deleted = await events.delete_oldest(session, cutoff, BATCH)
-        # The record of host deaths (a row per death, read within the probation window) goes
+        # The record of service deaths (a row per death, read within the probation window) goes
         # with the history of the same age.
         await probation_rows.forget_deaths(session, cutoff)
     if deleted:

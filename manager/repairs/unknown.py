@@ -1,5 +1,5 @@
 """Observers reported running that have no row, after ``ORCH_UNKNOWN_GRACE_S`` (a create's
-commit may be in flight): their host is asked for their starts, to adopt them
+commit may be in flight): their service is asked for their starts, to adopt them
 (``manager/state/adoption.py``), or asked to report again when the row turned up."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class DescribeUnknown(Repair):
     ) -> None:
         self.sessions = sessions
         self.broker = broker
-        self.unknown = context.suspicions.unknown  # observer -> (host, first seen), kept by the rules
+        self.unknown = context.suspicions.unknown  # observer -> (service, first seen), kept by the rules
         self.grace_s = grace_s
 
     async def run(self) -> None:
@@ -36,17 +36,17 @@ class DescribeUnknown(Repair):
             return
         async with self.sessions() as session:
             known = await observers.existing_ids(session, [oid for oid, _ in due])
-        orphans: dict[uuid.UUID, list[uuid.UUID]] = {}  # host -> observers with no row
+        orphans: dict[uuid.UUID, list[uuid.UUID]] = {}  # service -> observers with no row
         recheck: set[uuid.UUID] = set()
         for oid, sid in due:
             del self.unknown[oid]
             if oid in known:
-                recheck.add(sid)  # its row committed after the report: ask the host to report again
+                recheck.add(sid)  # its row committed after the report: ask the service to report again
             else:
                 orphans.setdefault(sid, []).append(oid)
         for sid in recheck:
             await self.broker.publish_control(InventoryRequest(service_id=sid))
-        # Batched per host: a database restored from an older backup leaves thousands at once.
+        # Batched per service: a database restored from an older backup leaves thousands at once.
         for sid, oids in orphans.items():
             logger.warning(
                 "%d observer(s) run on %s but have no row (e.g. %s): asking it to describe them, to adopt them",

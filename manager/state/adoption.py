@@ -3,10 +3,10 @@
 A database restored from an older backup does not know the observers created since; their
 starts are held by services and they run. Stopping them (what the manager did) lost running
 work. Now, after ``ORCH_UNKNOWN_GRACE_S`` (a create's commit may still be in flight), the
-manager asks the host to describe them (``DescribeRequest``); the host answers with their
+manager asks their service to describe them (``DescribeRequest``); the service answers with their
 start messages (``ObserversDescribed``, only those it runs, tied to its session) and each is
-adopted: its row re-created from the start message, Processing on that host, event
-``adopted``. Two exceptions, stopped on that host with a logged reason instead:
+adopted: its row re-created from the start message, Processing on that service, event
+``adopted``. Two exceptions, stopped on that service with a logged reason instead:
 
 * its name now belongs to another live observer (names are unique among live observers);
 * its create was answered 503 and its row deleted while some starts may have reached the
@@ -33,7 +33,7 @@ async def adopt(
     session: AsyncSession, rows: ObserverRows, m: ObserversDescribed, now: datetime, out: FollowUps
 ) -> None:
     """Re-create the rows of the observers ``m`` describes, or stop them (see above). The
-    sender must be a known service (it becomes their host)."""
+    sender must be a known service (it becomes their service)."""
     ids = [start.observer_id for start in m.starts]
     if not ids:
         return

@@ -23,8 +23,8 @@ rest).
 * Observer reports are applied once: their message ids are recorded in the same transaction
   (``applied_state_messages``), so a batch delivered again (the manager killed after its
   commit and before its ack, or its channel lost in between) is skipped. Replayed, a start
-  report of an old host would be judged a move and stop the only live copy, and a hand-over
-  would un-host an observer that came back to the same host.
+  report of an old service would be judged a move and stop the only live copy, and a hand-over
+  would take an observer that came back to the same service off it.
 * The database unreachable, not serving, or a lost race (``manager.db.errors.is_transient``):
   the batch is retried as a whole, nothing acked.
 * Any other failure: the batch is applied again one message per transaction, and the
@@ -250,8 +250,8 @@ class StateConsumer:
                     await message.ack()
 
 
-# A hand-over applied again after its observer came back to the same host (same session)
-# would un-host the copy running there.
+# A hand-over applied again after its observer came back to the same service (same session)
+# would take the copy running there off it.
 _ONCE_ONLY = (*OBSERVER_REPORT_TYPES, ObserversStarted, ObserversHandedOver, StartsGone, ReportBatch)
 
 

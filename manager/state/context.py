@@ -47,7 +47,7 @@ class Suspicions:
     * unknown: ids reported running that have no row: stopped after a grace, in case the
       row's commit is still in flight (``background``);
     * conflicts: observer -> the other service (and its session) that listed it while its
-      host is alive; resolved when the host's own inventory arrives.
+      service is alive; resolved when that service's own inventory arrives.
     """
 
     unknown: dict[uuid.UUID, tuple[uuid.UUID, float]] = field(default_factory=dict)
@@ -58,8 +58,8 @@ class StateContext:
     def __init__(self, probation: ProbationPolicy) -> None:
         self.probation = probation
         self.suspicions = Suspicions()
-        # When a takeover from each host was last applied (monotonic seconds): while a dead
-        # host's share is still moving, its death waits (``manager/repairs/liveness.py``).
+        # When a takeover from each service was last applied (monotonic seconds): while a dead
+        # service's share is still moving, its death waits (``manager/repairs/liveness.py``).
         self.moved_from_at: dict[uuid.UUID, float] = {}
         # The hand-overs the balancer asked for, and the placement each service's last
         # heartbeat said it consumes under (``manager/balance/rounds.py``).
@@ -77,7 +77,7 @@ class StateContext:
         """A service speaks that has no row: its ServiceBorn was lost (dead-lettered while
         the database refused connections) or the database was restored from an older
         backup. Ask it to introduce itself again; until then its reports about observers
-        count as from a host that is not alive.
+        count as from a service that is not alive.
 
         A service that was deleted yet still heartbeats was replaced by another one born
         under its name while it lived: two services share a name (the default is the host
@@ -141,7 +141,7 @@ class StateContext:
                 if not isinstance(report, _WRITTEN_WITHOUT_READING):
                     service_ids.add(report.service_id)
         await rows.preload(observer_ids)
-        await services.preload(service_ids | rows.hosts())
+        await services.preload(service_ids | rows.services())
 
     async def flush(self, session: AsyncSession) -> None:
         """Write the changed rows; call before the transaction commits."""

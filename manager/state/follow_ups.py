@@ -1,9 +1,9 @@
 """The follow-ups of a batch of reports: control messages the state side decides while applying
 them, published only after the transaction that decided them committed (merged per target:
-one broadcast per host, not one per observer).
+one broadcast per service, not one per observer).
 
 Stops and isolations are kept as ids per target and turned into messages once, in
-``batched``: a failover decides a stop of the old host's copy for each observer it moves
+``batched``: a failover decides a stop of the old service's copy for each observer it moves
 (``observer_reports.started``), and building a pydantic stop (with its uuid4 and clock
 read) for each only to merge them again was a large share of the state process (figures:
 docs/cost-curve.md).
@@ -22,7 +22,7 @@ from shared.messages import (
     stop_messages,
 )
 
-# (host or None for any, its broker session or None for any copy, reason)
+# (service or None for any, its broker session or None for any copy, reason)
 StopTarget = tuple[uuid.UUID | None, uuid.UUID | None, str]
 
 
@@ -39,7 +39,7 @@ class FollowUps:
     def stop(
         self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str, session_id: uuid.UUID | None = None
     ) -> None:
-        """A stop; with ``service_id`` only that host acts, with ``session_id`` too only on
+        """A stop; with ``service_id`` only that service acts, with ``session_id`` too only on
         the copy it holds in that session."""
         self.stops.setdefault((service_id, session_id, reason), {})[observer_id] = None
 
@@ -54,12 +54,12 @@ class FollowUps:
         self.messages += other.messages
         for target, stopped in other.stops.items():
             self.stops.setdefault(target, {}).update(stopped)
-        for host, isolated in other.isolations.items():
-            self.isolations.setdefault(host, []).extend(isolated)
+        for service_id, isolated in other.isolations.items():
+            self.isolations.setdefault(service_id, []).extend(isolated)
 
     def batched(self) -> list[Message]:
         """Stops with the same target and reason merged into ``StopObservers``, isolations
-        per host merged, requests deduplicated; the order between targets does not matter."""
+        per service merged, requests deduplicated; the order between targets does not matter."""
         merged: list[Message] = []
         for (service_id, session_id, reason), unique_ids in self.stops.items():
             merged += stop_messages(list(unique_ids), reason, service_id, session_id)

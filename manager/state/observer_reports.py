@@ -1,5 +1,5 @@
 """The rules of observer reports: an observer started (or moved), stopped, retrying, failed,
-isolated, and the starts a host describes to be adopted. ``StateRules`` (``rules.py``)
+isolated, and the starts a service describes to be adopted. ``StateRules`` (``rules.py``)
 dispatches each report here, inside its transaction and with its rows; the compare-and-set
 rules these follow are in its docstring."""
 
@@ -60,13 +60,13 @@ async def started(
     if obs.status in STOPPING_OR_GONE:
         out.stop(obs.id, m.service_id, f"observer is {obs.status.value}", m.session_id)
         if obs.status == S.ON_DELETING:
-            obs.host(m.service_id, m.session_id)
+            obs.set_service(m.service_id, m.session_id)
         return
-    host = obs.service_id
+    current = obs.service_id
     handover = ctx.handovers.landed(obs.id) if m.redelivered else None
-    if handover is not None and handover.source != m.service_id and host in (None, handover.source):
-        # The balancer had its host hand it over (the broker redelivered its start): the old
-        # host ended it before giving it back, so it needs no stop.
+    if handover is not None and handover.source != m.service_id and current in (None, handover.source):
+        # The balancer had its service hand it over (the broker redelivered its start): the old
+        # service ended it before giving it back, so it needs no stop.
         ctx.rows_of(session).event(
             obs.id,
             EventType.REBALANCED,
@@ -78,8 +78,8 @@ async def started(
     elif not await _record_start(ctx, session, obs, m, now, out):
         return
     obs.status = S.PROCESSING
-    obs.host(m.service_id, m.session_id)
-    # A life's first start is its first attempt. A start elsewhere after its host died or
+    obs.set_service(m.service_id, m.session_id)
+    # A life's first start is its first attempt. A start elsewhere after its service died or
     # left carries on that attempt: a move is not the observer's failure (those come as
     # ObserverRetrying), and it leaves the indexed column as it was (migration 0011).
     obs.attempts = max(obs.attempts, 1)
@@ -95,41 +95,41 @@ async def started(
 async def _record_start(
     ctx: StateContext, session: AsyncSession, obs: Row, m: ObserversStarted, now: datetime, out: FollowUps
 ) -> bool:
-    """Record a start as a first start or a move from its old host (stopped there if that
-    host lives); False for a second copy, which is stopped instead."""
-    host = obs.service_id
-    if host is not None and host != m.service_id and await ctx.service_in(session, host, (ServiceStatus.ALIVE,)):
+    """Record a start as a first start or a move from its old service (stopped there if that
+    service lives); False for a second copy, which is stopped instead."""
+    old = obs.service_id
+    if old is not None and old != m.service_id and await ctx.service_in(session, old, (ServiceStatus.ALIVE,)):
         if m.redelivered:
-            # Only the copy we knew of: the old host may hold a newer one by now.
-            out.stop(obs.id, host, "moved to another host", obs.host_session_id)
+            # Only the copy we knew of: the old service may hold a newer one by now.
+            out.stop(obs.id, old, "moved to another service", obs.host_session_id)
         else:
             out.stop(obs.id, m.service_id, "duplicate start message", m.session_id)
             return False
-    if host is not None and host != m.service_id:
+    if old is not None and old != m.service_id:
         ctx.rows_of(session).event(
             obs.id,
             EventType.MOVED,
             now,
             service_id=m.service_id,
-            from_service_id=host,
+            from_service_id=old,
             from_session_id=obs.host_session_id,
         )
-        ctx.moved_from_at[host] = time.monotonic()
+        ctx.moved_from_at[old] = time.monotonic()
     else:
         ctx.rows_of(session).event(obs.id, EventType.STARTED, now, service_id=m.service_id)
     return True
 
 
 async def handed_over(ctx: StateContext, session: AsyncSession, m: ObserversHandedOver, now: datetime) -> None:
-    """Their host ended them and gave their starts back to the queue: they wait, hostless,
+    """Their service ended them and gave their starts back to the queue: they wait, on no service,
     for the start report of the service the broker gives each to (which records the move).
-    A row that already names another host, or a newer copy, is past this."""
+    A row that already names another service, or a newer copy, is past this."""
     rows = ctx.rows_of(session)
     for observer_id in m.observer_ids:
         obs = await _observer(ctx, session, observer_id)
         if obs is None or obs.service_id != m.service_id or obs.host_session_id not in (None, m.session_id):
             continue
-        obs.host(None)
+        obs.set_service(None)
         obs.modified_at = now
         if obs.status == S.PROCESSING:
             obs.status = S.CREATED
@@ -140,14 +140,14 @@ async def handed_over(ctx: StateContext, session: AsyncSession, m: ObserversHand
 async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, now: datetime) -> None:
     """A start queue was deleted while ``m.service_id`` held these starts from it in
     ``m.session_id``: the broker dropped them, and that service stopped the observers before
-    it said so. No copy is left anywhere: a live one waits hostless, pending, and the
+    it said so. No copy is left anywhere: a live one waits on no service, pending, and the
     gone-start repair publishes its start again (``manager/repairs/pending_starts.py``); a
     stop under way is done.
 
-    Only a row this host holds in that session is taken. Any other has a start of its own:
-    another host's or a newer session's, or, hostless, one the broker holds or the rebuild
+    Only a row this service holds in that session is taken. Any other has a start of its own:
+    another service's or a newer session's, or, on no service, one the broker holds or the rebuild
     published (it releases every row when the broker lost its data, the deleted start
-    queues with it, and publishes them all; a second copy would run on two hosts)."""
+    queues with it, and publishes them all; a second copy would run on two services)."""
     rows = ctx.rows_of(session)
     again = []
     for observer_id in m.observer_ids:
@@ -156,7 +156,7 @@ async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, n
             continue
         if obs.service_id != m.service_id or obs.host_session_id not in (None, m.session_id):
             continue
-        obs.host(None)
+        obs.set_service(None)
         obs.modified_at = now
         if obs.status == S.ON_DELETING:
             obs.status = S.DELETED
@@ -182,14 +182,14 @@ def declined(ctx: StateContext, session: AsyncSession, m: StartsDeclined, now: d
 
 
 async def stopped(ctx: StateContext, session: AsyncSession, m: ObserverStopped, now: datetime) -> None:
-    # Any service may end a requested stop, not only the host we know of: the sender
+    # Any service may end a requested stop, not only the service we know of: the sender
     # acked a copy of the start (maybe one the broker redelivered to it before we
     # heard of the move). A copy left elsewhere is stopped by the rules for Deleted
-    # (its start report or its host's inventory gets a targeted stop).
+    # (its start report or its service's inventory gets a targeted stop).
     obs = await _observer(ctx, session, m.observer_id)
     if obs is not None and obs.status == S.ON_DELETING:
         obs.status, obs.modified_at = S.DELETED, now
-        obs.host(await _known_or_none(ctx, session, m.service_id))
+        obs.set_service(await _known_or_none(ctx, session, m.service_id))
         ctx.rows_of(session).event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=m.reason)
 
 
@@ -211,14 +211,14 @@ async def failed(ctx: StateContext, session: AsyncSession, m: ObserverFailed, no
         return
     obs.status = S.DELETED if obs.status == S.ON_DELETING else S.FAILED
     obs.last_error = m.reason
-    obs.host(await _known_or_none(ctx, session, m.service_id))
+    obs.set_service(await _known_or_none(ctx, session, m.service_id))
     obs.modified_at = now
     event = EventType.FAILED if obs.status == S.FAILED else EventType.STOPPED
     ctx.rows_of(session).event(obs.id, event, now, service_id=m.service_id, detail=m.reason)
 
 
 async def isolated(ctx: StateContext, session: AsyncSession, m: ObserverIsolated, now: datetime) -> None:
-    """Its host runs it in a child process now: the clean run of its probation begins."""
+    """Its service runs it in a child process now: the clean run of its probation begins."""
     obs = await _observer(ctx, session, m.observer_id)
     if obs is None or obs.status != S.PROCESSING or obs.service_id != m.service_id or obs.probation_since is None:
         return
@@ -238,15 +238,15 @@ async def described(
 
 
 async def _speaks_for(ctx: StateContext, session: AsyncSession, obs: Row, service_id: uuid.UUID) -> bool:
-    """A report about an observer counts if it comes from its host, or if it has no
-    live host (the broker gave its start to the sender when the old host died)."""
+    """A report about an observer counts if it comes from its service, or if it has no
+    live service (the broker gave its start to the sender when the old service died)."""
     if obs.service_id in (None, service_id):
         return True
     return not await ctx.service_in(session, obs.service_id, (ServiceStatus.ALIVE,))
 
 
 async def _known_or_none(ctx: StateContext, session: AsyncSession, service_id: uuid.UUID) -> uuid.UUID | None:
-    """The id, if it may be written as an observer's host: only a known service (no foreign
+    """The id, if it may be written as an observer's service: only a known service (no foreign
     key checks it since migration 0010; this does)."""
     return service_id if await ctx.services_of(session).get(service_id) is not None else None
 

@@ -8,7 +8,7 @@ work per changed observer capped a catching-up manager's rate (figures: docs/des
 Rows are loaded ``FOR NO KEY UPDATE`` in id order (the order every writer of ``observers``
 uses, so the consumer and the API never deadlock) and stay locked until the transaction ends.
 Every writer of observer rows takes that mode, never ``FOR UPDATE``: it excludes the other
-writers but not a reader of the key. Recording events (a host death writes one per observer
+writers but not a reader of the key. Recording events (a service's death writes one per observer
 it ran) locks no observer row at all (no foreign key: migration 0009), so it never waits for,
 nor deadlocks with, a transaction that changes those rows.
 Pending changes are flushed before any query that filters on a column rules may change
@@ -39,8 +39,8 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db.events import NewEvent, insert_events
-from manager.db.hosts import hosted_on
 from manager.db.models import EventType, Observer, ObserverStatus, Service, ServiceStatus
+from manager.db.service_observers import on_service
 from manager.db.sql import factor, id_in, lock_by_ids
 from shared.messages import ServiceBorn
 
@@ -57,7 +57,7 @@ _COLUMNS = (
 )
 
 # Rows are sent as id, attempts and the number of the rest of their state among the batch's
-# distinct ones (``manager.db.sql.factor``): the rows a batch moves share a host, a session
+# distinct ones (``manager.db.sql.factor``): the rows a batch moves share a service, a session
 # and an instant.
 _WRITE = text(
     """
@@ -85,7 +85,7 @@ class Row:
     attempts: int
     last_error: str | None
     modified_at: datetime
-    host_session_id: uuid.UUID | None = None  # the host's broker session holding its start
+    host_session_id: uuid.UUID | None = None  # the service's broker session holding its start
     probation_since: datetime | None = None
     probation_clean_since: datetime | None = None
     _saved: tuple[Any, ...] = field(default=(), repr=False)
@@ -102,8 +102,8 @@ class Row:
             self.probation_clean_since,
         )
 
-    def host(self, service_id: uuid.UUID | None, session_id: uuid.UUID | None = None) -> None:
-        """Set (or clear) the host and the session in which it holds the start."""
+    def set_service(self, service_id: uuid.UUID | None, session_id: uuid.UUID | None = None) -> None:
+        """Set (or clear) the service running it and the session in which that holds the start."""
         self.service_id, self.host_session_id = service_id, session_id
 
     def changed(self) -> bool:
@@ -145,7 +145,7 @@ class ObserverRows:
         state is the transaction's; ``judge`` (the same condition, in Python) judges the
         cached ones, whose stored state may be stale. Flushing would write every changed row
         before the query and again when it changed once more, as when a catch-up's batch
-        releases each goodbye's rows and moves them to their new hosts (figures:
+        releases each goodbye's rows and moves them to their new services (figures:
         docs/design.md, "Where the time goes").
 
         The rows ``where`` finds are read first, unlocked, then locked by id
@@ -171,13 +171,13 @@ class ObserverRows:
             return []
         return [self._remember(values) for values in (await self.session.execute(lock_by_ids(_COLUMNS, ids))).all()]
 
-    async def hosted_by(self, service_id: uuid.UUID) -> list[Row]:
-        """Lock and return the rows ``service_id`` hosts (Processing or OnDeleting) as this
+    async def held_by(self, service_id: uuid.UUID) -> list[Row]:
+        """Lock and return the rows ``service_id`` runs (Processing or OnDeleting) as this
         transaction sees them (:meth:`matching`)."""
-        hosted = (ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
+        held = (ObserverStatus.PROCESSING, ObserverStatus.ON_DELETING)
         return await self.matching(
-            hosted_on(service_id) & Observer.status.in_(hosted),
-            lambda row: row.service_id == service_id and row.status in hosted,
+            on_service(service_id) & Observer.status.in_(held),
+            lambda row: row.service_id == service_id and row.status in held,
         )
 
     def _remember(self, values: Sequence[Any]) -> Row:
@@ -202,7 +202,8 @@ class ObserverRows:
             self._absent.add(observer_id)
         return rows[0] if rows else None
 
-    def hosts(self) -> set[uuid.UUID]:
+    def services(self) -> set[uuid.UUID]:
+        """The services the cached rows name."""
         return {row.service_id for row in self._rows.values() if row.service_id is not None}
 
     async def flush(self) -> None:
@@ -266,7 +267,7 @@ class ServiceRows:
     Unlike observer rows they are read without a lock and every write is one immediate
     compare-and-set or upsert, not a change flushed later: a touch's outcome says at once
     whether to ask the service to introduce itself; a born row is in the cache before
-    any observer row names it as host; and a deletion locks its row at once, so a concurrent
+    any observer row names it as its service; and a deletion locks its row at once, so a concurrent
     ``judge_heartbeats`` waits for it and finds it deleted rather than lost. A batch
     writes a few services (one heartbeat each every few seconds), not thousands, so one
     statement each costs little. Each write puts the row as written into the cache.

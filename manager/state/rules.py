@@ -7,16 +7,16 @@ holds. Each runs inside the caller's transaction and returns the control message
 
 Every write is a compare-and-set (``UPDATE ... WHERE status ... AND service_id ...``) so the
 API and this consumer never overwrite each other, whatever order messages arrive in:
-* a start or failure applies only if its sender is the observer's host, or the observer
-  has no live host; a late report from an old host is ignored (a requested stop may be
+* a start or failure applies only if its sender is the observer's service, or the observer
+  has no live service; a late report from an old service is ignored (a requested stop may be
   ended by any service that acked a copy, see ``observer_reports.stopped``);
 * a start reported for an observer that is being or has been stopped is answered with a
-  stop targeted at that host;
+  stop targeted at that service;
 * a stop aimed at one copy names the broker session that holds it (``host_session_id``), so
-  it never hits a newer copy the same host got since (X on A → B → back to A while the
+  it never hits a newer copy the same service got since (X on A → B → back to A while the
   manager was behind: B's late start report must not stop X on A);
-* an observer on probation reported running in its host's own process is isolated again;
-* two hosts at once: the redelivered copy wins (the other host lost its channel), else the
+* an observer on probation reported running in its service's own process is isolated again;
+* two services at once: the redelivered copy wins (the other service lost its channel), else the
   first one wins and the new copy (a duplicate start message) is stopped;
 * inventories (the ids a service really runs) repair anything a lost or reordered
   message left wrong.

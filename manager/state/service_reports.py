@@ -14,13 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.db import observers
 from manager.db.digests import held_digest
-from manager.db.hosts import ids_on
 from manager.db.models import EventType, Observer, ServiceStatus
+from manager.db.service_observers import ids_on
 from manager.db.sql import id_in
 from manager.metrics import DIGEST_MISMATCHES, DIGESTS_COMPARED
 from manager.state.context import STOPPING_OR_GONE, S, StateContext
 from manager.state.follow_ups import FollowUps
-from manager.state.probation import host_died
+from manager.state.probation import service_died
 from manager.state.rows import Row
 from shared.messages import InventoryRequest, ServiceBorn, ServiceDigest, ServiceHeartbeat, ServiceInventory
 
@@ -34,9 +34,9 @@ async def born(ctx: StateContext, session: AsyncSession, m: ServiceBorn, now: da
         logger.info("service %s (%s) restarted as %s: old instance deleted", m.name, old.id, m.service_id)
         if old.status == ServiceStatus.ALIVE:
             # It died without a word (a lost one was counted when judged lost).
-            isolate = await host_died(ctx.rows_of(session), old.id, old.last_heartbeat_at, now, ctx.probation)
-            for observer_id, host in isolate.items():
-                out.isolate(observer_id, host)
+            isolate = await service_died(ctx.rows_of(session), old.id, old.last_heartbeat_at, now, ctx.probation)
+            for observer_id, current in isolate.items():
+                out.isolate(observer_id, current)
         await release_observers(ctx, session, old.id, now)
     await services.born(m, now)
 
@@ -56,10 +56,10 @@ async def service_gone(ctx: StateContext, session: AsyncSession, service_id: uui
 
 
 async def release_observers(ctx: StateContext, session: AsyncSession, service_id: uuid.UUID, now: datetime) -> None:
-    """The host is gone: its observers wait, hostless, for a new start report."""
+    """The service is gone: its observers wait, on no service, for a new start report."""
     rows_of = ctx.rows_of(session)
-    for obs in await rows_of.hosted_by(service_id):
-        obs.host(None)
+    for obs in await rows_of.held_by(service_id):
+        obs.set_service(None)
         obs.modified_at = now
         if obs.status == S.PROCESSING:
             obs.status = S.CREATED
@@ -101,12 +101,12 @@ async def inventory(
             ctx.suspicions.unknown.setdefault(oid, (sid, time.monotonic()))
     running_here = (
         (Observer.status == S.PROCESSING)
-        & (Observer.service_id == sid)  # judged on rows found by id: no lookup by host
+        & (Observer.service_id == sid)  # judged on rows found by id: no lookup by service
         & Observer.host_session_id.is_not_distinct_from(m.session_id)
     )
     held = (S.PROCESSING, S.ON_DELETING)
-    on_host = id_in(Observer.id, await ids_on(session, sid))  # an OR below: see ids_on
-    held_here = on_host & (Observer.service_id == sid) & Observer.status.in_(held)
+    on_service = id_in(Observer.id, await ids_on(session, sid))  # an OR below: see ids_on
+    held_here = on_service & (Observer.service_id == sid) & Observer.status.in_(held)
     conflicts = ctx.suspicions.conflicts
 
     def disagrees(row: Row) -> bool:  # the query's condition, for the rows cached in this batch
@@ -122,7 +122,7 @@ async def inventory(
         disagrees,
     )
     for obs in rows:
-        if obs.id in listed or obs.service_id == sid:  # conflicts of other hosts wait for theirs
+        if obs.id in listed or obs.service_id == sid:  # conflicts of other services wait for theirs
             await reconcile(ctx, session, obs, m, obs.id in listed, now, out)
 
 
@@ -134,20 +134,20 @@ async def reconcile(
     if not listed:
         if obs.status == S.PROCESSING:
             # Not running where we thought: another copy (conflicting) or nobody.
-            obs.host(*(conflicting or (None, None)))
+            obs.set_service(*(conflicting or (None, None)))
             obs.status = S.PROCESSING if conflicting else S.CREATED
             obs.modified_at = now
         return
     if conflicting is not None:
-        out.stop(obs.id, conflicting[0], "duplicate: also running on its host", conflicting[1])
+        out.stop(obs.id, conflicting[0], "duplicate: also running on its service", conflicting[1])
     if obs.status in STOPPING_OR_GONE:
         out.stop(obs.id, sid, f"observer is {obs.status.value}", m.session_id)
         return
     if obs.service_id in (None, sid) or not await ctx.service_in(session, obs.service_id, (ServiceStatus.ALIVE,)):
         if obs.status != S.PROCESSING or obs.service_id != sid or obs.host_session_id != m.session_id:
             obs.status, obs.modified_at = S.PROCESSING, now
-            obs.host(sid, m.session_id)
+            obs.set_service(sid, m.session_id)
         return
-    # Listed here but hosted by another live service: ask that host what it runs.
+    # Listed here but on another live service: ask that service what it runs.
     ctx.suspicions.conflicts[obs.id] = (sid, m.session_id)
     out.messages.append(InventoryRequest(service_id=obs.service_id))

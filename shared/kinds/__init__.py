@@ -1,4 +1,4 @@
-"""The observer kinds a host can run: the built-ins plus every kind published by an installed
+"""The observer kinds a service can run: the built-ins plus every kind published by an installed
 plug-in in the entry-point group ``orchestrator.observers``.
 
 Each kind is known with its *reference* (``module:attribute``), so a child process

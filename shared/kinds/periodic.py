@@ -15,7 +15,7 @@ Timeouts: an ``async`` call is cancelled after ``timeout_s`` (a hard limit). A t
 be killed: a sync call still running after ``timeout_s`` makes the observer raise at once (the
 retry policy restarts it) while the thread runs on in the background, outside the no-overlap
 guarantee (so does a thread caught by a stop or a handoff). The limit is only truly hard for
-sync functions under ``isolation: process``, where the child process that hosts the observer
+sync functions under ``isolation: process``, where the child process that runs the observer
 is killed. With ``async`` isolation, sync functions also share the service's default thread
 pool: prefer ``async def``.
 

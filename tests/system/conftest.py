@@ -61,7 +61,7 @@ def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def with_test_plugin(system: System, plugin_path: Path) -> System:
     """Every process ``system`` starts gets the test plug-in, whose ``probe`` kind leaves a
-    line per tick (``tools.harness.probe_args``, ``read_ticks``): which host acted when."""
+    line per tick (``tools.harness.probe_args``, ``read_ticks``): which service acted when."""
     system.env["PYTHONPATH"] = str(plugin_path)
     return system
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_services
 from tools import infra
 from tools.harness import System, metric, probe_args, wait_for
 
@@ -96,10 +96,10 @@ def test_a_rolling_restart_ends_even(system: System) -> None:
     assert 'orch_handovers_total{reason="even load"}' in moved, moved
 
     # And stays so while observers come and go: 200 stopped, most from one service, 200 created
-    by_host = collections.defaultdict(list)
+    by_service = collections.defaultdict(list)
     for o in system.observers(status="Processing"):
-        by_host[o["service_id"]].append(o["id"])
-    first, *others = by_host.values()
+        by_service[o["service_id"]].append(o["id"])
+    first, *others = by_service.values()
     stopped = first[:150] + [oid for ids in others for oid in ids[:25]]
     assert system.post("/api/observers/bulk-stop", {"ids": stopped}).status_code == 202
     bulk(system, "churn", 200)
@@ -131,9 +131,9 @@ def test_a_joining_service_gets_its_share_and_pinned_observers_stay(with_test_pl
     rebalanced = [e for e in events if e["event"] == "rebalanced"]
     assert rebalanced and rebalanced[-1]["from_service_id"] == first_id, events
 
-    # No observer ever ran on two hosts at once, and each moved one ticks on its new host
+    # No observer ever ran on two services at once, and each moved one ticks on its new service
     time.sleep(1.5)
-    assert assert_never_on_two_hosts(ticks) >= 30
+    assert assert_never_on_two_services(ticks) >= 30
     assert first.alive()
     assert metric(system, "orch_fleet_imbalance") <= 0.1
 
@@ -161,12 +161,12 @@ def test_a_drained_service_hands_everything_over_then_stops_moving_nothing(
     late = system.create("after-drain")  # new creates go elsewhere
     assert system.wait_status(late["id"], "Processing")["service_id"] != leaving_id
 
-    # Then a SIGTERM moves nothing, and no observer ever ran on two hosts at once
+    # Then a SIGTERM moves nothing, and no observer ever ran on two services at once
     assert leaving.terminate() == 0
     assert "handing 0 observer(s) over" in leaving.text(), leaving.text()[-3000:]
     assert all(system.observer(i)["status"] == "Processing" for i in ids)
     time.sleep(1)
-    assert_never_on_two_hosts(ticks)
+    assert_never_on_two_services(ticks)
     # Nothing moved once it was drained: a drain and an even load in one round overshot (CI)
     assert metric(system, 'orch_handovers_total{reason="even load"}') == even_moves, system.logs()[-3000:]
 

@@ -2,8 +2,9 @@
 default product settings (the harness's short test timings), then everything must converge:
 every observer that should run is Processing on an alive service, every stopped one Deleted,
 none stuck or Failed, at most a few on probation (all of them bystanders), the services'
-running counts equal the Processing count, and no observer ever acted on two hosts at once
-(judged from the ``probe`` kind's per-tick records, ``assert_never_on_two_hosts`` of ``tests/system/test_fencing.py``).
+running counts equal the Processing count, and no observer ever acted on two services at once
+(judged from the ``probe`` kind's per-tick records, ``assert_never_on_two_services`` of
+``tests/system/test_fencing.py``).
 
 Seeded: the seed is printed; ``ORCH_CHAOS_SEED=<seed>`` replays a run's choices (not its
 timing), ``ORCH_CHAOS_S`` changes its length.
@@ -21,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_services
 from tools import infra
 from tools.harness import Proc, System, probe_args, wait_for
 
@@ -99,7 +100,7 @@ def test_chaos(system: System, tmp_path: Path, rabbit: infra.RabbitNode, postgre
     rng = random.Random(seed)
     fleet = Fleet(system, tmp_path / "ticks.log", rng)
     # The product's default: the balancer hands observers over as services die and come back,
-    # under the same faults and the same never-on-two-hosts check.
+    # under the same faults and the same never-on-two-services check.
     system.env["ORCH_BALANCE_MOVES_PER_S"] = "250"
     system.start_manager()
     for name in SERVICES:
@@ -144,11 +145,11 @@ def test_chaos(system: System, tmp_path: Path, rabbit: infra.RabbitNode, postgre
     assert not [o for o in ours if o["status"] == "Failed"], "a healthy observer Failed"
     on_probation = sum(1 for o in ours if o["probation"])
     print(f"{len(fleet.running)} running, {len(fleet.stopped)} stopped, {on_probation} on probation")
-    # Every one of them is a bystander (none kills its host): the evidence that sets a host
+    # Every one of them is a bystander (none kills its service): the evidence that sets a service
     # killer apart, and the budget (5 % of the live observers, at least one), keep the
     # incident from moving the fleet into child processes.
     assert on_probation <= max(1, len(fleet.running) // 20) + 1, on_probation
-    assert_never_on_two_hosts(fleet.log)
+    assert_never_on_two_services(fleet.log)
 
 
 def outage(fleet: Fleet, what: str, rabbit: infra.RabbitNode, postgres: infra.PostgresNode) -> None:

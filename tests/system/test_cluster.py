@@ -20,7 +20,7 @@ import aio_pika
 import pytest
 
 from shared import topology
-from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_services
 from tools import infra
 from tools.harness import Proc, System, probe_args, read_ticks, unique, wait_for
 
@@ -69,12 +69,12 @@ def test_a_cluster_of_three_keeps_a_quorum_queue_through_a_node_killed() -> None
     wait_for(lambda: len(running_nodes(nodes[0])) == 3, 60, "the killed node to rejoin")
 
 
-HOST_DEATHS = 25  # past 4.3's default delivery limit of 20
+SERVICE_DEATHS = 25  # past 4.3's default delivery limit of 20
 
 
 async def _hold_and_die(url: str, queue: str) -> None:
     """Take the start as a service does (prefetch 1, ``HELD_FOR_GOOD``, no ack), then close the
-    connection holding it: RabbitMQ counts that as a failed delivery, as it does a host's death."""
+    connection holding it: RabbitMQ counts that as a failed delivery, as it does a service's death."""
     connection = await aio_pika.connect(url)
     channel = await connection.channel()
     await channel.set_qos(prefetch_count=1)
@@ -91,7 +91,7 @@ async def _hold_and_die(url: str, queue: str) -> None:
 
 
 async def _hold_through_deaths(urls: list[str], pool: str) -> tuple[int, int]:
-    """(messages left in the start queue, in its error queue) after ``HOST_DEATHS`` holders
+    """(messages left in the start queue, in its error queue) after ``SERVICE_DEATHS`` holders
     died holding its one start."""
     connection = await aio_pika.connect(urls[0])
     async with connection:
@@ -99,7 +99,7 @@ async def _hold_through_deaths(urls: list[str], pool: str) -> tuple[int, int]:
         await topology.declare_common(channel, "quorum")
         queue = await topology.declare_start_queue(channel, pool, "quorum")
         await channel.default_exchange.publish(topology.persistent(b"{}"), routing_key=queue.name)
-        for i in range(HOST_DEATHS):
+        for i in range(SERVICE_DEATHS):
             await _hold_and_die(urls[i % len(urls)], queue.name)
         error = await channel.get_queue(topology.error_queue_name(queue.name), ensure=False)
         # The last holder's close reaches the queue's leader on another node a moment later:
@@ -113,7 +113,7 @@ async def _hold_through_deaths(urls: list[str], pool: str) -> tuple[int, int]:
             await asyncio.sleep(0.1)
 
 
-def test_a_held_start_outlives_more_host_deaths_than_the_delivery_limit() -> None:
+def test_a_held_start_outlives_more_service_deaths_than_the_delivery_limit() -> None:
     """A quorum start queue as the product declares it keeps a start whose holders died 25
     times (4.3 drops or dead-letters it after 20 by default): the 1,000 failovers of a
     long-lived observer drop nothing."""
@@ -239,7 +239,7 @@ def kill_and_restart(fleet: Fleet, node: infra.RabbitNode, service: Proc, ids: l
 def test_each_node_killed_in_turn_loses_no_observer_and_runs_none_twice(on_cluster: Fleet, tmp_path: Path) -> None:
     """300 observers on 3 services, each connected to a different node; each node killed with
     ``kill -9`` in its own round (the first holds the manager's connection), then restarted:
-    every round ends with all 300 Processing, never on two hosts at once (per-tick records),
+    every round ends with all 300 Processing, never on two services at once (per-tick records),
     and every service consumes the start queue again at the end."""
     ticks = tmp_path / "ticks.log"
     services, ids = on_cluster.start(ticks)
@@ -247,7 +247,7 @@ def test_each_node_killed_in_turn_loses_no_observer_and_runs_none_twice(on_clust
     wait_for(lambda: on_cluster.all_processing_on_alive(ids), 120, "all Processing")
     for node, service in zip(on_cluster.nodes, services, strict=True):
         kill_and_restart(on_cluster, node, service, ids, ticks)
-    assert_never_on_two_hosts(ticks)
+    assert_never_on_two_services(ticks)
     late = [system.create(f"late-{i}", kind="probe", args=probe_args(ticks, 0.5))["id"] for i in range(30)]
     wait_for(lambda: on_cluster.all_processing_on_alive(late), 60, "new creates Processing")
     wait_for(lambda: consuming_services(on_cluster) == {"svc-0", "svc-1", "svc-2"}, 30, "every service consuming")

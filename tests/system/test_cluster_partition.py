@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.system.test_cluster import Fleet, consuming_services, fleet_on_cluster, room, running_nodes, ticking_since
-from tests.system.test_fencing import activity_intervals, assert_never_on_two_hosts
+from tests.system.test_fencing import activity_intervals, assert_never_on_two_services
 from tools import infra
 from tools.harness import probe_args, wait_for
 from tools.infra import partition
@@ -66,13 +66,13 @@ def test_a_node_cut_off_from_the_others_runs_nothing_twice(fleet: Fleet, tmp_pat
     """60 probes on 3 services, each connected to a different node; the node of svc-2 (not the
     manager's, node 0) is cut off until every observer runs again, then healed. A service
     started during the cut with the cut node first in its list opens its session elsewhere.
-    Never two hosts at once for any observer over the cut and the heal, all Processing on
+    Never two services at once for any observer over the cut and the heal, all Processing on
     alive services, the node rejoins, svc-2 keeps no connection there and takes new work."""
     ticks = tmp_path / "ticks.log"
     services, ids = fleet.start(ticks, COUNT)
     system, nodes = fleet.system, fleet.nodes
     wait_for(lambda: fleet.all_processing_on_alive(ids), 120, "all Processing")
-    settled = time.time() + 2  # every observer ticking on its host before the cut
+    settled = time.time() + 2  # every observer ticking on its service before the cut
     wait_for(lambda: ticking_since(ticks, ids, settled), 30, "all ticking")
     assert system.manager is not None  # on node 0, which stays with the majority
     assert f"connected to the broker at 127.0.0.1:{nodes[0].port}" in system.manager.text()
@@ -114,7 +114,7 @@ def test_a_node_cut_off_from_the_others_runs_nothing_twice(fleet: Fleet, tmp_pat
     every = {"svc-0", "svc-1", "svc-2", "svc-3"}
     wait_for(lambda: consuming_services(fleet) == every, 30, "every service consuming after the heal")
     time.sleep(3)  # a run the heal revived would tick meanwhile
-    moves = assert_never_on_two_hosts(ticks)
+    moves = assert_never_on_two_services(ticks)
     _report(ticks, theirs, victim_id, at, moves)
 
 
@@ -134,6 +134,6 @@ def _report(ticks: Path, theirs: list[str], victim_id: str, at: Timeline, moves:
         f"{at.left - at.cut:.1f}s; first tick again {min(resumed):.1f}-{max(resumed):.1f}s (all by "
         f"{at.restarted - at.cut:.1f}s), spread {sorted(where.values())} over services (svc-2 itself: "
         f"{where.get(victim_id, 0)}); healed at {at.healed - at.cut:.1f}s, rejoined {at.rejoined - at.healed:.1f}s "
-        f"later; {moves} host changes in all. svc-3, started at {at.newcomer_started - at.cut:.1f}s with the cut "
+        f"later; {moves} service changes in all. svc-3, started at {at.newcomer_started - at.cut:.1f}s with the cut "
         f"node first, opened its session {at.newcomer_open - at.newcomer_started:.1f}s later"
     )

@@ -3,10 +3,10 @@
 The broker cancels a consumer (``basic.cancel``) when its queue is deleted, when the queue's
 node goes down (a classic queue in a cluster) or when a quorum queue's consumer timeout
 fires. What that consumer held is no longer the service's to run: the broker has handed it
-to another host, or lost it with the queue. aiormq only logs the cancel, so a service that
+to another service, or lost it with the queue. aiormq only logs the cancel, so a service that
 did not watch for it ran those observers on, and never consumed again. Here the start queue
 is deleted under 50 observers on 3 services (the test plug-in's ``probe``, whose ticks show
-which host acted when): every service must fence and consume again, and since the starts
+which service acted when): every service must fence and consume again, and since the starts
 went with the queue, each service says which ones it held (``StartsGone``) and the manager
 publishes them again at once, not after the lost-start repair's minute (issue 62, item 10:
 131 s were seen). A service that consumes nothing (cordoned by a drain) gets no cancel, and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_services
 from tools import infra
 from tools.harness import System, probe_args, wait_for
 
@@ -37,15 +37,15 @@ def test_a_deleted_start_queue_fences_its_observers_and_every_service_consumes_a
     ids = [system.create(f"c-{i}", kind="probe", args=probe_args(log, 0.1))["id"] for i in range(50)]
     for oid in ids:
         system.wait_status(oid, "Processing")
-    hosts_before = {system.observer(oid)["service_id"] for oid in ids}
-    assert len(hosts_before) > 1, "the 50 should be spread over the services"
+    services_before = {system.observer(oid)["service_id"] for oid in ids}
+    assert len(services_before) > 1, "the 50 should be spread over the services"
 
     rabbit.ctl("delete_queue", "-p", vhost, "orch.start.default")
 
     # Every service consumed the queue, so every one says why it fenced what it ran
     wait_for(lambda: all(CANCELLED in p.text() for p in services), 30, "every service to notice the cancel")
     wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 30, "all 50 running again")
-    assert_never_on_two_hosts(log)
+    assert_never_on_two_services(log)
     released = [e for e in system.get(f"/api/observers/{ids[0]}/events").json() if e["event"] == "released"]
     assert released and "deleted start queue of pool default: published again" in released[-1]["detail"], released
 
@@ -53,9 +53,9 @@ def test_a_deleted_start_queue_fences_its_observers_and_every_service_consumes_a
     more = [system.create(f"m-{i}", kind="probe", args=probe_args(log, 1.0))["id"] for i in range(30)]
     for oid in more:
         system.wait_status(oid, "Processing")
-    hosts = {system.observer(oid)["service_id"] for oid in more}
+    running_on = {system.observer(oid)["service_id"] for oid in more}
     alive = {system.service_by_name(name)["id"] for name in SERVICES}  # type: ignore[index]
-    assert hosts == alive, (hosts, alive)
+    assert running_on == alive, (running_on, alive)
     assert "Traceback" not in system.logs()
 
 
@@ -106,10 +106,10 @@ def test_a_cordoned_service_notices_its_start_queue_deleted(
     # small one took its own ten back
     wait_for(lambda: ready(system) == 20, 30, "the cordoned service's twenty waiting in the queue")
     wait_for(lambda: on(system, "leaving", ids) == 0 and on(system, "small", ids) == 10, 30, "ten on small only")
-    # Uncordoned, it takes them back; no observer ever ran on two hosts
+    # Uncordoned, it takes them back; no observer ever ran on two services
     assert system.post(f"/api/services/{leaving['id']}/uncordon", {}).status_code == 200
     wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 30, "all 30 running again")
-    assert_never_on_two_hosts(log)
+    assert_never_on_two_services(log)
 
 
 def ready(system: System) -> int:

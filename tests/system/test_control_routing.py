@@ -50,9 +50,9 @@ async def _check_routes(link: BrokerLink, connection: AbstractConnection) -> Non
     a, b, gone = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     queues = {sid: await topology.declare_control_queue(channel, sid) for sid in (a, b)}
 
-    to_a = StopObservers(observer_ids=[uuid.uuid4() for _ in range(3)], service_id=a, reason="moved to another host")
+    to_a = StopObservers(observer_ids=[uuid.uuid4() for _ in range(3)], service_id=a, reason="moved to another service")
     to_everyone = StopObservers(observer_ids=[uuid.uuid4()], reason="requested")
-    to_gone = StopObservers(observer_ids=[uuid.uuid4()], service_id=gone, reason="moved to another host")
+    to_gone = StopObservers(observer_ids=[uuid.uuid4()], service_id=gone, reason="moved to another service")
     ask_b = InventoryRequest(service_id=b)
     for message in (to_a, to_gone, to_everyone, ask_b):
         await link.publish_control(message)  # confirmed, or it raises

@@ -76,8 +76,8 @@ def assert_outage_felt(manager: Proc) -> None:
 def test_reports_wait_while_the_database_refuses_connections(
     system: System, tmp_path: Path, postgres: infra.PostgresNode
 ) -> None:
-    # Given svc-a hosting four observers, svc-b with room, and "x" in pool "spare" stopped
-    # while no service hosts it (its start waits in the queue)
+    # Given svc-a running four observers, svc-b with room, and "x" in pool "spare" stopped
+    # while no service runs it (its start waits in the queue)
     manager = system.start_manager()
     a = system.start_service("svc-a", workers=10)
     ids = create_many(system, tmp_path, 4)
@@ -87,7 +87,9 @@ def test_reports_wait_while_the_database_refuses_connections(
     x = system.create("x", pool="spare", args={"interval_s": 0.2})["id"]
     system.wait_status(x, "Processing")
     assert c.terminate() == 0
-    wait_for(lambda: (o := system.observer(x))["status"] == "Created" and o["service_id"] is None, 30, "x hostless")
+    wait_for(
+        lambda: (o := system.observer(x))["status"] == "Created" and o["service_id"] is None, 30, "x with no service"
+    )
     assert system.delete(f"/api/observers/{x}").status_code == 202
     old_a = system.service_by_name("svc-a")
     assert old_a is not None
@@ -134,7 +136,7 @@ def assert_unavailable(response: httpx.Response) -> None:
 def test_postgres_down_answers_503_and_the_manager_recovers(
     system: System, tmp_path: Path, postgres: infra.PostgresNode
 ) -> None:
-    # Given svc-a hosting six observers and svc-b with room
+    # Given svc-a running six observers and svc-b with room
     manager = system.start_manager()
     a = system.start_service("svc-a", workers=10)
     ids = create_many(system, tmp_path, 6)

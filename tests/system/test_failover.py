@@ -10,7 +10,7 @@ import pytest
 from shared import topology
 from tools.harness import System, probe_args, read_ticks, wait_for
 
-# Observers are the test plug-in's probes: each tick leaves a line naming its host.
+# Observers are the test plug-in's probes: each tick leaves a line naming its service.
 pytestmark = pytest.mark.usefixtures("with_test_plugin")
 
 
@@ -19,7 +19,7 @@ def create_many(system: System, tmp_path: Path, count: int, prefix: str = "obs")
     return [system.create(f"{prefix}-{i}", kind="probe", args=args)["id"] for i in range(count)]
 
 
-def hosts(system: System) -> dict[str, str | None]:
+def service_names(system: System) -> dict[str, str | None]:
     return {o["id"]: o["service_name"] for o in system.observers(status="Processing")}
 
 

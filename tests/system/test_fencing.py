@@ -1,12 +1,12 @@
-"""Fencing: an observer never acts on two hosts at the same moment. (Issue #2 test 12.)
+"""Fencing: an observer never acts on two services at the same moment. (Issue #2 test 12.)
 
 Observers (the test plug-in's ``probe``) append "observer service pid time run" to a shared
-file after ``ctx.ensure_lease()``, ``run`` a token of one start of the observer on one host.
+file after ``ctx.ensure_lease()``, ``run`` a token of one start of the observer on one service.
 Each run's ticks span an interval of activity, from its first tick to its last; intervals of
-runs on different hosts must never overlap.
+runs on different services must never overlap.
 
-The intervals were once cut from the merged ticks of all hosts, a new one at each change of
-host: two hosts ticking at once then made one-tick intervals that alternated and never
+The intervals were once cut from the merged ticks of all services, a new one at each change of
+service: two services ticking at once then made one-tick intervals that alternated and never
 overlapped, and the check passed on a service that acted for 5 s after its observers had
 moved (a lease that never lapsed, under a network partition)."""
 
@@ -43,9 +43,9 @@ def activity_intervals(log: Path) -> dict[str, list[tuple[str, float, float]]]:
     return dict(result)
 
 
-def assert_never_on_two_hosts(log: Path) -> int:
-    """Return how many times an observer changed host; fail if two of its runs on different
-    hosts were active at the same moment."""
+def assert_never_on_two_services(log: Path) -> int:
+    """Return how many times an observer changed service; fail if two of its runs on different
+    services were active at the same moment."""
     moves = 0
     for observer, runs in activity_intervals(log).items():
         for (s1, start1, end1), (s2, start2, end2) in itertools.combinations(runs, 2):
@@ -80,7 +80,7 @@ def test_closed_connection_fences_the_service(system: System, tmp_path: Path, ra
     wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 30, "running again")
     time.sleep(2)
     assert victim.alive()
-    assert_never_on_two_hosts(log)
+    assert_never_on_two_services(log)
 
 
 def test_frozen_service_does_not_act_after_waking(system: System, tmp_path: Path) -> None:
@@ -95,7 +95,7 @@ def test_frozen_service_does_not_act_after_waking(system: System, tmp_path: Path
     wait_for(lambda: "fenced" in victim.text(), 20, "svc-a fenced itself after waking")
     wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 30, "running again")
     time.sleep(2)
-    moves = assert_never_on_two_hosts(log)
+    moves = assert_never_on_two_services(log)
     assert moves >= 1, "the broker should have moved observers while svc-a was frozen"
     # The log says the process was stopped, and blames no observer (nor the collector) for it
     woken = victim.text()
@@ -141,7 +141,7 @@ def test_a_partitioned_service_stops_acting_before_its_observers_move(
         cause = "closed by broker or network" if direction == "to_server" else "no frame from the broker for"
         assert f"broker session lost: {cause}" in victim.text(), victim.text()[-3000:]
         time.sleep(1)
-        moves = assert_never_on_two_hosts(log)
+        moves = assert_never_on_two_services(log)
         assert moves >= 4, activity_intervals(log)
 
         # And when the network comes back svc-a serves again, having run nothing twice
@@ -149,5 +149,5 @@ def test_a_partitioned_service_stops_acting_before_its_observers_move(
         wait_for(lambda: victim.text().count("broker session open") >= 2, 60, "svc-a to open a new session")
         time.sleep(1)
         assert victim.alive()
-        assert_never_on_two_hosts(log)
+        assert_never_on_two_services(log)
         assert all(system.observer(i)["status"] == "Processing" for i in ids)

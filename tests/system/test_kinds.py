@@ -464,12 +464,12 @@ def test_periodic_runs_once_cluster_wide_and_moves_on_kill_9(system: System, tmp
     log = tmp_path / "calls.log"
     args = {"function": f"{FUNCS}:record", "kwargs": {"path": str(log), "sleep_s": 0.3}, "interval_s": 0.5}
     created = system.create("singleton", kind="periodic", args=args)
-    host = system.wait_status(created["id"], "Processing")
-    survivor = next(name for name in procs if name != host["service_name"])
-    wait_for(lambda: len(read_calls(log)) >= 3, 30, "three calls on the first host")
+    first = system.wait_status(created["id"], "Processing")
+    survivor = next(name for name in procs if name != first["service_name"])
+    wait_for(lambda: len(read_calls(log)) >= 3, 30, "three calls on the first service")
 
     killed_at = time.time()
-    procs[host["service_name"]].kill9()
+    procs[first["service_name"]].kill9()
 
     moved = wait_for(
         lambda: (o := system.observer(created["id"]))["service_name"] == survivor and o["status"] == "Processing" and o,
@@ -479,12 +479,12 @@ def test_periodic_runs_once_cluster_wide_and_moves_on_kill_9(system: System, tmp
     wait_for(lambda: sum(c[0] == moved["service_id"] for c in read_calls(log)) >= 3, 60, "calls on the survivor")
 
     calls = sorted(read_calls(log), key=lambda c: c[1])
-    hosts = [c[0] for c in calls]
-    # One host, then the other: never both in the same period
-    assert hosts == [host["service_id"]] * hosts.count(host["service_id"]) + [moved["service_id"]] * hosts.count(
+    callers = [c[0] for c in calls]
+    # One service, then the other: never both in the same period
+    assert callers == [first["service_id"]] * callers.count(first["service_id"]) + [
         moved["service_id"]
-    ), hosts
-    assert all(c[2] <= killed_at for c in calls if c[0] == host["service_id"])
+    ] * callers.count(moved["service_id"]), callers
+    assert all(c[2] <= killed_at for c in calls if c[0] == first["service_id"])
     assert all(c[1] >= killed_at for c in calls if c[0] == moved["service_id"])
     # And no two calls ever overlap in time
     assert all(end <= next_start for (_, _, end), (_, next_start, _) in itertools.pairwise(calls)), calls

@@ -88,13 +88,14 @@ async def test_rows_matched_by_a_condition_are_locked_without_resorting_its_ids(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     # Given rows the consumer selects by a condition on two large id arrays (as an inventory
-    # names the ids a service listed and the rows on its host), while another transaction
+    # names the ids a service listed and the rows on its service), while another transaction
     # changes them
     async def lock(rows: ObserverRows, ids: list[uuid.UUID]) -> list[Row]:
-        listed, on_host = set(ids[::2]), set(ids[1::2])
+        listed, on_service = set(ids[::2]), set(ids[1::2])
         return await rows.matching(
-            (id_in(Observer.id, listed) | id_in(Observer.id, on_host)) & (Observer.status == ObserverStatus.PROCESSING),
-            lambda row: (row.id in listed or row.id in on_host) and row.status == ObserverStatus.PROCESSING,
+            (id_in(Observer.id, listed) | id_in(Observer.id, on_service))
+            & (Observer.status == ObserverStatus.PROCESSING),
+            lambda row: (row.id in listed or row.id in on_service) and row.status == ObserverStatus.PROCESSING,
         )
 
     wanted, rows = await _race(sessions, lock, "force_generic_plan")

@@ -151,7 +151,7 @@ def test_an_inventory_larger_than_the_sql_parameter_limit_is_applied(system: Sys
         pattern = rf"(\d+) observer\(s\) run on {service['id']} but have no row"
         return sum(int(n) for n in re.findall(pattern, manager.text()))
 
-    wait_for(lambda: described() == 40_000, 30, "the host asked to describe the unknown ids")
+    wait_for(lambda: described() == 40_000, 30, "the service asked to describe the unknown ids")
     assert len(re.findall(r"but have no row", manager.text())) <= 5
     assert "could not be applied" not in manager.text()
     assert system.observer(created["id"])["status"] == "Processing"

@@ -23,7 +23,7 @@ def alembic(url: str, *args: str) -> None:
     subprocess.run([sys.executable, "-m", "alembic", *args], cwd=REPO, env=env, check=True, timeout=120)
 
 
-def test_0007_counts_the_host_deaths_already_in_the_history(postgres: infra.PostgresNode) -> None:
+def test_0007_counts_the_service_deaths_already_in_the_history(postgres: infra.PostgresNode) -> None:
     """Deaths recorded before the upgrade still bound the probation window after it: one
     ``host_deaths`` row per death (a dead service and the instant its victims share)."""
     name = f"t_mig_{uuid.uuid4().hex[:8]}"
@@ -134,10 +134,10 @@ def test_0008_keeps_the_digests_of_what_is_held_already(postgres: infra.Postgres
         postgres.drop_database(name)
 
 
-def test_0010_lets_a_host_be_unknown_and_its_downgrade_forgets_such_hosts(postgres: infra.PostgresNode) -> None:
-    """Without the key an observer may name a host the services table lost (a restore from
-    an older backup: the rules re-host it when the service introduces itself); putting the
-    key back forgets those hosts instead of failing, and keeps the known ones."""
+def test_0010_lets_a_service_be_unknown_and_its_downgrade_forgets_such_services(postgres: infra.PostgresNode) -> None:
+    """Without the key an observer may name a service the services table lost (a restore from
+    an older backup: the rules put it back on its service when that introduces itself); putting the
+    key back forgets those services instead of failing, and keeps the known ones."""
     name = f"t_mig_{uuid.uuid4().hex[:8]}"
     postgres.create_database(name)
     url = postgres.url(name)
@@ -154,19 +154,19 @@ def test_0010_lets_a_host_be_unknown_and_its_downgrade_forgets_such_hosts(postgr
                     "VALUES ($1, 'svc', 10, 'alive', now())",
                     known,
                 )
-                for i, (oid, host) in enumerate(((kept, known), (orphan, gone))):
+                for i, (oid, service) in enumerate(((kept, known), (orphan, gone))):
                     await conn.execute(
                         "INSERT INTO observers (id, name, kind, args, pool, status, service_id, host_session_id) "
                         "VALUES ($1, $2, 'ticker', '{}', 'default', 'Processing', $3, $4)",
                         oid,
                         f"o{i}",
-                        host,
+                        service,
                         uuid.uuid4(),
                     )
             finally:
                 await conn.close()
 
-        async def hosts() -> dict[uuid.UUID, tuple[uuid.UUID | None, bool]]:
+        async def service_of() -> dict[uuid.UUID, tuple[uuid.UUID | None, bool]]:
             conn = await asyncpg.connect(url.replace("+asyncpg", ""))
             try:
                 rows = await conn.fetch("SELECT id, service_id, host_session_id FROM observers")
@@ -176,20 +176,22 @@ def test_0010_lets_a_host_be_unknown_and_its_downgrade_forgets_such_hosts(postgr
 
         asyncio.run(fill())  # the orphan's insert fails while the key exists
         alembic(url, "downgrade", "0009")
-        assert asyncio.run(hosts()) == {kept: (known, True), orphan: (None, False)}
+        assert asyncio.run(service_of()) == {kept: (known, True), orphan: (None, False)}
         alembic(url, "upgrade", "head")
     finally:
         postgres.drop_database(name)
 
 
-def test_0011_mirrors_the_hosts_already_set_and_its_downgrade_indexes_them_again(postgres: infra.PostgresNode) -> None:
-    """Rows hosted before the upgrade are in ``observer_hosts`` after it (queries by host find
+def test_0011_mirrors_the_services_already_set_and_its_downgrade_indexes_them_again(
+    postgres: infra.PostgresNode,
+) -> None:
+    """Rows on a service before the upgrade are in ``observer_hosts`` after it (queries by service find
     them); the downgrade puts the index on ``observers.service_id`` back."""
     name = f"t_mig_{uuid.uuid4().hex[:8]}"
     postgres.create_database(name)
     url = postgres.url(name)
-    host = uuid.uuid4()
-    hosted, unhosted = uuid.uuid4(), uuid.uuid4()
+    service = uuid.uuid4()
+    placed, unplaced = uuid.uuid4(), uuid.uuid4()
 
     async def run(*statements: tuple[str, tuple[object, ...]]) -> list[list[asyncpg.Record]]:
         conn = await asyncpg.connect(url.replace("+asyncpg", ""))
@@ -204,10 +206,10 @@ def test_0011_mirrors_the_hosts_already_set_and_its_downgrade_indexes_them_again
             "INSERT INTO observers (id, name, kind, args, pool, status, service_id) "
             "VALUES ($1, $2, 'ticker', '{}', 'default', $3, $4)"
         )
-        asyncio.run(run((insert, (hosted, "o1", "Processing", host)), (insert, (unhosted, "o2", "Created", None))))
+        asyncio.run(run((insert, (placed, "o1", "Processing", service)), (insert, (unplaced, "o2", "Created", None))))
         alembic(url, "upgrade", "head")
         (mirror,) = asyncio.run(run(("SELECT observer_id, service_id FROM observer_hosts", ())))
-        assert [(r["observer_id"], r["service_id"]) for r in mirror] == [(hosted, host)]
+        assert [(r["observer_id"], r["service_id"]) for r in mirror] == [(placed, service)]
         alembic(url, "downgrade", "0010")
         indexes, tables = asyncio.run(
             run(

@@ -1,6 +1,7 @@
-"""``observer_hosts``, kept by the triggers of migration 0011, against a real PostgreSQL: after
+"""``observer_hosts`` (the services' index: a name older than "host" meaning only a
+machine), kept by the triggers of migration 0011, against a real PostgreSQL: after
 any statement that inserts, changes or deletes observer rows it holds exactly the
-``(id, service_id)`` of every row that has a host, and queries by host through it find
+``(id, service_id)`` of every row that has a service, and queries by service through it find
 what the rows say."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import uuid
 from sqlalchemy import select, text
 
 from manager.db.engine import make_engine, make_sessionmaker
-from manager.db.hosts import hosted_on
 from manager.db.models import Observer
+from manager.db.service_observers import on_service
 
 _INSERT = text(
     "INSERT INTO observers (id, name, kind, pool, status, service_id) "
@@ -23,7 +24,7 @@ _ROWS = text("SELECT id, service_id FROM observers WHERE service_id IS NOT NULL"
 _MIRROR = text("SELECT observer_id, service_id FROM observer_hosts")
 
 
-async def test_the_host_mirror_equals_the_rows_after_any_change(database: str) -> None:
+async def test_the_service_mirror_equals_the_rows_after_any_change(database: str) -> None:
     engine = make_engine(database)
     sessions = make_sessionmaker(engine)
     svc_a, svc_b, svc_c = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -33,9 +34,9 @@ async def test_the_host_mirror_equals_the_rows_after_any_change(database: str) -
             rows = {(oid, sid) for oid, sid in (await s.execute(_ROWS)).all()}
             mirror = {(oid, sid) for oid, sid in (await s.execute(_MIRROR)).all()}
             assert mirror == rows, what
-            for host in (svc_a, svc_b, svc_c):
-                found = set((await s.execute(select(Observer.id).where(hosted_on(host)))).scalars().all())
-                assert found == {oid for oid, sid in rows if sid == host}, f"{what}: {host}"
+            for service in (svc_a, svc_b, svc_c):
+                found = set((await s.execute(select(Observer.id).where(on_service(service)))).scalars().all())
+                assert found == {oid for oid, sid in rows if sid == service}, f"{what}: {service}"
 
     async def change(sql: str, **params: object) -> None:
         async with sessions.begin() as s:
@@ -44,7 +45,7 @@ async def test_the_host_mirror_equals_the_rows_after_any_change(database: str) -
 
     try:
         ids = [uuid.uuid4() for _ in range(300)]
-        # Created rows (no host), and rows inserted with one (an adoption)
+        # Created rows (no service), and rows inserted with one (an adoption)
         await change(
             _INSERT.text,
             ids=ids,
@@ -56,8 +57,8 @@ async def test_the_host_mirror_equals_the_rows_after_any_change(database: str) -
             s=svc_a,
             ids=ids[:150],
         )
-        await change("UPDATE observers SET attempts = attempts + 1")  # no host changed
-        # One statement moving rows from two hosts to a third, and setting some hosts anew
+        await change("UPDATE observers SET attempts = attempts + 1")  # no service changed
+        # One statement moving rows from two services to a third, and setting some services anew
         await change(
             "UPDATE observers SET service_id = :s WHERE id = ANY(CAST(:ids AS uuid[]))", s=svc_c, ids=ids[100:260]
         )
@@ -100,7 +101,7 @@ async def test_a_large_move_after_a_small_one_on_the_same_connection_takes_no_qu
             await s.execute(move, {"s": svc_b, "ids": ids[:1]})
             await s.execute(move, {"s": svc_b, "ids": ids[1:]})
         async with sessions() as s:
-            hosted = (await s.execute(select(Observer.id).where(hosted_on(svc_b)))).scalars().all()
-        assert len(hosted) == len(ids)
+            on_b = (await s.execute(select(Observer.id).where(on_service(svc_b)))).scalars().all()
+        assert len(on_b) == len(ids)
     finally:
         await engine.dispose()

@@ -1,5 +1,5 @@
 """Overload is not death (issue 17): a late service is asked about, not declared lost; the
-host-death step survives a deadlock and never waits for the rows the state consumer changes;
+death step survives a deadlock and never waits for the rows the state consumer changes;
 a broker driven far past what it sustains ends no session, loses no service and fences or
 fails no observer."""
 
@@ -39,7 +39,7 @@ def test_late_heartbeats_of_a_connected_service_are_not_a_death(system: System) 
     # When its heartbeats are late: the broker is asked, and says its connection lives
     wait_for(lambda: "the broker says its connection lives" in manager.text(), 30, "the manager to ask the broker")
 
-    # Then it is still alive, runs its observers and nobody counted a host death
+    # Then it is still alive, runs its observers and nobody counted a service's death
     assert system.service_by_name("svc-a") is not None
     for oid in ids:
         assert system.observer(oid)["status"] == "Processing"
@@ -175,7 +175,7 @@ def test_capacity_of_a_late_service_and_of_one_that_returns(system: System, rabb
     system.wait_status(system.create("cap-10", args={"emit": False})["id"], "Processing")
 
 
-async def _deadlock_the_host_death_step(system: System, ids: list[str], service_id: str, kill: object) -> None:
+async def _deadlock_the_death_step(system: System, ids: list[str], service_id: str, kill: object) -> None:
     engine = create_async_engine(system.database_url)
     try:
         async with engine.connect() as other:
@@ -198,9 +198,9 @@ async def _deadlock_the_host_death_step(system: System, ids: list[str], service_
         await engine.dispose()
 
 
-def test_the_host_death_step_survives_a_deadlock(system: System) -> None:
+def test_the_death_step_survives_a_deadlock(system: System) -> None:
     # Given 20 observers Processing on svc-a (no inventories: they would lock rows too), and
-    # a manager that puts an observer on probation at its first host death (the step then
+    # a manager that puts an observer on probation at its first service's death (the step then
     # locks its victims' rows before it marks the service lost)
     manager = system.start_manager(ORCH_PROBATION_AFTER_HOST_DEATHS="1")
     svc = system.start_service("svc-a", workers=20, ORCH_INVENTORY_S="3600")
@@ -211,9 +211,9 @@ def test_the_host_death_step_survives_a_deadlock(system: System) -> None:
     assert service is not None
 
     # When svc-a dies and recording its death deadlocks with another writer of those rows
-    asyncio.run(_deadlock_the_host_death_step(system, ids, service["id"], svc.kill9))
+    asyncio.run(_deadlock_the_death_step(system, ids, service["id"], svc.kill9))
 
-    # Then the step lost the race, ran again, and recorded the death of every observer's host
+    # Then the step lost the race, ran again, and recorded the death of every observer's service
     wait_for(lambda: system.service_by_name("svc-a", status="lost"), 30, "svc-a lost")
     wait_for(lambda: all("host_lost" in event_names(system, oid) for oid in ids), 30, "every host_lost recorded")
     assert "lost a race" in manager.text()
@@ -235,7 +235,7 @@ async def _hold_rows_while(system: System, ids: list[str], done: object) -> None
         await engine.dispose()
 
 
-def test_the_host_death_step_does_not_wait_for_the_rows_the_consumer_changes(system: System) -> None:
+def test_the_death_step_does_not_wait_for_the_rows_the_consumer_changes(system: System) -> None:
     # Given 20 observers Processing on svc-a, whose rows a transaction of the state consumer
     # holds locked (at 1,000,000 observers a survivor's batch of starts holds thousands)
     system.start_manager()
@@ -250,7 +250,7 @@ def test_the_host_death_step_does_not_wait_for_the_rows_the_consumer_changes(sys
         wait_for(lambda: all("host_lost" in event_names(system, oid) for oid in ids), 30, "every host_lost recorded")
 
     # When svc-a dies, then the step records its death while those rows stay locked: it no
-    # longer locks a dead host's observers, so the starts of the hosts taking them over never
+    # longer locks a dead service's observers, so the starts of the services taking them over never
     # wait behind it
     asyncio.run(_hold_rows_while(system, ids, death_recorded))
 

@@ -20,7 +20,7 @@ from observer_service.service import ObserverService
 from observer_service.session import Session
 from shared.messages import ServiceHeartbeat, SetPlacement, decode_state
 from shared.settings import ServiceSettings
-from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_services
 from tools import infra
 from tools.harness import System, probe_args, wait_for
 
@@ -54,7 +54,7 @@ def pinned(system: System, prefix: str, count: int, **spec: Any) -> None:
     assert response.status_code == 201, response.text
 
 
-def host_of(system: System, observer_id: str) -> str | None:
+def service_of(system: System, observer_id: str) -> str | None:
     names = {s["id"]: s["name"] for s in system.services()}
     obs = system.observer(observer_id)
     return names.get(obs["service_id"]) if obs["status"] == "Processing" else None
@@ -81,15 +81,15 @@ def test_process_starts_reach_the_service_with_slots_and_wait_as_one_copy_when_n
 
     # Three observers that need a child process: the empty service has no slot for them
     made = [system.create(f"proc-{i}", kind="probe", args=probe_args(ticks), isolation="process") for i in range(3)]
-    wait_for(lambda: all(host_of(system, o["id"]) == "slots" for o in made), 20, "all three running on slots")
+    wait_for(lambda: all(service_of(system, o["id"]) == "slots" for o in made), 20, "all three running on slots")
     # The first went to the empty service, which declined it and stepped aside for the others
     said = [d for o in made for d in declined_by(system, o["id"])]
     assert ("bare", "bare: it has no process slots (ORCH_PROCESS_SLOTS=0)") in said, said
 
     # Two more: one takes the last slot, the other waits, as one start, while both decline it
     more = [system.create(f"wait-{i}", kind="probe", args=probe_args(ticks), isolation="process") for i in range(2)]
-    wait_for(lambda: sum(host_of(system, o["id"]) == "slots" for o in more) == 1, 20, "the fourth slot taken")
-    waiting = next(o for o in more if host_of(system, o["id"]) is None)
+    wait_for(lambda: sum(service_of(system, o["id"]) == "slots" for o in more) == 1, 20, "the fourth slot taken")
+    waiting = next(o for o in more if service_of(system, o["id"]) is None)
     time.sleep(8)  # four times the lost-start repair's wait
     row = system.observer(waiting["id"])
     assert row["status"] == "Created" and row["service_id"] is None
@@ -98,9 +98,9 @@ def test_process_starts_reach_the_service_with_slots_and_wait_as_one_copy_when_n
 
     # A slot freed: the waiting one runs there, and still no copy was made
     assert system.delete(f"/api/observers/{made[0]['id']}").status_code == 202
-    wait_for(lambda: host_of(system, waiting["id"]) == "slots", 30, "the waiting one running in the freed slot")
+    wait_for(lambda: service_of(system, waiting["id"]) == "slots", 30, "the waiting one running in the freed slot")
     wait_for(lambda: start_messages(rabbit, vhost) == 54, 10, "54 starts for 54 live observers")
-    assert_never_on_two_hosts(ticks)
+    assert_never_on_two_services(ticks)
 
 
 @pytest.mark.usefixtures("balanced")
@@ -116,7 +116,7 @@ def test_starts_of_a_kind_one_service_lacks_reach_the_one_that_has_it_and_are_no
     wait_for(lambda: priorities(rabbit, vhost) == [0, 2], 30, "the service without the plug-in placed first")
 
     made = [system.create(f"probe-{i}", kind="probe", args=probe_args(ticks)) for i in range(10)]
-    wait_for(lambda: all(host_of(system, o["id"]) == "plugged" for o in made), 20, "all ten running on plugged")
+    wait_for(lambda: all(service_of(system, o["id"]) == "plugged" for o in made), 20, "all ten running on plugged")
     assert any(
         name == "bare" and "'probe' is not installed here" in detail
         for name, detail in declined_by(system, made[0]["id"])
@@ -124,11 +124,11 @@ def test_starts_of_a_kind_one_service_lacks_reach_the_one_that_has_it_and_are_no
 
     # The balancer sees plugged over and bare under, but moves nothing bare cannot run
     time.sleep(5)
-    assert all(host_of(system, o["id"]) == "plugged" for o in made)
+    assert all(service_of(system, o["id"]) == "plugged" for o in made)
     events = [e["event"] for o in made for e in system.get(f"/api/observers/{o['id']}/events").json()]
     assert "rebalanced" not in events and "released" not in events, events
     assert start_messages(rabbit, vhost) == 60
-    assert_never_on_two_hosts(ticks)
+    assert_never_on_two_services(ticks)
 
 
 async def test_a_placement_told_while_a_session_opens_is_applied_and_heartbeats_say_what_is_consumed(

@@ -1,10 +1,10 @@
-"""Which host deaths count against an observer (the state rules and the host-death step
+"""Which service deaths count against an observer (the state rules and the death step
 in-process, on a real PostgreSQL): a move belongs to the broker session it left.
 
 The order of reports these tests apply is one the state queue gives in a flapping network:
-the old host, back under the same id, heartbeats from its new session before the new host's
+the old service, back under the same id, heartbeats from its new session before the new service's
 report of the move (caused by the old session's end) is applied. Judged by time alone, that
-move was "since the host was last heard of" and counted against its next death as well."""
+move was "since the service was last heard of" and counted against its next death as well."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from shared.messages import ObserversStarted, ServiceBorn, ServiceHeartbeat, Sta
 from shared.settings import ManagerSettings
 
 # Every observer here sees every death: the budget would let only one of ten through.
-_POLICY = ProbationPolicy(after_host_deaths=2, window_s=600.0, budget=1.0)
+_POLICY = ProbationPolicy(after_service_deaths=2, window_s=600.0, budget=1.0)
 
 
 class _Fleet:
@@ -56,12 +56,12 @@ class _Fleet:
             await self.rules.flush(session)
 
     async def die(self, service_id: uuid.UUID) -> None:
-        """Judged lost, as the background loop judges a silent host whose connection is gone."""
+        """Judged lost, as the background loop judges a silent service whose connection is gone."""
 
         async def no_isolation(isolate: dict[uuid.UUID, uuid.UUID]) -> None:
             return None
 
-        # The host-death step asks nothing of the broker: judging who is silent does.
+        # The death step asks nothing of the broker: judging who is silent does.
         liveness = Liveness(ManagerSettings(), self.sessions, cast(BrokerLink, None), _POLICY, no_isolation, {})
         async with self.sessions() as session:
             last_heard = await session.scalar(select(Service.last_heartbeat_at).where(Service.id == service_id))
@@ -96,7 +96,7 @@ class _Fleet:
         return ServiceHeartbeat(service_id=service_id, session_id=session_id, running=10)
 
 
-async def test_a_move_reported_after_its_host_came_back_is_not_counted_against_its_next_death(
+async def test_a_move_reported_after_its_service_came_back_is_not_counted_against_its_next_death(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     fleet = _Fleet(sessions)
@@ -106,10 +106,10 @@ async def test_a_move_reported_after_its_host_came_back_is_not_counted_against_i
     await fleet.die(fleet.a)
     await fleet.apply(fleet.heartbeat(fleet.a, fleet.a2))
     await fleet.moved_to_b()
-    # When a second flap takes both hosts
+    # When a second flap takes both services
     await fleet.die(fleet.a)
     await fleet.die(fleet.b)
-    # Then each observer lost one host in it (``b``), and came back from the first: at two
+    # Then each observer lost one service in it (``b``), and came back from the first: at two
     # deaths nobody is on probation. Counted by time, ``a``'s second death took them too.
     assert await fleet.on_probation() == []
 
@@ -123,12 +123,12 @@ async def test_a_move_from_the_session_that_died_still_counts(sessions: async_se
     await fleet.die(fleet.a)
     # When ``b`` dies too
     await fleet.die(fleet.b)
-    # Then each of them lost two hosts: on probation
+    # Then each of them lost two services: on probation
     assert sorted(await fleet.on_probation()) == sorted(fleet.observers)
 
 
 class _Incident:
-    """Hosts born, observers started on them, hosts judged lost: the rules and the host-death
+    """Services born, observers started on them, services judged lost: the rules and the death
     step on a real database, with a policy of the test's choosing."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession], policy: ProbationPolicy) -> None:
@@ -140,11 +140,11 @@ class _Incident:
         self.sessions_of: dict[uuid.UUID, uuid.UUID] = {}
 
     async def born(self) -> uuid.UUID:
-        host, session = uuid.uuid4(), uuid.uuid4()
-        self.sessions_of[host] = session
-        await self.fleet.apply(_Fleet.born(host, f"h-{host.hex[:6]}"))
-        await self.fleet.apply(_Fleet.heartbeat(host, session))
-        return host
+        service, session = uuid.uuid4(), uuid.uuid4()
+        self.sessions_of[service] = session
+        await self.fleet.apply(_Fleet.born(service, f"h-{service.hex[:6]}"))
+        await self.fleet.apply(_Fleet.heartbeat(service, session))
+        return service
 
     async def observers(self, count: int, prefix: str) -> list[uuid.UUID]:
         ids = [uuid.uuid4() for _ in range(count)]
@@ -156,19 +156,19 @@ class _Incident:
                 )
         return ids
 
-    async def start_on(self, host: uuid.UUID, ids: list[uuid.UUID]) -> None:
+    async def start_on(self, service: uuid.UUID, ids: list[uuid.UUID]) -> None:
         started = ObserversStarted(
-            service_id=host, session_id=self.sessions_of[host], redelivered=True, observer_ids=ids
+            service_id=service, session_id=self.sessions_of[service], redelivered=True, observer_ids=ids
         )
         await self.fleet.apply(started)
 
-    async def die(self, host: uuid.UUID) -> None:
+    async def die(self, service: uuid.UUID) -> None:
         self.fleet.rules = self.rules
         liveness = Liveness(ManagerSettings(), self.sessions, cast(BrokerLink, None), self.policy, _no_isolation, {})
         async with self.sessions() as session:
-            last_heard = await session.scalar(select(Service.last_heartbeat_at).where(Service.id == host))
+            last_heard = await session.scalar(select(Service.last_heartbeat_at).where(Service.id == service))
         assert last_heard is not None
-        assert await liveness.declare_lost(host, last_heard)
+        assert await liveness.declare_lost(service, last_heard)
 
     async def on_probation(self) -> set[uuid.UUID]:
         return set(await self.fleet.on_probation())
@@ -181,26 +181,26 @@ async def _no_isolation(isolate: dict[uuid.UUID, uuid.UUID]) -> None:
 async def test_in_an_incident_only_the_observer_present_at_most_deaths_goes_on_probation(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    # Given an incident: four times a host with eight healthy observers dies, and another
-    # host with none: they see 4 of 8 deaths. By count alone (3 deaths) all eight would be
+    # Given an incident: four times a service with eight healthy observers dies, and another
+    # service with none: they see 4 of 8 deaths. By count alone (3 deaths) all eight would be
     # on probation; they saw half of what they could have seen
-    incident = _Incident(sessions, ProbationPolicy(after_host_deaths=3, window_s=600.0, budget=1.0))
+    incident = _Incident(sessions, ProbationPolicy(after_service_deaths=3, window_s=600.0, budget=1.0))
     bystanders = await incident.observers(8, "b")
     home = await incident.born()
     await incident.start_on(home, bystanders)
     for _ in range(4):
-        await incident.die(await incident.born())  # an empty host
+        await incident.die(await incident.born())  # an empty service
         await incident.die(home)
         home = await incident.born()
         await incident.start_on(home, bystanders)
     assert await incident.on_probation() == set()
 
-    # When an observer created since then kills every host it lands on, three in a row
+    # When an observer created since then kills every service it lands on, three in a row
     poison = (await incident.observers(1, "p"))[0]
     for _ in range(3):
-        host = await incident.born()
-        await incident.start_on(host, [poison])
-        await incident.die(host)
+        service = await incident.born()
+        await incident.start_on(service, [poison])
+        await incident.die(service)
 
     # Then it alone goes on probation: it saw 3 of the 3 deaths it could have seen
     assert await incident.on_probation() == {poison}
@@ -209,11 +209,11 @@ async def test_in_an_incident_only_the_observer_present_at_most_deaths_goes_on_p
 async def test_the_budget_bounds_probation_whatever_the_evidence(sessions: async_sessionmaker[AsyncSession]) -> None:
     # Given four observers that saw every one of three deaths together (nothing sets one
     # apart) and a budget of 5 % of the live observers, at least one
-    incident = _Incident(sessions, ProbationPolicy(after_host_deaths=3, window_s=600.0))
+    incident = _Incident(sessions, ProbationPolicy(after_service_deaths=3, window_s=600.0))
     together = await incident.observers(4, "t")
     for _ in range(3):
-        host = await incident.born()
-        await incident.start_on(host, together)
-        await incident.die(host)
+        service = await incident.born()
+        await incident.start_on(service, together)
+        await incident.die(service)
     # Then one is on probation; the others wait for more evidence
     assert len(await incident.on_probation()) == 1

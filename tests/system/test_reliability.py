@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shared import topology
 from shared.messages import Message, ObserversHandedOver, ObserversStarted, StopObservers
-from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_services
 from tests.system.test_manager_repairs import sql
 from tools import infra
 from tools.harness import System, metric, probe_args, read_ticks, wait_for
@@ -45,7 +45,7 @@ def stays(system: System, observer_id: str, service_name: str, seconds: float) -
         time.sleep(0.3)
 
 
-def test_host_deaths_never_fail_healthy_observers(system: System) -> None:
+def test_service_deaths_never_fail_healthy_observers(system: System) -> None:
     """3 services, 30 healthy tickers, 8 kill -9 of random services within 60 s, each
     restarted under its name: default probation settings, and nobody ends Failed."""
     seed = random.randrange(2**32)
@@ -81,9 +81,9 @@ def test_host_deaths_never_fail_healthy_observers(system: System) -> None:
     assert f"orch_observers_on_probation {float(len(on_probation))}" in system.get("/metrics").text
 
 
-def test_hosts_that_come_back_after_a_partition_put_nobody_on_probation(system: System) -> None:
-    """A network flap is not a crash: the hosts lost their sessions, not their processes."""
-    # Given a fleet whose network to the broker can be cut, and probation after 2 host deaths
+def test_services_that_come_back_after_a_partition_put_nobody_on_probation(system: System) -> None:
+    """A network flap is not a crash: the services lost their sessions, not their processes."""
+    # Given a fleet whose network to the broker can be cut, and probation after 2 service deaths
     with Partition.before(system.amqp_url) as network:
         system.start_manager(ORCH_PROBATION_AFTER_HOST_DEATHS="2")
         url = network.url_for(system.amqp_url)
@@ -106,14 +106,14 @@ def test_hosts_that_come_back_after_a_partition_put_nobody_on_probation(system: 
                 "both alive again",
             )
             wait_for(lambda: all(system.observer(i)["status"] == "Processing" for i in ids), 60, "all running")
-            # No wait for a heartbeat: the next cut may come before a host speaks again, and
+            # No wait for a heartbeat: the next cut may come before a service speaks again, and
             # a move away from it applied after it spoke from its new session belongs to the
             # session that ended, not to its next death (``probation._victims``).
 
         flap(1)
         flap(2)
 
-        # Then each observer's history has both deaths, and none is on probation: both hosts
+        # Then each observer's history has both deaths, and none is on probation: both services
         # came back as the same processes, so nothing they ran is suspect
         for oid in ids:
             assert event_names(system, oid).count("host_lost") >= 2, event_names(system, oid)
@@ -167,7 +167,7 @@ def test_a_batch_delivered_again_is_not_applied_twice(system: System) -> None:
     replayed = ObserversStarted(
         observer_ids=[uuid.UUID(oid)], service_id=uuid.UUID(a["id"]), session_id=uuid.uuid4(), redelivered=True
     )
-    publish_report(system, replayed)  # applied: the same host, nothing changes
+    publish_report(system, replayed)  # applied: the same service, nothing changes
     wait_for(lambda: event_names(system, oid).count("started") == 2, 20, "the report applied")
 
     system.start_service("svc-c", workers=5)
@@ -186,7 +186,7 @@ def test_a_batch_delivered_again_is_not_applied_twice(system: System) -> None:
 def test_a_stop_is_reported_before_its_start_is_acked(system: System, rabbit: infra.RabbitNode, vhost: str) -> None:
     """The broker refuses state reports; a stop ends the observer but its report cannot be
     confirmed, and its service is then killed: the start was not acked, so it comes back and
-    the stop completes on the next host."""
+    the stop completes on the next service."""
     system.start_manager()
     service_a = system.start_service("svc-a", workers=5)
     oid = system.create("stopped-once", args={"interval_s": 0.5, "emit": False})["id"]
@@ -245,7 +245,7 @@ def test_the_broker_rebuilt_from_the_database(
     """200 observers on 3 services; the broker loses everything (the test's vhost deleted
     and made again: every queue, message and connection gone, as on a reset node). The
     manager finds its marker missing and publishes every start again from the database:
-    each runs again on one host, stops requested meanwhile reach Deleted, counts match."""
+    each runs again on one service, stops requested meanwhile reach Deleted, counts match."""
     system = with_test_plugin
     system.start_manager()
     for name in ("svc-a", "svc-b", "svc-c"):
@@ -285,8 +285,8 @@ def test_the_broker_rebuilt_from_the_database(
     )
     stats = system.get("/api/stats").json()
     assert stats["observers"]["Processing"] == len(kept) and stats["observers"]["Deleted"] == len(stopped)
-    time.sleep(2)  # a few ticks of everyone on its new host
-    assert_never_on_two_hosts(log)
+    time.sleep(2)  # a few ticks of everyone on its new service
+    assert_never_on_two_services(log)
     # The loss is told in the product's words (the rebuild's WARNING, each session's end):
     # the libraries' records of the closed connections are not ERRORs (shared/logs.py)
     for proc in system.procs:
@@ -383,7 +383,7 @@ def test_a_row_whose_start_is_in_no_queue_gets_it_again(system: System) -> None:
     stop = StopObservers(observer_ids=[uuid.UUID(oid)], service_id=uuid.UUID(obs["service_id"]), reason="test: gone")
     system.publish_raw("", stop.encode(), exchange=topology.CONTROL_EXCHANGE)
     wait_for(lambda: "stopped (test: gone)" in service.text(), 20, "the only copy stopped and acked")
-    system.wait_status(oid, "Created", timeout=20)  # its host's inventory no longer lists it
+    system.wait_status(oid, "Created", timeout=20)  # its service's inventory no longer lists it
     manager = system.manager
     assert manager is not None
     wait_for(lambda: "start(s) that were in no queue" in manager.text(), 30, "its start published again")
@@ -393,7 +393,7 @@ def test_a_row_whose_start_is_in_no_queue_gets_it_again(system: System) -> None:
 def test_a_hand_over_delivered_again_is_not_applied_twice(system: System) -> None:
     """A service hands X over and the broker gives it back to the same service, in the same
     session (issue 62, item 4). The hand-over report delivered again (a new leader, a channel
-    lost before the ack) is skipped: applied, it would un-host the copy running there."""
+    lost before the ack) is skipped: applied, it would take the copy running there off its service."""
     system.start_manager()
     system.start_service("svc-a", workers=5)
     oid = system.create("handed-back", args={"interval_s": 0.5, "emit": False})["id"]
@@ -405,7 +405,7 @@ def test_a_hand_over_delivered_again_is_not_applied_twice(system: System) -> Non
     handed = ObserversHandedOver(
         service_id=uuid.UUID(a["id"]), session_id=held_in, observer_ids=[uuid.UUID(oid)], reason="even load"
     )
-    publish_report(system, handed)  # applied: hostless until svc-a's inventory says it runs there
+    publish_report(system, handed)  # applied: with no service until svc-a's inventory says it runs there
     wait_for(lambda: "released" in event_names(system, oid), 20, "the hand-over applied")
     wait_for(lambda: system.observer(oid)["service_name"] == "svc-a", 30, "Processing on svc-a again")
 

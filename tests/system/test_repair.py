@@ -59,7 +59,7 @@ def test_inventory_repairs_a_lost_observer_started(system: System) -> None:
     # Then the next inventory of svc-b tells the manager where it runs
     system.start_manager()
     observer = wait_for(
-        lambda: (o := system.observer(created["id"]))["service_name"] == "svc-b" and o, 30, "repaired host"
+        lambda: (o := system.observer(created["id"]))["service_name"] == "svc-b" and o, 30, "repaired service"
     )
     assert observer["status"] == "Processing"
 
@@ -102,7 +102,7 @@ def drop_state_messages(system: System, message_type: str) -> int:
 
 
 @pytest.mark.usefixtures("with_test_plugin")
-def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Path) -> None:
+def test_duplicate_start_message_ends_with_one_service(system: System, tmp_path: Path) -> None:
     system.start_manager()
     system.start_service("svc-a", workers=1)
     log = tmp_path / "t.log"
@@ -120,7 +120,7 @@ def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Pa
     system.publish_raw(topology.start_queue_name("default"), duplicate.encode())
     wait_for(lambda: "(probe single) started" in b.text(), 20, "the duplicate to start on svc-b")
 
-    # The manager stops the copy (targeted at svc-b): afterwards only the original host ticks
+    # The manager stops the copy (targeted at svc-b): afterwards only the original service ticks
     wait_for(lambda: "stopped (duplicate start message)" in b.text(), 20, "the copy stopped")
 
     def settled() -> bool:
@@ -128,6 +128,6 @@ def test_duplicate_start_message_ends_with_one_host(system: System, tmp_path: Pa
         return {t[1] for t in recent} == {first["service_id"]}
 
     time.sleep(2)
-    wait_for(settled, 30, "one host left")
+    wait_for(settled, 30, "one service left")
     assert system.observer(created["id"])["service_id"] == first["service_id"]
     assert system.queue_counts(topology.start_queue_name("default"))[0] == 0

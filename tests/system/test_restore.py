@@ -1,7 +1,7 @@
 """An older database restored under a running fleet, then the broker's data lost (issue 62,
 item 11, as it was reported): the observers the backup forgot are adopted where they run, the
 rebuild lands everything on one service, the balancer hands most of it over, and creates and
-stops go on meanwhile; each observer runs on one host at a time."""
+stops go on meanwhile; each observer runs on one service at a time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from tests.system.test_balance import creates_and_stops_meanwhile
-from tests.system.test_fencing import assert_never_on_two_hosts
+from tests.system.test_fencing import assert_never_on_two_services
 from tools import infra
 from tools.harness import System, probe_args, read_ticks, wait_for
 
@@ -86,4 +86,4 @@ def test_an_older_database_restored_then_the_broker_wiped(
     ticking = {oid for oid, _, _, at in read_ticks(log) if at > settled}
     assert not ticking & set(stopped), "a stopped observer still runs"
     assert set(kept) | set(created) <= ticking
-    assert_never_on_two_hosts(log)
+    assert_never_on_two_services(log)

@@ -90,7 +90,7 @@ def test_an_observer_that_fails_is_restarted_in_place_with_backoff(plugged: Syst
     )
     assert created["retry"]["max_attempts"] == 5 and created["retry"]["reset_after_s"] == 60.0
 
-    # Two failed runs, then a third that keeps running, all on the same host and delivery.
+    # Two failed runs, then a third that keeps running, all on the same service and delivery.
     wait_for(lambda: len(read_ticks(log)) == 3, 30, "three runs")
     obs = wait_for(lambda: (o := plugged.observer(created["id"]))["attempts"] == 3 and o, 30, "attempts == 3")
     assert obs["status"] == "Processing" and "flaky failure 2" in obs["last_error"]
@@ -125,19 +125,22 @@ def test_exhausted_retries_fail_dead_letter_and_restart_gives_a_new_life(plugged
     assert history[5:] == ["restarted", "started"]
 
 
-def test_an_observer_that_keeps_killing_its_hosts_ends_failed_in_its_own_process(
+def test_an_observer_that_keeps_killing_its_services_ends_failed_in_its_own_process(
     plugged: System, tmp_path: Path
 ) -> None:
-    """Two host deaths put it on probation: its third host runs it in a child process, where
-    killing "its host" kills only that child; its retry policy then fails it, and the third
+    """Two service deaths put it on probation: its third service runs it in a child process, where
+    killing "its service" kills only that child; its retry policy then fails it, and the third
     service lives on."""
     plugged.start_manager(ORCH_PROBATION_AFTER_HOST_DEATHS="2", ORCH_PROBATION_WINDOW_S="300")
     services = [plugged.start_service(f"svc-{n}", workers=5) for n in "abc"]
     log = tmp_path / "runs.log"
-    # Kills its host 10 s after each start: slow enough that the manager judges each death
-    # (3 missed 1 s heartbeats) and isolates it before the next host would die.
+    # Kills its service 10 s after each start: slow enough that the manager judges each death
+    # (3 missed 1 s heartbeats) and isolates it before the next service would die.
     created = plugged.create(
-        "poison", kind="host_killer", args={"delay_s": 10, "log_file": str(log)}, retry=FAST_RETRY | {"max_attempts": 2}
+        "poison",
+        kind="service_killer",
+        args={"delay_s": 10, "log_file": str(log)},
+        retry=FAST_RETRY | {"max_attempts": 2},
     )
 
     failed = plugged.wait_status(created["id"], "Failed", timeout=120)
@@ -147,13 +150,13 @@ def test_an_observer_that_keeps_killing_its_hosts_ends_failed_in_its_own_process
     assert history.count("host_lost") == 2
     assert history.index("probation") < history.index("isolated") < history.index("failed")
 
-    # Two hosts died; the third ran it in children, which is all it killed.
+    # Two services died; the third ran it in children, which is all it killed.
     wait_for(lambda: sum(p.alive() for p in services) == 1, 10, "two dead services")
     survivor = next(p for p in services if p.alive())
     assert "runs in a child process now" in survivor.text()
     time.sleep(3)
     assert survivor.alive()
-    # Three hosts took it (the third was told to isolate it before it could act), then its
+    # Three services took it (the third was told to isolate it before it could act), then its
     # two attempts in children.
     pids = [pid for _, _, pid, _ in read_ticks(log)]
     assert len(pids) == 5 and pids[2] == survivor.popen.pid
@@ -176,7 +179,7 @@ def test_a_body_that_ignores_cancellation_is_fenced_when_put_on_probation(plugge
         plugged.wait_status(created["id"], "Processing")
     second = plugged.start_service("svc-b", workers=5, ORCH_STOP_GRACE_S="1")
 
-    first.kill9()  # one host death puts both on probation: svc-b must move them into children
+    first.kill9()  # one service's death puts both on probation: svc-b must move them into children
 
     failed = plugged.wait_status(deaf["id"], "Failed", timeout=60)
     assert "ignored cancellation and then its fence" in failed["last_error"], failed

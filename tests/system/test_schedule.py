@@ -155,7 +155,7 @@ def test_a_manager_down_across_the_start_time_starts_it_once_when_back(system: S
     assert not read_probe_lines(ticks)  # nobody started it meanwhile
     system.start_manager()
 
-    # Then it starts, late, exactly once: one due, one start, one run on one host
+    # Then it starts, late, exactly once: one due, one start, one run on one service
     system.wait_status(created["id"], "Processing")
     wait_for(lambda: len(read_probe_lines(ticks)) >= 5, 15, "five ticks")
     counts = event_counts(system.database_url)
@@ -209,7 +209,7 @@ def test_a_manager_killed_while_it_fires_loses_none_and_fires_none_twice(system:
     asyncio.run(_kill_once_due(system.database_url, manager))
     system.start_manager(ORCH_PENDING_START_AFTER_S="1")
 
-    # Then every one runs, on one host, and was fired once: starts the kill left unconfirmed
+    # Then every one runs, on one service, and was fired once: starts the kill left unconfirmed
     # are published again by the pending-start repair, and any copy absorbed
     wait_for(lambda: system.get("/api/stats").json()["observers"]["Processing"] == 500, 60, "all 500 Processing")
     wait_for(lambda: system.services()[0]["running"] == 500, 30, "the service to run 500")

@@ -4,7 +4,7 @@ repair in-process, on a real PostgreSQL).
 A broker that lost its data took every start queue with it, so every service reports every
 start it held as gone, in a new session, while the leader's rebuild has already released
 every row and published a start for each. Taken again, a report of that kind put a second
-copy of a start in the queue, and the observer ran on two hosts (CI on 4.0,
+copy of a start in the queue, and the observer ran on two services (CI on 4.0,
 test_the_broker_rebuilt_from_the_database)."""
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ async def _pending(sessions: async_sessionmaker[AsyncSession]) -> set[uuid.UUID]
 async def test_only_starts_the_reporter_still_holds_are_published_again(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
-    rules = StateRules(ProbationPolicy(after_host_deaths=3, window_s=600.0, budget=1.0))
-    host, session_id = uuid.uuid4(), uuid.uuid4()
+    rules = StateRules(ProbationPolicy(after_service_deaths=3, window_s=600.0, budget=1.0))
+    service, session_id = uuid.uuid4(), uuid.uuid4()
     held, released = [uuid.uuid4() for _ in range(3)], [uuid.uuid4() for _ in range(3)]
     async with sessions.begin() as session:
         for oid in held + released:
@@ -52,17 +52,26 @@ async def test_only_starts_the_reporter_still_holds_are_published_again(
                 {"oid": oid, "name": f"o-{oid}"},
             )
     born = ServiceBorn(
-        service_id=host, name="a", workers_count=20, pools=["default"], kinds=["ticker"], host="h", pid=1, version="t"
+        service_id=service,
+        name="a",
+        workers_count=20,
+        pools=["default"],
+        kinds=["ticker"],
+        host="h",
+        pid=1,
+        version="t",
     )
-    await _apply(rules, sessions, born, ObserversStarted(service_id=host, session_id=session_id, observer_ids=released))
+    await _apply(
+        rules, sessions, born, ObserversStarted(service_id=service, session_id=session_id, observer_ids=released)
+    )
     async with sessions.begin() as session:  # the broker lost its data: the rebuild's first step
-        assert await observers.release_unlocked_hosts(session, datetime.now(UTC), "rebuilt") == len(released)
-    await _apply(rules, sessions, ObserversStarted(service_id=host, session_id=session_id, observer_ids=held))
+        assert await observers.release_unlocked(session, datetime.now(UTC), "rebuilt") == len(released)
+    await _apply(rules, sessions, ObserversStarted(service_id=service, session_id=session_id, observer_ids=held))
 
     await _apply(
         rules,
         sessions,
-        StartsGone(service_id=host, session_id=session_id, pools=["default"], observer_ids=held + released),
+        StartsGone(service_id=service, session_id=session_id, pools=["default"], observer_ids=held + released),
     )
 
     assert await _pending(sessions) == set(held)

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from manager.db.hosts import hosted_on
 from manager.db.models import Observer, ObserverEvent
+from manager.db.service_observers import on_service
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.messages import ObserversStarted, ServiceInventory, ServiceStopped, StateMessage
@@ -30,14 +30,14 @@ async def _service(session: AsyncSession, name: str, status: str) -> uuid.UUID:
     return sid
 
 
-async def _hosted(session: AsyncSession, name: str, host: uuid.UUID) -> uuid.UUID:
+async def _running_on(session: AsyncSession, name: str, service_id: uuid.UUID) -> uuid.UUID:
     oid = uuid.uuid4()
     await session.execute(
         text(
             "INSERT INTO observers (id, name, kind, status, service_id) "
-            "VALUES (:oid, :name, 'ticker', 'Processing', :host)"
+            "VALUES (:oid, :name, 'ticker', 'Processing', :service_id)"
         ),
-        {"oid": oid, "name": name, "host": host},
+        {"oid": oid, "name": name, "service_id": service_id},
     )
     return oid
 
@@ -62,7 +62,7 @@ async def _apply(sessions: async_sessionmaker[AsyncSession], batch: list[StateMe
     return after[0] - before[0], after[1] - before[1]
 
 
-async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_hosts(
+async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_services(
     sessions: async_sessionmaker[AsyncSession],
 ) -> None:
     async with sessions.begin() as session:
@@ -70,9 +70,9 @@ async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_host
         lost = await _service(session, "lost", "lost")  # says goodbye in the batch too
         dead = await _service(session, "dead", "deleted")
         taker = await _service(session, "taker", "alive")
-        moved_onto_leaving = await _hosted(session, "a", dead)
-        moved_off_lost = await _hosted(session, "b", lost)
-        stored_on_leaving = await _hosted(session, "c", leaving)
+        moved_onto_leaving = await _running_on(session, "a", dead)
+        moved_off_lost = await _running_on(session, "b", lost)
+        stored_on_leaving = await _running_on(session, "c", leaving)
 
     batch: list[StateMessage] = [
         ObserversStarted(observer_ids=[moved_onto_leaving], service_id=leaving, redelivered=True),
@@ -91,11 +91,11 @@ async def test_a_goodbye_judges_the_rows_its_own_batch_changed_by_their_new_host
         }
         released_events = select(ObserverEvent.observer_id).where(ObserverEvent.event == "released")
         released = set(await session.scalars(released_events))
-    # Started on ``leaving`` in this batch, then released by its goodbye: not left on a gone host.
+    # Started on ``leaving`` in this batch, then released by its goodbye: not left on a gone service.
     assert rows[moved_onto_leaving] == ("Created", None)
-    # Moved to ``taker`` in this batch: the goodbye of its old host must not take it back.
+    # Moved to ``taker`` in this batch: the goodbye of its old service must not take it back.
     assert rows[moved_off_lost] == ("Processing", taker)
-    # Stored as hosted by ``leaving``: released.
+    # Stored as running on ``leaving``: released.
     assert rows[stored_on_leaving] == ("Created", None)
     assert released == {moved_onto_leaving, stored_on_leaving}
 
@@ -110,8 +110,8 @@ async def test_an_inventory_judges_the_rows_its_batch_changed_and_each_row_is_wr
     async with sessions.begin() as session:
         old = await _service(session, "old", "alive")
         new = await _service(session, "new", "alive")
-        kept = await _hosted(session, "kept", old)
-        gone = await _hosted(session, "gone", old)
+        kept = await _running_on(session, "kept", old)
+        gone = await _running_on(session, "gone", old)
     on_new = uuid.uuid4()  # the new service's broker session
 
     batch: list[StateMessage] = [
@@ -119,7 +119,7 @@ async def test_an_inventory_judges_the_rows_its_batch_changed_and_each_row_is_wr
         ServiceInventory(service_id=new, observer_ids=[], session_id=on_new),  # at its session's start
         ObserversStarted(observer_ids=[kept], service_id=new, redelivered=True, session_id=on_new),
         ObserversStarted(observer_ids=[gone], service_id=new, redelivered=True, session_id=on_new),
-        # Later it runs only ``kept``: ``gone`` is hosted by it in this batch alone, in memory.
+        # Later it runs only ``kept``: ``gone`` is on it in this batch alone, in memory.
         ServiceInventory(service_id=new, observer_ids=[kept], session_id=on_new),
     ]
     updates, _ = await _apply(sessions, batch)
@@ -143,7 +143,7 @@ async def test_a_batch_writes_each_row_and_event_as_its_rules_left_them_and_in_o
     async with sessions.begin() as session:
         old = await _service(session, "old", "alive")
         new = await _service(session, "new", "alive")
-        often, once, left = [await _hosted(session, name, old) for name in ("often", "once", "left")]
+        often, once, left = [await _running_on(session, name, old) for name in ("often", "once", "left")]
         await session.execute(text("UPDATE observers SET attempts = 5 WHERE id = :oid"), {"oid": often})
     on_new = uuid.uuid4()
 
@@ -184,17 +184,17 @@ async def test_a_failover_updates_the_moved_rows_in_place_and_keeps_their_attemp
 ) -> None:
     """A move changes no indexed column of ``observers`` (migration 0011): PostgreSQL updates
     every moved row in place (a HOT update, no new index entry), and the row keeps its
-    attempts, its host found through ``observer_hosts``. An index on the host or the attempts,
+    attempts, its service found through ``observer_hosts``. An index on the service or the attempts,
     or a move counted as an attempt, fails this."""
     async with sessions.begin() as session:
-        hosts = [await _service(session, name, "alive") for name in ("a", "b", "c", "new")]
+        services = [await _service(session, name, "alive") for name in ("a", "b", "c", "new")]
         # Interleaved, as a fleet's creates are: a third of each page moves.
-        rows = [(await _hosted(session, f"o{i}", hosts[i % 3]), hosts[i % 3]) for i in range(60)]
+        rows = [(await _running_on(session, f"o{i}", services[i % 3]), services[i % 3]) for i in range(60)]
         await session.execute(text("UPDATE observers SET attempts = 2"))
-    moving = [oid for oid, host in rows if host == hosts[0]]
+    moving = [oid for oid, service in rows if service == services[0]]
     on_new = uuid.uuid4()
     batch: list[StateMessage] = [
-        ObserversStarted(service_id=hosts[3], session_id=on_new, redelivered=True, observer_ids=moving)
+        ObserversStarted(service_id=services[3], session_id=on_new, redelivered=True, observer_ids=moving)
     ]
     updated, in_place = await _apply(sessions, batch)
     assert (updated, in_place) == (len(moving), len(moving))
@@ -202,9 +202,9 @@ async def test_a_failover_updates_the_moved_rows_in_place_and_keeps_their_attemp
     async with sessions() as session:
         moved = (
             await session.execute(
-                select(Observer.id, Observer.attempts, Observer.host_session_id).where(hosted_on(hosts[3]))
+                select(Observer.id, Observer.attempts, Observer.host_session_id).where(on_service(services[3]))
             )
         ).all()
-        left = await session.scalar(select(func.count()).select_from(Observer).where(hosted_on(hosts[0])))
+        left = await session.scalar(select(func.count()).select_from(Observer).where(on_service(services[0])))
     assert sorted(moved) == sorted((oid, 2, on_new) for oid in moving)
     assert left == 0

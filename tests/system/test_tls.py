@@ -82,11 +82,11 @@ def test_a_create_runs_and_moves_with_every_connection_over_tls(system: System, 
     system.start_manager()
     services = {name: system.start_service(name, workers=5) for name in ("svc-a", "svc-b")}
     created = system.create("over-tls")
-    host = system.wait_status(created["id"], "Processing", timeout=60)["service_name"]
+    service = system.wait_status(created["id"], "Processing", timeout=60)["service_name"]
 
-    services[host].kill9()
+    services[service].kill9()
     wait_for(
-        lambda: system.observer(created["id"])["service_name"] not in (None, host),
+        lambda: system.observer(created["id"])["service_name"] not in (None, service),
         60,
         "the observer moved to the other service",
     )

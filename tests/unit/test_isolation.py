@@ -1,5 +1,5 @@
 """``isolation = "process"``: the supervision of a real child process (real signals, no mocks
-of the OS). ``run_in_process`` runs here with a stand-in host context (``FakeHost``); the
+of the OS). ``run_in_process`` runs here with a stand-in service context (``FakeService``); the
 observer kinds live in ``tests/isolation_kinds.py``. No broker needed. Timing bounds are
 loose on purpose: the CI machine has two cores shared with other tests."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from observer_service.isolation import ObserverProcessError, ProcessLimits, run_in_process
 from shared.errors import LeaseLost
-from tests.isolation_kinds import FakeHost
+from tests.isolation_kinds import FakeService
 from tools.harness import REPO
 
 pytestmark = pytest.mark.timeout(120)
@@ -70,37 +70,37 @@ def assert_gone(pid: int) -> None:
     assert _state(pid) is None, f"child {pid} still exists (state {_state(pid)})"
 
 
-async def started(host: FakeHost, task: asyncio.Task[None]) -> int:
+async def started(service: FakeService, task: asyncio.Task[None]) -> int:
     """Wait for the child's hello; return its pid."""
-    await wait_until(lambda: bool(host.emitted) or task.done())
-    assert host.emitted, f"the child never said hello: {task}"
-    return host.pid()
+    await wait_until(lambda: bool(service.emitted) or task.done())
+    assert service.emitted, f"the child never said hello: {task}"
+    return service.pid()
 
 
-async def test_emits_reach_the_host_in_order_and_a_normal_return_returns() -> None:
-    host = FakeHost()
-    await run_in_process(ref("EMITTER"), {"count": 500}, host, ProcessLimits())
-    assert [p["n"] for p in host.emitted[1:]] == list(range(500))
-    assert_gone(host.pid())
+async def test_emits_reach_the_service_in_order_and_a_normal_return_returns() -> None:
+    service = FakeService()
+    await run_in_process(ref("EMITTER"), {"count": 500}, service, ProcessLimits())
+    assert [p["n"] for p in service.emitted[1:]] == list(range(500))
+    assert_gone(service.pid())
 
 
 async def test_cancel_stops_cooperatively_within_the_grace() -> None:
-    host = FakeHost()
-    task = asyncio.create_task(run_in_process(ref("COOPERATIVE"), {}, host, ProcessLimits(stop_grace_s=30)))
-    pid = await started(host, task)
+    service = FakeService()
+    task = asyncio.create_task(run_in_process(ref("COOPERATIVE"), {}, service, ProcessLimits(stop_grace_s=30)))
+    pid = await started(service, task)
     t0 = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert time.monotonic() - t0 < 20  # the grace is 30 s: it ended by itself, not by SIGKILL
-    assert host.emitted[-1] == {"stopping": True}  # its ctx.stopping was set, its emit forwarded
+    assert service.emitted[-1] == {"stopping": True}  # its ctx.stopping was set, its emit forwarded
     assert_gone(pid)
 
 
 async def test_a_child_ignoring_its_stop_is_killed_after_the_grace() -> None:
-    host = FakeHost()
-    task = asyncio.create_task(run_in_process(ref("STUBBORN"), {}, host, ProcessLimits(stop_grace_s=1.5)))
-    pid = await started(host, task)
+    service = FakeService()
+    task = asyncio.create_task(run_in_process(ref("STUBBORN"), {}, service, ProcessLimits(stop_grace_s=1.5)))
+    pid = await started(service, task)
     t0 = time.monotonic()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -110,21 +110,21 @@ async def test_a_child_ignoring_its_stop_is_killed_after_the_grace() -> None:
 
 
 async def test_a_crash_reports_the_exit_code() -> None:
-    host = FakeHost()
+    service = FakeService()
     with pytest.raises(ObserverProcessError, match="exited with code 3"):
-        await run_in_process(ref("CRASHER"), {}, host, ProcessLimits())
-    assert_gone(host.pid())
+        await run_in_process(ref("CRASHER"), {}, service, ProcessLimits())
+    assert_gone(service.pid())
 
 
 async def test_a_memory_hog_is_killed() -> None:
-    host = FakeHost()
+    service = FakeService()
     with pytest.raises(ObserverProcessError, match=r"memory limit exceeded: RSS \d+ MiB > 100"):
-        await run_in_process(ref("HOG"), {}, host, ProcessLimits(memory_limit_mb=100))
-    assert_gone(host.pid())
+        await run_in_process(ref("HOG"), {}, service, ProcessLimits(memory_limit_mb=100))
+    assert_gone(service.pid())
 
 
-async def test_a_cpu_bound_child_does_not_block_the_host_and_is_killed_as_hung() -> None:
-    host = FakeHost()
+async def test_a_cpu_bound_child_does_not_block_the_service_and_is_killed_as_hung() -> None:
+    service = FakeService()
     max_lag = 0.0
 
     async def measure_lag() -> None:
@@ -138,60 +138,60 @@ async def test_a_cpu_bound_child_does_not_block_the_host_and_is_killed_as_hung()
     t0 = time.monotonic()
     try:
         with pytest.raises(ObserverProcessError, match="hung"):
-            await run_in_process(ref("SPINNER"), {}, host, ProcessLimits(liveness_timeout_s=2))
+            await run_in_process(ref("SPINNER"), {}, service, ProcessLimits(liveness_timeout_s=2))
     finally:
         probe.cancel()
-    assert host.emitted, "the spinner said hello before spinning"
+    assert service.emitted, "the spinner said hello before spinning"
     assert 2 <= time.monotonic() - t0 < 30
-    assert max_lag < 0.5, f"the host's event loop lagged {max_lag:.3f}s"
-    assert_gone(host.pid())
+    assert max_lag < 0.5, f"the service's event loop lagged {max_lag:.3f}s"
+    assert_gone(service.pid())
 
 
 async def test_lease_renewals_reach_the_child_and_a_lapse_raises_lease_lost() -> None:
-    host = FakeHost(lease_s=1.0)
-    task = asyncio.create_task(run_in_process(ref("LEASE_CHECKER"), {}, host, ProcessLimits()))
-    pid = await started(host, task)
+    service = FakeService(lease_s=1.0)
+    task = asyncio.create_task(run_in_process(ref("LEASE_CHECKER"), {}, service, ProcessLimits()))
+    pid = await started(service, task)
     renew_until = time.monotonic() + 3
     while time.monotonic() < renew_until:  # renewed like the real lease: valid a while ahead
-        host.deadline = time.monotonic() + 1.0
+        service.deadline = time.monotonic() + 1.0
         await asyncio.sleep(0.2)
-    acted_late = len(host.emitted)
+    acted_late = len(service.emitted)
     assert not task.done()
     with pytest.raises(LeaseLost):
         await task  # renewals stop: within ~1 s the child's ensure_lease() raises
     assert acted_late > 15  # it kept acting for 3 s on renewed leases (a tick every 0.1 s)
-    assert all(host.emitted)
+    assert all(service.emitted)
     assert_gone(pid)
 
 
 async def test_a_slow_start_acts_on_the_current_lease_not_the_one_at_spawn() -> None:
-    host = FakeHost(lease_s=1.0)
+    service = FakeService(lease_s=1.0)
 
     async def renew() -> None:
         while True:
-            host.deadline = time.monotonic() + 1.0
+            service.deadline = time.monotonic() + 1.0
             await asyncio.sleep(0.2)
 
     renewer = asyncio.create_task(renew())
     limits = ProcessLimits(liveness_timeout_s=1.0)  # the start is allowed more than that
-    task = asyncio.create_task(run_in_process(ref("SLOW_STARTER"), {"load_delay_s": 2.5}, host, limits))
+    task = asyncio.create_task(run_in_process(ref("SLOW_STARTER"), {"load_delay_s": 2.5}, service, limits))
     try:
-        await wait_until(lambda: len(host.emitted) >= 5 or task.done())
+        await wait_until(lambda: len(service.emitted) >= 5 or task.done())
         assert not task.done(), task  # no LeaseLost: it checked the lease right after its start
     finally:
         renewer.cancel()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    assert_gone(host.pid())
+    assert_gone(service.pid())
 
 
 async def test_a_session_gone_kills_the_child_at_once() -> None:
-    host = FakeHost()
-    task = asyncio.create_task(run_in_process(ref("STUBBORN"), {}, host, ProcessLimits(stop_grace_s=60)))
-    pid = await started(host, task)
+    service = FakeService()
+    task = asyncio.create_task(run_in_process(ref("STUBBORN"), {}, service, ProcessLimits(stop_grace_s=60)))
+    pid = await started(service, task)
     t0 = time.monotonic()
-    host.deadline = 0.0
+    service.deadline = 0.0
     with pytest.raises(LeaseLost):
         await task
     assert time.monotonic() - t0 < 10  # no cooperation needed, no grace waited
@@ -199,11 +199,11 @@ async def test_a_session_gone_kills_the_child_at_once() -> None:
 
 
 async def test_cancelled_while_fenced_kills_without_grace() -> None:
-    host = FakeHost()
-    task = asyncio.create_task(run_in_process(ref("STUBBORN"), {}, host, ProcessLimits(stop_grace_s=60)))
-    pid = await started(host, task)
+    service = FakeService()
+    task = asyncio.create_task(run_in_process(ref("STUBBORN"), {}, service, ProcessLimits(stop_grace_s=60)))
+    pid = await started(service, task)
     t0 = time.monotonic()
-    host.deadline = 0.0
+    service.deadline = 0.0
     task.cancel()  # the runner's fence() cancels right after the session closed
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -212,50 +212,50 @@ async def test_cancelled_while_fenced_kills_without_grace() -> None:
 
 
 async def test_an_exception_in_the_observer_surfaces_with_type_and_message() -> None:
-    host = FakeHost()
+    service = FakeService()
     with pytest.raises(ObserverProcessError, match="ValueError: boom 42"):
-        await run_in_process(ref("RAISER"), {}, host, ProcessLimits())
-    assert_gone(host.pid())
+        await run_in_process(ref("RAISER"), {}, service, ProcessLimits())
+    assert_gone(service.pid())
 
 
 async def test_bad_reference_or_args_fail_the_observer() -> None:
     with pytest.raises(ObserverProcessError, match="ModuleNotFoundError"):
-        await run_in_process("tests.no_such_module:KIND", {}, FakeHost(), ProcessLimits())
+        await run_in_process("tests.no_such_module:KIND", {}, FakeService(), ProcessLimits())
     with pytest.raises(ObserverProcessError, match="ValidationError"):
-        await run_in_process(ref("EMITTER"), {"count": "many"}, FakeHost(), ProcessLimits())
+        await run_in_process(ref("EMITTER"), {"count": "many"}, FakeService(), ProcessLimits())
 
 
 async def test_print_in_the_child_does_not_break_the_protocol() -> None:
-    host = FakeHost()
-    await run_in_process(ref("PRINTER"), {}, host, ProcessLimits())
-    assert host.emitted[1:] == [{"after_print": True}]
+    service = FakeService()
+    await run_in_process(ref("PRINTER"), {}, service, ProcessLimits())
+    assert service.emitted[1:] == [{"after_print": True}]
 
 
-async def test_a_failed_emit_in_the_host_kills_the_child_and_raises() -> None:
+async def test_a_failed_emit_in_the_service_kills_the_child_and_raises() -> None:
     def refuse(payload: dict[str, object]) -> None:
         if "n" in payload:
             raise RuntimeError("broker said no")
 
-    host = FakeHost(on_emit=refuse)
+    service = FakeService(on_emit=refuse)
     with pytest.raises(RuntimeError, match="broker said no"):
-        await run_in_process(ref("EMITTER"), {"count": 100}, host, ProcessLimits())
-    assert len(host.emitted) == 2  # hello and n=0 (appended before refused); nothing after
-    assert_gone(host.pid())
+        await run_in_process(ref("EMITTER"), {"count": 100}, service, ProcessLimits())
+    assert len(service.emitted) == 2  # hello and n=0 (appended before refused); nothing after
+    assert_gone(service.pid())
 
 
-def test_the_child_dies_with_its_host_even_while_spinning() -> None:
-    """The host is SIGKILLed: no cleanup runs there, and the spinning child cannot see stdin
+def test_the_child_dies_with_its_service_even_while_spinning() -> None:
+    """The service is SIGKILLed: no cleanup runs there, and the spinning child cannot see stdin
     EOF; the kernel's parent-death signal ends it."""
-    host = subprocess.Popen(
+    service = subprocess.Popen(
         [sys.executable, "-m", "tests.isolation_kinds", "SPINNER"], cwd=REPO, stdout=subprocess.PIPE, text=True
     )
     try:
-        assert host.stdout is not None
-        child = int(host.stdout.readline())
+        assert service.stdout is not None
+        child = int(service.stdout.readline())
         assert _state(child) in ("R", "S")
     finally:
-        host.send_signal(signal.SIGKILL)
-        host.wait()
+        service.send_signal(signal.SIGKILL)
+        service.wait()
     deadline = time.monotonic() + 30
     while _state(child) not in (None, "Z"):  # a zombie is dead; PID 1 of a container may not reap
         assert time.monotonic() < deadline, f"orphan {child} still running"

@@ -65,7 +65,7 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
 async def test_a_hand_over_is_reported_before_its_starts_go_back() -> None:
     """A start given back may come straight back to this service (issue 62, item 4): its new
     start report must follow the hand-over report in the outbox, or the manager applies the
-    hand-over last and un-hosts the copy running here."""
+    hand-over last and takes the copy running here off this service."""
     lease = Lease(heartbeat_s=10)
     lease.renew(time.monotonic())
     session = FakeSession(lease)

@@ -223,12 +223,12 @@ export function renderDetail(o, servicesById) {
   setText($("detail-error"), o.last_error ?? "—");
 }
 
-// Probation: its hosts died too often while it ran, so it runs in a child process of its own.
+// Probation: its services died too often while it ran, so it runs in a child process of its own.
 function probationText(p) {
   const isolated = p.isolated_since
     ? `in a child process since ${formatTime(p.isolated_since)}`
     : "waiting to be moved into a child process";
-  return `since ${formatTime(p.since)}: its hosts died too often while it ran; ${isolated}`;
+  return `since ${formatTime(p.since)}: its services died too often while it ran; ${isolated}`;
 }
 
 export function serviceLabel(id, servicesById, name) {

@@ -2,7 +2,7 @@
 (``probe``) and misbehaving ones for the runtime's retry, isolation and quarantine tests.
 Each appends a line per run (``probe``: per tick) to ``log_file`` when given:
 "<observer id> <service id> <pid> <unix time>", and ``probe`` a fifth field, a token of the run
-(one start of the observer on one host), so each run's span of activity is known exactly.
+(one start of the observer on one service), so each run's span of activity is known exactly.
 
 Writing to a path named in the args is fine for a test plug-in and nothing else: whoever may
 create observers picks the path (the built-in ``ticker`` lost its ``log_file`` for that)."""
@@ -52,22 +52,22 @@ class ProbeArgs(_Args):
 
 
 async def probe(args: ProbeArgs, ctx: ObserverContext) -> None:
-    """The built-in ticker plus one line per tick in ``log_file``: which host acted when, the
-    evidence of the failover and fencing tests (an observer never acts on two hosts at once)."""
+    """The built-in ticker plus one line per tick in ``log_file``: which service acted when, the
+    evidence of the failover and fencing tests (an observer never acts on two services at once)."""
     tick = 0
     run = uuid.uuid4().hex[:12]
     await asyncio.sleep(random.uniform(0, args.interval_s))  # a random phase, as the ticker
     while True:
         tick += 1
         ctx.ensure_lease()
-        _log_run(args, ctx, run)  # one short O_APPEND write: lines of several hosts do not mix
+        _log_run(args, ctx, run)  # one short O_APPEND write: lines of several services do not mix
         if args.emit:
             await ctx.emit({"tick": tick})
         await asyncio.sleep(args.interval_s)
 
 
 class FlakyArgs(_Args):
-    fail_runs: int = Field(default=2, ge=0, description="the first runs (per host) raise after fail_after_s")
+    fail_runs: int = Field(default=2, ge=0, description="the first runs (per service) raise after fail_after_s")
     fail_after_s: float = Field(default=0.1, ge=0)
 
 
@@ -87,7 +87,7 @@ class DelayArgs(_Args):
     delay_s: float = Field(default=1.0, ge=0)
 
 
-async def host_killer(args: DelayArgs, ctx: ObserverContext) -> None:
+async def service_killer(args: DelayArgs, ctx: ObserverContext) -> None:
     """Kills the process it runs in: its whole service in ``async`` isolation."""
     _log_run(args, ctx)
     await asyncio.sleep(args.delay_s)
@@ -125,7 +125,9 @@ STICKY = ObserverKind(
     name="sticky", args_model=ProbeArgs, run=probe, description="a probe the balancer never moves", rebalance=False
 )
 FLAKY = ObserverKind(name="flaky", args_model=FlakyArgs, run=flaky, description="fails its first runs")
-HOST_KILLER = ObserverKind(name="host_killer", args_model=DelayArgs, run=host_killer, description="kills its host")
+SERVICE_KILLER = ObserverKind(
+    name="service_killer", args_model=DelayArgs, run=service_killer, description="kills its service"
+)
 CRASHER = ObserverKind(name="crasher", args_model=DelayArgs, run=crasher, description="os._exit(3)")
 CPU_HOG = ObserverKind(name="cpu_hog", args_model=_Args, run=cpu_hog, description="burns CPU", isolation="process")
 MEMORY_HOG = ObserverKind(
