@@ -10,13 +10,14 @@ Where things are handled:
   cordon) within the channel's window; ``start_channel`` hands start deliveries to a plain
   function; ``lease`` is the fencing lease; ``refusals`` says what the broker refuses for good;
   ``queue_watch`` tells a deleted start queue (its starts with it) from one merely out of reach.
-* The observers: ``inbox`` (start deliveries admitted in order, in chunks), ``runner``
-  (starting, stopping, fencing, handing over), ``stop_memory`` (broadcast stops of observers
-  not here yet), ``declines`` (starts this service cannot run, handed on to one that can),
-  ``probation`` (an observer moved into a child process in place),
-  ``observer`` (one running observer, its context and supervision), ``registry`` (the running
-  ones, by id, with each session's digest), ``isolation`` and ``child`` (process isolation),
-  ``settle`` (acks once a report is confirmed), ``start_log``.
+* The observers: ``inbox`` (the start deliveries the service hands it, admitted into the
+  runner in order, in chunks), ``runner`` (starting, stopping, fencing, handing over),
+  ``stop_memory`` (broadcast stops of observers not here yet), ``declines`` (starts this
+  service cannot run, handed on to one that can), ``probation`` (an observer moved into a
+  child process in place), ``observer`` (one running observer, its context and
+  supervision), ``registry`` (the running ones, by id, with each session's digest),
+  ``isolation`` and ``child`` (process isolation), ``settle`` (acks once a report is
+  confirmed), ``start_log``.
 * Reports and events: ``outbox`` (the ordered state reports), ``emits`` (observers' events).
 * The process: ``capacity`` (``auto`` sizing), ``metrics``, ``health`` (``/metrics``,
   ``/healthz``, ``/readyz`` on a thread of their own), ``watchdog`` (loop lag),

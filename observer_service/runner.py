@@ -14,7 +14,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,8 +21,7 @@ from pydantic import ValidationError
 from observer_service import metrics
 from observer_service.declines import Declines
 from observer_service.gc_policy import GcPolicy
-from observer_service.holding import DeliveryChannel
-from observer_service.inbox import Delivery, Inbox
+from observer_service.inbox import Delivery
 from observer_service.observer import MAX_ERROR_CHARS, Context, ObserverGaveUp, Running, supervise
 from observer_service.outbox import Outbox, StartedReport
 from observer_service.probation import Probation
@@ -70,28 +68,15 @@ class Runner:
         self.stop_memory = StopMemory(settings.stopped_ids_ttl_s)
         self._background: set[asyncio.Task[None]] = set()
         self.gc = GcPolicy()
-        self.inbox = Inbox(outbox, self.gc, self._admit, self.spawn)
         self.start_log = StartLog()
         self.declines = Declines(service_id, outbox, self.spawn)
         self.probation = Probation(settings, service_id, outbox, kinds, self.running, self._run, self.fail, self.spawn)
 
     # --- start -------------------------------------------------------------------------
 
-    def on_start(
-        self,
-        body: bytes,
-        channel: DeliveryChannel,
-        tag: int,
-        redelivered: bool,
-        aside: bool,
-        session: Session,
-        headers: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Queue a delivered start; the inbox admits it in order (``inbox.py``)."""
-        self.inbox.put(Delivery(body, channel, tag, redelivered, session, aside, headers))
-
-    async def _admit(self, delivery: Delivery) -> None:
-        """Start the observer a delivery names, or settle the delivery if it must not run here."""
+    async def admit(self, delivery: Delivery) -> None:
+        """Start the observer a delivery names, or settle the delivery if it must not run here:
+        called by the service's inbox (``inbox.py``), in the order the starts arrived."""
         body, channel, tag, redelivered, session = (
             delivery.body,
             delivery.channel,
@@ -297,7 +282,6 @@ class Runner:
         """The handoff (a graceful stop of the service): end every observer. Their starts are
         not settled here: the caller gives them all back at once (``Session.requeue_held``)
         once this returns. Not ``hand_over``, which gives a few to other services."""
-        self.inbox.accepting = False
         handed = list(self.running.values())
         for running in handed:
             running.ended_by = "handoff"

@@ -24,6 +24,7 @@ from typing import Any
 from observer_service import health, metrics
 from observer_service.capacity import sized
 from observer_service.holding import DeliveryChannel
+from observer_service.inbox import Delivery, Inbox
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.refusals import Refusals
@@ -93,6 +94,7 @@ class ObserverService:
         self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
         self.lease = Lease(settings.amqp_heartbeat_s, cluster=settings.queue_type == "quorum")
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
+        self.inbox = Inbox(self.outbox, self.runner.gc, self.runner.admit, self.runner.spawn)
         self.refusals = Refusals()
         self.session: Session | None = None
         self.shutdown = asyncio.Event()
@@ -226,7 +228,7 @@ class ObserverService:
         if not pools:
             return None
         held = [r.start() for r in self.runner.running.values() if r.session is session]
-        held += [start for d in self.runner.inbox.waiting if d.session is session and (start := _decoded(d.body))]
+        held += [start for d in self.inbox.waiting if d.session is session and (start := _decoded(d.body))]
         ids = [start.observer_id for start in held if start.pool in pools]
         if not ids:
             return None
@@ -243,6 +245,7 @@ class ObserverService:
         if session is None:
             return
         await session.stop_consuming()
+        self.inbox.accepting = False  # what waits stays unsettled: requeued with the rest
         released = await self.runner.end_all()
         await session.requeue_held()  # only now: every observer has ended
         self.said_goodbye = True
@@ -281,7 +284,7 @@ class ObserverService:
     ) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        self.runner.on_start(body, channel, tag, redelivered, aside, session, headers)
+        self.inbox.put(Delivery(body, channel, tag, redelivered, session, aside, headers))
 
     def _on_control(self, command: ControlMessage) -> None:
         """A control command, decoded and acked on the holding thread (``holding.py``). One

@@ -1,4 +1,5 @@
-"""What the runner and observer tests share: a stand-in for a broker session and a wait."""
+"""What the runner and observer tests share: a stand-in for a broker session, the inbox a
+service feeds a runner through, and a wait."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
+from observer_service.inbox import Delivery, Inbox
 from observer_service.lease import Lease
+from observer_service.runner import Runner
 
 
 class FakeSession:
@@ -25,3 +29,14 @@ async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
     while not check():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.01)
+
+
+def inbox_for(runner: Runner) -> Inbox:
+    """The inbox a service hands its start deliveries to, admitting them into ``runner``, as
+    ``ObserverService`` makes it."""
+    return Inbox(runner.outbox, runner.gc, runner.admit, runner.spawn)
+
+
+def deliver(inbox: Inbox, start: bytes, tag: int, session: FakeSession, headers: Any = None) -> None:
+    """One start delivery, as the holding connection hands it to the service."""
+    inbox.put(Delivery(start, None, tag, False, session, headers=headers))  # type: ignore[arg-type]

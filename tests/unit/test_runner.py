@@ -15,7 +15,7 @@ from shared.messages import (
     StartObserver,
 )
 from shared.settings import ServiceSettings
-from tests.unit.fakes import FakeSession, until
+from tests.unit.fakes import FakeSession, deliver, inbox_for, until
 
 
 async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> None:
@@ -30,12 +30,14 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
     outbox = Outbox()
     runner = Runner(ServiceSettings(), uuid.uuid4(), outbox, {"idle": discover_kinds()["idle"]})
 
-    def deliver(count: int, to: FakeSession) -> None:
+    inbox = inbox_for(runner)
+
+    def deliver_many(count: int, to: FakeSession) -> None:
         for tag in range(count):
             body = StartObserver(observer_id=uuid.uuid4(), name=f"o{tag}", kind="idle").model_dump_json()
-            runner.on_start(body.encode(), None, tag, False, False, to)  # type: ignore[arg-type]
+            deliver(inbox, body.encode(), tag, to)
 
-    deliver(50, session)
+    deliver_many(50, session)
     await asyncio.sleep(0.3)
     assert len(runner.running) == 0 and len(outbox) == 0, "started (and reported) while the lease was lapsed"
 
@@ -48,12 +50,12 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
     lapsed = Lease(heartbeat_s=0.2)  # the next session's lease: lapsed again
     lapsed.renew(time.monotonic() - 1)
     gone = FakeSession(lapsed)
-    deliver(20, gone)
+    deliver_many(20, gone)
     await asyncio.sleep(0.05)
-    assert runner.inbox.draining  # waiting for the lease
+    assert inbox.draining  # waiting for the lease
     gone.closed.set()  # the session dies (Session.fail revokes the lease too)
     lapsed.revoke()
-    await until(lambda: not runner.inbox.draining)
+    await until(lambda: not inbox.draining)
     assert len(runner.running) == 50, "a start of a dead session was started"
     session.closed.set()  # the end of the first session ends its observers quietly
     for running in list(runner.running.values()):
@@ -72,9 +74,10 @@ async def test_a_hand_over_is_reported_before_its_starts_go_back() -> None:
     outbox = Outbox()
     runner = Runner(ServiceSettings(), uuid.uuid4(), outbox, {"idle": discover_kinds()["idle"]})
     ids = [uuid.uuid4() for _ in range(3)]
+    inbox = inbox_for(runner)
     for tag, oid in enumerate(ids):
         body = StartObserver(observer_id=oid, name=f"o{tag}", kind="idle").model_dump_json()
-        runner.on_start(body.encode(), None, tag, False, False, session)  # type: ignore[arg-type]
+        deliver(inbox, body.encode(), tag, session)
     await until(lambda: len(runner.running) == 3)
 
     happened: list[str] = []

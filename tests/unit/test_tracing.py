@@ -33,7 +33,7 @@ _SERVICE_OFF = textwrap.dedent(
     from shared.kinds import discover_kinds
     from shared.messages import StartObserver
     from shared.settings import ServiceSettings
-    from tests.unit.fakes import FakeSession, until
+    from tests.unit.fakes import FakeSession, deliver, inbox_for, until
 
     async def service() -> None:
         lease = Lease(heartbeat_s=10)
@@ -43,7 +43,7 @@ _SERVICE_OFF = textwrap.dedent(
         runner = Runner(ServiceSettings(), uuid.uuid4(), outbox, {"idle": discover_kinds()["idle"]})
         start = StartObserver(observer_id=uuid.uuid4(), name="o", kind="idle")
         traced = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
-        runner.on_start(start.model_dump_json().encode(), None, 1, False, False, session, traced)
+        deliver(inbox_for(runner), start.model_dump_json().encode(), 1, session, traced)
         await until(lambda: len(outbox) == 1)
         batch = await outbox.peek_batch(10)
         assert batch[0].trace is None, batch
