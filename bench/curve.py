@@ -1,4 +1,5 @@
-"""The cost curve of ``bench/scale.py`` as text (a row per point, a table) and as a PNG.
+"""The cost curve of ``bench/scale.py``: a point measured (``Point``), and the curve as text
+(a row per point, a table) and as a PNG.
 
 The issue's targets for 1,000,000 (all Processing; API p99 < 100 ms for get and stats and
 < 250 ms for a list page; failover of the killed share in <= 2x the raw broker's redelivery
@@ -8,15 +9,49 @@ so the table shows where along the curve each one stops holding.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from bench.scale import Point
 
 API_TARGETS_MS = {"list": 250.0, "get": 100.0, "stats": 100.0}
 FAILOVER_TO_RAW = 2.0
 IDLE_CPU_PCT = 5.0
+
+
+@dataclass
+class Point:
+    size: int
+    workload: str
+    completed: bool = False
+    stopped_at: str = ""  # the step that failed, and why
+    settings: dict[str, str] = field(default_factory=dict)  # what the product ran with
+    create_rate: float = 0.0  # observers accepted per second
+    all_processing_s: float = 0.0
+    service_kib_per_observer: float = 0.0
+    broker_kib_per_observer: float = 0.0
+    postgres_kib_per_observer: float = 0.0
+    steady_cpu_s: dict[str, float] = field(default_factory=dict)
+    steady_cpu_pct_of_core: float = 0.0
+    steady_broker_work: list[dict[str, object]] = field(default_factory=list)  # as failover_broker_work
+    events_per_s: float = 0.0
+    lease_round_trip_p99_s: float = 0.0  # upper bound of the histogram bucket, steady window
+    api_p99_ms: dict[str, float] = field(default_factory=dict)
+    failover_count: int = 0
+    failover_s: float = 0.0
+    failover_cpu_s: dict[str, float] = field(default_factory=dict)  # per part, while it ran
+    # The state consumer meanwhile: seconds busy per phase, batches, messages applied
+    failover_state: dict[str, float] = field(default_factory=dict)
+    # The broker meanwhile: the kinds of process that did the most reductions, its threads' busy
+    # seconds per state, the collections of its largest heap (bench/broker_work.py)
+    failover_broker_work: list[dict[str, object]] = field(default_factory=list)
+    raw_redelivery_count: int = 0
+    raw_redelivery_s: float = 0.0
+    raw_redelivery_cpu_s: dict[str, float] = field(default_factory=dict)  # broker and surviving consumers
+    raw_redelivery_broker_work: list[dict[str, object]] = field(default_factory=list)  # as failover_broker_work
+    stop_count: int = 0
+    stop_s: float = 0.0
+    false_deaths: dict[str, int] = field(default_factory=dict)
+    lowest_available_mib: float = 0.0
+    teardown_error: str = ""  # cleaning up after it failed (the next point may be slower)
 
 
 def verdicts(p: Point) -> dict[str, bool]:

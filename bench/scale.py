@@ -43,7 +43,7 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ import httpx
 
 from bench import broker_work, curve, profile
 from bench.broker_memory import broker_memory_kib
+from bench.curve import Point
 from bench.deaths import Killed, close_ledger, open_ledger
 from bench.fresh import busiest_host, fresh_system, held_by
 from bench.raw import arun_raw
@@ -87,43 +88,6 @@ def product_defaults() -> dict[str, str]:
 
 
 SCALE_ENV = product_defaults()
-
-
-@dataclass
-class Point:
-    size: int
-    workload: str
-    completed: bool = False
-    stopped_at: str = ""  # the step that failed, and why
-    settings: dict[str, str] = field(default_factory=dict)  # what the product ran with
-    create_rate: float = 0.0  # observers accepted per second
-    all_processing_s: float = 0.0
-    service_kib_per_observer: float = 0.0
-    broker_kib_per_observer: float = 0.0
-    postgres_kib_per_observer: float = 0.0
-    steady_cpu_s: dict[str, float] = field(default_factory=dict)
-    steady_cpu_pct_of_core: float = 0.0
-    steady_broker_work: list[dict[str, object]] = field(default_factory=list)  # as failover_broker_work
-    events_per_s: float = 0.0
-    lease_round_trip_p99_s: float = 0.0  # upper bound of the histogram bucket, steady window
-    api_p99_ms: dict[str, float] = field(default_factory=dict)
-    failover_count: int = 0
-    failover_s: float = 0.0
-    failover_cpu_s: dict[str, float] = field(default_factory=dict)  # per part, while it ran
-    # The state consumer meanwhile: seconds busy per phase, batches, messages applied
-    failover_state: dict[str, float] = field(default_factory=dict)
-    # The broker meanwhile: the kinds of process that did the most reductions, its threads' busy
-    # seconds per state, the collections of its largest heap (bench/broker_work.py)
-    failover_broker_work: list[dict[str, object]] = field(default_factory=list)
-    raw_redelivery_count: int = 0
-    raw_redelivery_s: float = 0.0
-    raw_redelivery_cpu_s: dict[str, float] = field(default_factory=dict)  # broker and surviving consumers
-    raw_redelivery_broker_work: list[dict[str, object]] = field(default_factory=list)  # as failover_broker_work
-    stop_count: int = 0
-    stop_s: float = 0.0
-    false_deaths: dict[str, int] = field(default_factory=dict)
-    lowest_available_mib: float = 0.0
-    teardown_error: str = ""  # cleaning up after it failed (the next point may be slower)
 
 
 def available_mib() -> float:
