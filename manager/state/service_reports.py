@@ -126,6 +126,12 @@ async def inventory(
             await reconcile(ctx, session, obs, m, obs.id in listed, now, out)
 
 
+SESSION_ENDED = (
+    "its service's broker session ended (it speaks from a new one): its start is held for the ended session "
+    "until the broker hands it on (on a cluster, once the queue lets that session go)"
+)
+
+
 async def reconcile(
     ctx: StateContext, session: AsyncSession, obs: Row, m: ServiceInventory, listed: bool, now: datetime, out: FollowUps
 ) -> None:
@@ -134,9 +140,15 @@ async def reconcile(
     if not listed:
         if obs.status == S.PROCESSING:
             # Not running where we thought: another copy (conflicting) or nobody.
+            ended = obs.host_session_id if obs.host_session_id not in (None, m.session_id) else None
             obs.set_service(*(conflicting or (None, None)))
             obs.status = S.PROCESSING if conflicting else S.CREATED
             obs.modified_at = now
+            if ended is not None and not conflicting:
+                # The history says why it runs nowhere: its start is held for the ended session.
+                ctx.rows_of(session).event(
+                    obs.id, EventType.RELEASED, now, from_service_id=sid, detail=SESSION_ENDED, from_session_id=ended
+                )
         return
     if conflicting is not None:
         out.stop(obs.id, conflicting[0], "duplicate: also running on its service", conflicting[1])
