@@ -108,6 +108,7 @@ class HoldingConnection:
         # (``queue_watch.py``): read by the service once the session has ended.
         self.gone_pools: set[str] = set()
         self._pools: list[str] = []
+        self._watch_id = uuid.uuid4().hex  # names its queue markers (``queue_watch.mark``)
 
     async def open(
         self,
@@ -269,17 +270,40 @@ class HoldingConnection:
 
     async def _watch_queues(self) -> None:
         """While the start queues are not consumed (cordoned), no cancel says one was deleted:
-        ask the broker about each every ``WATCH_EVERY_S``."""
-        while True:
-            await asyncio.sleep(queue_watch.WATCH_EVERY_S)
-            if self._closing or self.starts.consuming() or self._connection is None:
-                continue
-            for pool in self._pools:
-                queue = topology.start_queue_name(pool)
-                if await queue_watch.deleted(self._connection, queue):
-                    self.gone_pools.add(pool)
-                    self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
-                    return
+        each is marked (``queue_watch.mark``) and its marker asked about every
+        ``WATCH_EVERY_S``; consuming again, the markers go."""
+        marked: set[str] = set()
+        try:
+            while True:
+                await asyncio.sleep(queue_watch.WATCH_EVERY_S)
+                connection = self._connection
+                if self._closing or connection is None:
+                    continue
+                if self.starts.consuming():
+                    for queue in list(marked):
+                        await queue_watch.unmark(connection, self._watch_id, queue)
+                        marked.discard(queue)
+                    continue
+                for pool in self._pools:
+                    queue = topology.start_queue_name(pool)
+                    if queue in marked:
+                        gone = await queue_watch.marker_gone(connection, self._watch_id, queue)
+                    else:
+                        # Deleted before it was marked: the queue itself is missing (or not yet
+                        # declared again); then the marker watches from here on.
+                        gone = await queue_watch.deleted(connection, queue)
+                        if not gone and await queue_watch.mark(connection, self._watch_id, queue):
+                            marked.add(queue)
+                    if gone:
+                        marked.discard(queue)
+                        self.gone_pools.add(pool)
+                        self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
+                        return
+        finally:
+            connection = self._connection
+            if connection is not None and not connection.is_closed:
+                for queue in marked:
+                    await queue_watch.unmark(connection, self._watch_id, queue)
 
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle

@@ -14,7 +14,14 @@ is down is not (its messages come back with the node), nor is anything else.
 A service that consumes nothing (cordoned: a drain) gets no ``basic.cancel`` at all, and its
 held deliveries vanish silently (a later nack or ack of them does nothing). So while it does
 not consume, the holding connection asks about each of its pools' queues every
-``WATCH_EVERY_S``.
+``WATCH_EVERY_S``. Asking whether the queue exists is not enough: another service that saw
+the deletion declares the queue again within milliseconds, before the next question (CI saw
+it: the cordoned service's twenty starts were gone and it never said so). So the watch binds
+the queue to an auto-delete exchange of its own (a marker): deleting the queue removes the
+binding, and with its last binding the broker deletes the exchange. A marker gone is a
+deletion, whether or not the queue exists again. The marker is deleted when the watch ends;
+a process killed meanwhile leaves it bound to the queue (an empty fanout exchange, nothing
+routed through it) until the queue goes.
 """
 
 from __future__ import annotations
@@ -57,3 +64,57 @@ async def deleted(connection: AbstractConnection, queue: str) -> bool:
     with contextlib.suppress(Exception):
         await channel.close()
     return False
+
+
+def marker_name(watch_id: str, queue: str) -> str:
+    """The marker exchange of one watch of ``queue`` (``watch_id``: the holding connection's)."""
+    return f"orch.watch.{watch_id}.{queue}"
+
+
+async def mark(connection: AbstractConnection, watch_id: str, queue: str) -> bool:
+    """Bind ``queue`` to a new marker exchange; False if that failed (the queue is asked about
+    instead, as before the marker)."""
+    try:
+        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
+        exchange = await asyncio.wait_for(
+            channel.declare_exchange(marker_name(watch_id, queue), "fanout", durable=False, auto_delete=True),
+            _ASK_WITHIN_S,
+        )
+        declared = await asyncio.wait_for(channel.get_queue(queue, ensure=True), _ASK_WITHIN_S)
+        await asyncio.wait_for(declared.bind(exchange), _ASK_WITHIN_S)
+    except Exception:  # noqa: BLE001 - the connection is failing, or the queue is gone: asked about anyway
+        return False
+    with contextlib.suppress(Exception):
+        await channel.close()
+    return True
+
+
+async def marker_gone(connection: AbstractConnection, watch_id: str, queue: str) -> bool:
+    """True only if the broker says the marker of ``queue`` does not exist: the queue was
+    deleted since it was marked (maybe declared again since)."""
+    try:
+        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
+    except Exception:  # noqa: BLE001 - the connection is failing: its close says why
+        return False
+    try:
+        await asyncio.wait_for(channel.get_exchange(marker_name(watch_id, queue), ensure=True), _ASK_WITHIN_S)
+    except aiormq.exceptions.ChannelNotFoundEntity:
+        logger.warning(
+            "the start queue %s was deleted, and with it every start this service held from it: "
+            "the service says which, for the manager to publish them again",
+            queue,
+        )
+        return True
+    except Exception:  # noqa: BLE001 - unanswered or refused otherwise: not evidence of a deletion
+        return False
+    with contextlib.suppress(Exception):
+        await channel.close()
+    return False
+
+
+async def unmark(connection: AbstractConnection, watch_id: str, queue: str) -> None:
+    """Delete the marker of ``queue`` (the watch ended); nothing if it is gone already."""
+    with contextlib.suppress(Exception):
+        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
+        await asyncio.wait_for(channel.exchange_delete(marker_name(watch_id, queue)), _ASK_WITHIN_S)
+        await channel.close()
