@@ -270,12 +270,14 @@ class HoldingConnection:
 
     async def _watch_queues(self) -> None:
         """While the start queues are not consumed (cordoned), no cancel says one was deleted:
-        each is marked (``queue_watch.mark``) and its marker asked about every
-        ``WATCH_EVERY_S``; consuming again, the markers go."""
+        each is marked (``queue_watch.mark``) within ``MARK_WITHIN_S`` of the cordon and its
+        marker asked about every ``WATCH_EVERY_S``; consuming again, the markers go."""
         marked: set[str] = set()
+        unmarkable: set[str] = set()  # the broker refused the marker: the queue is asked about
+        asked_at = 0.0
         try:
             while True:
-                await asyncio.sleep(queue_watch.WATCH_EVERY_S)
+                await asyncio.sleep(queue_watch.MARK_WITHIN_S)
                 connection = self._connection
                 if self._closing or connection is None:
                     continue
@@ -283,27 +285,39 @@ class HoldingConnection:
                     for queue in list(marked):
                         await queue_watch.unmark(connection, self._watch_id, queue)
                         marked.discard(queue)
+                    unmarkable.clear()
                     continue
+                ask = time.monotonic() - asked_at >= queue_watch.WATCH_EVERY_S
                 for pool in self._pools:
                     queue = topology.start_queue_name(pool)
-                    if queue in marked:
-                        gone = await queue_watch.marker_gone(connection, self._watch_id, queue)
-                    else:
-                        # Deleted before it was marked: the queue itself is missing (or not yet
-                        # declared again); then the marker watches from here on.
-                        gone = await queue_watch.deleted(connection, queue)
-                        if not gone and await queue_watch.mark(connection, self._watch_id, queue):
-                            marked.add(queue)
-                    if gone:
+                    if await self._queue_gone(connection, queue, marked, unmarkable, ask):
                         marked.discard(queue)
                         self.gone_pools.add(pool)
                         self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
                         return
+                if ask:
+                    asked_at = time.monotonic()
         finally:
             connection = self._connection
             if connection is not None and not connection.is_closed:
                 for queue in marked:
                     await queue_watch.unmark(connection, self._watch_id, queue)
+
+    async def _queue_gone(
+        self, connection: AbstractConnection, queue: str, marked: set[str], unmarkable: set[str], ask: bool
+    ) -> bool:
+        """Whether a start queue not consumed was deleted: by its marker, or by the queue
+        itself where the broker refused a marker; an unmarked queue is marked now."""
+        if queue in marked:
+            return ask and await queue_watch.marker_gone(connection, self._watch_id, queue)
+        if queue in unmarkable:
+            return ask and await queue_watch.deleted(connection, queue)  # as before markers
+        # Deleted before it was marked: the queue itself is missing (unless declared again
+        # meanwhile); then the marker watches from here on.
+        if await queue_watch.deleted(connection, queue):
+            return True
+        (marked if await queue_watch.mark(connection, self._watch_id, queue) else unmarkable).add(queue)
+        return False
 
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle

@@ -19,7 +19,9 @@ the deletion declares the queue again within milliseconds, before the next quest
 it: the cordoned service's twenty starts were gone and it never said so). So the watch binds
 the queue to an auto-delete exchange of its own (a marker): deleting the queue removes the
 binding, and with its last binding the broker deletes the exchange. A marker gone is a
-deletion, whether or not the queue exists again. The marker is deleted when the watch ends;
+deletion, whether or not the queue exists again. A queue is marked within ``MARK_WITHIN_S``
+of the cordon; a deletion in that moment is still missed if the queue is declared again
+before the mark. The marker is deleted when the watch ends;
 a process killed meanwhile leaves it bound to the queue (an empty fanout exchange, nothing
 routed through it) until the queue goes.
 """
@@ -29,41 +31,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 
 import aiormq
-from aio_pika.abc import AbstractConnection
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 logger = logging.getLogger(__name__)
 
 WATCH_EVERY_S = 3.0
+# A cordoned service marks its queues this soon: a deletion before the marker is missed if the
+# queue is declared again meanwhile.
+MARK_WITHIN_S = 0.25
 _ASK_WITHIN_S = 5.0
 
 
 async def deleted(connection: AbstractConnection, queue: str) -> bool:
     """True only if the broker says ``queue`` does not exist (not that its node is down);
-    False when it exists or the question fails. On a channel of its own: a 404 closes it."""
-    try:
-        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
-    except Exception:  # noqa: BLE001 - the connection is failing: its close says why
+    False when it exists or the question fails."""
+    missing = await _not_found(connection, lambda channel: channel.declare_queue(queue, passive=True))
+    if missing is None or "home node" in missing or "down or inaccessible" in missing:
         return False
-    try:
-        await asyncio.wait_for(channel.declare_queue(queue, passive=True), _ASK_WITHIN_S)
-    except aiormq.exceptions.ChannelNotFoundEntity as e:
-        text = str(e)
-        if "home node" in text or "down or inaccessible" in text:
-            return False
-        # A WARNING: the manager publishes those starts again, nobody has to act.
-        logger.warning(
-            "the start queue %s was deleted, and with it every start this service held from it: "
-            "the service says which, for the manager to publish them again",
-            queue,
-        )
-        return True
-    except Exception:  # noqa: BLE001 - unanswered or refused otherwise: not evidence of a deletion
-        return False
-    with contextlib.suppress(Exception):
-        await channel.close()
-    return False
+    _say_deleted(queue)
+    return True
 
 
 def marker_name(watch_id: str, queue: str) -> str:
@@ -92,24 +81,11 @@ async def mark(connection: AbstractConnection, watch_id: str, queue: str) -> boo
 async def marker_gone(connection: AbstractConnection, watch_id: str, queue: str) -> bool:
     """True only if the broker says the marker of ``queue`` does not exist: the queue was
     deleted since it was marked (maybe declared again since)."""
-    try:
-        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
-    except Exception:  # noqa: BLE001 - the connection is failing: its close says why
+    name = marker_name(watch_id, queue)
+    if await _not_found(connection, lambda channel: channel.get_exchange(name, ensure=True)) is None:
         return False
-    try:
-        await asyncio.wait_for(channel.get_exchange(marker_name(watch_id, queue), ensure=True), _ASK_WITHIN_S)
-    except aiormq.exceptions.ChannelNotFoundEntity:
-        logger.warning(
-            "the start queue %s was deleted, and with it every start this service held from it: "
-            "the service says which, for the manager to publish them again",
-            queue,
-        )
-        return True
-    except Exception:  # noqa: BLE001 - unanswered or refused otherwise: not evidence of a deletion
-        return False
-    with contextlib.suppress(Exception):
-        await channel.close()
-    return False
+    _say_deleted(queue)
+    return True
 
 
 async def unmark(connection: AbstractConnection, watch_id: str, queue: str) -> None:
@@ -118,3 +94,30 @@ async def unmark(connection: AbstractConnection, watch_id: str, queue: str) -> N
         channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
         await asyncio.wait_for(channel.exchange_delete(marker_name(watch_id, queue)), _ASK_WITHIN_S)
         await channel.close()
+
+
+async def _not_found(connection: AbstractConnection, ask: Callable[[AbstractChannel], Awaitable[object]]) -> str | None:
+    """The broker's NOT_FOUND text for ``ask`` (a passive declare), on a channel of its own (a
+    404 closes it); None when it was found or the question failed: no evidence of a deletion."""
+    try:
+        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
+    except Exception:  # noqa: BLE001 - the connection is failing: its close says why
+        return None
+    try:
+        await asyncio.wait_for(ask(channel), _ASK_WITHIN_S)
+    except aiormq.exceptions.ChannelNotFoundEntity as e:
+        return str(e)
+    except Exception:  # noqa: BLE001 - unanswered or refused otherwise
+        return None
+    with contextlib.suppress(Exception):
+        await channel.close()
+    return None
+
+
+def _say_deleted(queue: str) -> None:
+    # A WARNING: the manager publishes those starts again, nobody has to act.
+    logger.warning(
+        "the start queue %s was deleted, and with it every start this service held from it: "
+        "the service says which, for the manager to publish them again",
+        queue,
+    )
