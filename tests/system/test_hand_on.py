@@ -23,19 +23,24 @@ def queue_arguments(rabbit: infra.RabbitNode, vhost: str) -> dict[str, dict[str,
     return {q["name"]: {a[0]: a[2] for a in q["arguments"]} for q in json.loads(said[said.index("[") :])}
 
 
+def declare_as_an_older_release(system: System, queue: str) -> None:
+    """A quorum start queue as a release before the hand-on argument declared it."""
+    declared_before: dict[str, Any] = {
+        "x-queue-type": "quorum",
+        "x-dead-letter-exchange": topology.DEAD_LETTER_EXCHANGE,
+        "x-dead-letter-routing-key": queue,
+        "x-delivery-limit": topology.NO_DELIVERY_LIMIT,
+    }
+    system.amqp(lambda channel: channel.declare_queue(queue, durable=True, arguments=declared_before))
+
+
 def test_quorum_queues_hand_on_after_two_seconds_and_an_older_start_queue_keeps_working(
     system: System, rabbit: infra.RabbitNode, vhost: str
 ) -> None:
     if rabbit.install.series != "4.3":
         pytest.skip("x-consumer-disconnected-timeout exists from RabbitMQ 4.3.0; older series ignore it")
     older = topology.start_queue_name("older")
-    declared_before: dict[str, Any] = {
-        "x-queue-type": "quorum",
-        "x-dead-letter-exchange": topology.DEAD_LETTER_EXCHANGE,
-        "x-dead-letter-routing-key": older,
-        "x-delivery-limit": topology.NO_DELIVERY_LIMIT,
-    }
-    system.amqp(lambda channel: channel.declare_queue(older, durable=True, arguments=declared_before))
+    declare_as_an_older_release(system, older)
     system.env["ORCH_QUEUE_TYPE"] = "quorum"
     manager = system.start_manager()
     service = system.start_service("svc-a", workers=5, ORCH_POOLS="default,older")

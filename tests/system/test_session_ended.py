@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from manager.state.service_reports import SESSION_ENDED
 from shared import topology
 from tests.system.test_cluster import Fleet, fleet_on_cluster, ticking_since
 from tests.system.test_fencing import assert_never_on_two_services
+from tests.system.test_hand_on import declare_as_an_older_release
 from tools.harness import System, wait_for
 
 COUNT = 30
@@ -46,14 +46,7 @@ def said_why(system: System, ids: list[str], service_id: str) -> bool:
 
 def test_observers_released_by_a_new_session_say_their_start_waits_for_the_broker(fleet: Fleet, tmp_path: Path) -> None:
     system, nodes = fleet.system, fleet.nodes
-    queue = topology.start_queue_name("default")
-    declared_before: dict[str, Any] = {
-        "x-queue-type": "quorum",
-        "x-dead-letter-exchange": topology.DEAD_LETTER_EXCHANGE,
-        "x-dead-letter-routing-key": queue,
-        "x-delivery-limit": topology.NO_DELIVERY_LIMIT,
-    }
-    system.amqp(lambda channel: channel.declare_queue(queue, durable=True, arguments=declared_before))
+    declare_as_an_older_release(system, topology.start_queue_name("default"))
     ticks = tmp_path / "ticks.log"
     services, ids = fleet.start(ticks, COUNT)
     wait_for(lambda: fleet.all_processing_on_alive(ids), 120, "all Processing")
