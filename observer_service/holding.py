@@ -55,9 +55,10 @@ logger = logging.getLogger(__name__)
 DeliveryChannel = aiormq.abc.AbstractChannel
 # A start delivery, as the runner keeps it: the body, its channel, the delivery tag, whether
 # the broker redelivered it, and whether it came to a consumer stepped aside (every other one
-# was full, or could not run it: ``start_consumers.py``), and its AMQP headers (a trace's
-# context, ``shared/tracing.py``; None without). Called on the main loop.
-StartHandler = Callable[[bytes, DeliveryChannel, int, bool, bool, Mapping[str, Any] | None], None]
+# was full, or could not run it: ``start_consumers.py``), its AMQP headers (a trace's
+# context, ``shared/tracing.py``; None without) and when this thread received it
+# (``time.monotonic``). Called on the main loop.
+StartHandler = Callable[[bytes, DeliveryChannel, int, bool, bool, Mapping[str, Any] | None, float], None]
 # A decoded control command (already acked), called on the main loop.
 ControlHandler = Callable[[ControlMessage], None]
 # Called (on any thread) when the connection is gone: the reason and the error, if any.
@@ -343,7 +344,8 @@ class HoldingConnection:
         aside = self.starts.delivered(message.channel, tag)
         headers = message.header.properties.headers
         redelivered = bool(delivery.redelivered)
-        self._to_main.post(self._on_start, message.body, message.channel, tag, redelivered, aside, headers)
+        received_at = time.monotonic()
+        self._to_main.post(self._on_start, message.body, message.channel, tag, redelivered, aside, headers, received_at)
 
     async def _on_control_message(self, message: AbstractIncomingMessage) -> None:
         """Decoded here, acked here (a malformed one is dead-lettered, and the consumer goes

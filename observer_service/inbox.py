@@ -6,12 +6,18 @@ flowing (docs/design.md, "Pauses and the lease"); no faster than their reports a
 (``Outbox.has_room``: each start makes a report); and only under a valid lease: a start made
 while the lease is lapsed would only park its observer on it. Meanwhile the deliveries stay
 held, unstarted. A delivery whose session died is skipped: the broker requeued it.
+
+A redelivered start waits until ``REDELIVERED_START_DELAY_S`` after it arrived: when the
+broker closes a live service's connection (``rabbitmqctl close_connection``, a node's graceful
+stop) it requeues that service's starts before it sends the close, so the other services get
+them while the old holder's lease is still valid (docs/design.md, invariant 2).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +30,10 @@ from observer_service.session import Session
 
 # Starts admitted between yields to the event loop.
 _YIELD_EVERY = 100
+# How long after it arrived a redelivered start may begin: the old holder revoked its lease
+# 2.3-3.6 ms after the new one received its first redelivery (a closed connection, idle
+# machine), plus up to one GIL switch interval (5 ms) while the old one's observers run.
+REDELIVERED_START_DELAY_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,11 @@ class Delivery:
     session: Session
     aside: bool = False  # came to a consumer stepped aside (``start_consumers.py``)
     headers: Mapping[str, Any] | None = None  # its AMQP headers: a trace's context (``shared/tracing.py``)
+    received_at: float = 0.0  # ``time.monotonic`` when the holding thread received it
+
+    def may_begin_at(self) -> float:
+        """The monotonic instant this start may begin (module docstring)."""
+        return self.received_at + REDELIVERED_START_DELAY_S if self.redelivered else 0.0
 
 
 class Inbox:
@@ -75,9 +90,14 @@ class Inbox:
                     metrics.STARTS_AWAITING_LEASE.inc()
                     await until_lease(waiting[0].session)
                     continue
+                early = waiting[0].may_begin_at() - time.monotonic()
+                if early > 0:
+                    await asyncio.sleep(early)
+                    continue
                 with self.gc.burst():
                     while waiting and self.accepting and self.outbox.has_room():
-                        if not may_act(waiting[0].session):
+                        head = waiting[0]
+                        if not may_act(head.session) or (head.redelivered and head.may_begin_at() > time.monotonic()):
                             break
                         delivery = waiting.popleft()
                         if delivery.session.closed.is_set():

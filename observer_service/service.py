@@ -279,12 +279,13 @@ class ObserverService:
         redelivered: bool,
         aside: bool,
         headers: Mapping[str, Any] | None,
+        received_at: float,
         *,
         session: Session,
     ) -> None:
         if session.closed.is_set() or self.shutdown.is_set():
             return  # not ours to run any more; the broker requeues it
-        self.inbox.put(Delivery(body, channel, tag, redelivered, session, aside, headers))
+        self.inbox.put(Delivery(body, channel, tag, redelivered, session, aside, headers, received_at))
 
     def _on_control(self, command: ControlMessage) -> None:
         """A control command, decoded and acked on the holding thread (``holding.py``). One

@@ -39,7 +39,14 @@ class Received:
         self.arrived = asyncio.Event()
 
     def __call__(
-        self, body: bytes, channel: DeliveryChannel, tag: int, redelivered: bool, aside: bool, headers: object
+        self,
+        body: bytes,
+        channel: DeliveryChannel,
+        tag: int,
+        redelivered: bool,
+        aside: bool,
+        headers: object,
+        received_at: float,
     ) -> None:
         self.starts.append((body, channel, tag, redelivered))
         self.arrived.set()

@@ -37,6 +37,9 @@ def inbox_for(runner: Runner) -> Inbox:
     return Inbox(runner.outbox, runner.gc, runner.admit, runner.spawn)
 
 
-def deliver(inbox: Inbox, start: bytes, tag: int, session: FakeSession, headers: Any = None) -> None:
-    """One start delivery, as the holding connection hands it to the service."""
-    inbox.put(Delivery(start, None, tag, False, session, headers=headers))  # type: ignore[arg-type]
+def deliver(
+    inbox: Inbox, start: bytes, tag: int, session: FakeSession, headers: Any = None, *, redelivered: bool = False
+) -> None:
+    """One start delivery, as the holding connection hands it to the service, received now."""
+    delivery = Delivery(start, None, tag, redelivered, session, headers=headers, received_at=time.monotonic())  # type: ignore[arg-type]
+    inbox.put(delivery)

@@ -7,6 +7,7 @@ import time
 import uuid
 from typing import Any
 
+from observer_service.inbox import REDELIVERED_START_DELAY_S
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner
@@ -58,6 +59,38 @@ async def test_starts_wait_for_a_lapsed_lease_then_start_once_it_is_back() -> No
     await until(lambda: not inbox.draining)
     assert len(runner.running) == 50, "a start of a dead session was started"
     session.closed.set()  # the end of the first session ends its observers quietly
+    for running in list(runner.running.values()):
+        assert running.task is not None
+        running.task.cancel()
+    await asyncio.sleep(0.05)
+
+
+async def test_a_redelivered_start_waits_for_the_old_holder_to_hear_of_its_close() -> None:
+    """The broker requeues a closed connection's starts before it tells that service
+    (docs/design.md, invariant 2): a redelivered start begins only
+    ``REDELIVERED_START_DELAY_S`` after it arrived, and the first delivery behind it waits
+    in order; a first delivery begins at once."""
+    lease = Lease(heartbeat_s=10)
+    lease.renew(time.monotonic())
+    session = FakeSession(lease)
+    runner = Runner(ServiceSettings(), uuid.uuid4(), Outbox(), {"idle": discover_kinds()["idle"]})
+    inbox = inbox_for(runner)
+
+    def body(name: str) -> bytes:
+        return StartObserver(observer_id=uuid.uuid4(), name=name, kind="idle").model_dump_json().encode()
+
+    deliver(inbox, body("first"), 1, session)
+    await until(lambda: len(runner.running) == 1)
+
+    arrived = time.monotonic()
+    deliver(inbox, body("moved"), 2, session, redelivered=True)
+    deliver(inbox, body("behind"), 3, session)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert len(runner.running) == 1, "a redelivered start began as soon as it arrived"
+    await until(lambda: len(runner.running) == 3)
+    assert time.monotonic() - arrived >= REDELIVERED_START_DELAY_S
+    session.closed.set()
     for running in list(runner.running.values()):
         assert running.task is not None
         running.task.cancel()
