@@ -346,7 +346,14 @@ def main(argv: list[str] | None = None) -> int:
         system = fresh_system(broker, postgres, tag, "orch-cluster-")
         system.env |= SCALE_ENV
         if on_cluster:
-            system.env |= {"ORCH_QUEUE_TYPE": "quorum", "ORCH_AMQP_URLS": ",".join(n.url_for(tag) for n in nodes)}
+            # Service i at node i (``_node_order``), and it stays where a node's death moves it:
+            # a return home during a later figure would hand its observers over meanwhile.
+            system.env |= {
+                "ORCH_QUEUE_TYPE": "quorum",
+                "ORCH_AMQP_URLS": ",".join(n.url_for(tag) for n in nodes),
+                "ORCH_AMQP_HOME": "first",
+                "ORCH_AMQP_RETURN_HOME_AFTER_S": "0",
+            }
         try:
             deployments.append(run_deployment(system, nodes if on_cluster else [], args.size))
         finally:

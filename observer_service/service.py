@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from observer_service import health, metrics
+from observer_service import health, home_node, metrics
 from observer_service.capacity import sized
 from observer_service.holding import DeliveryChannel
 from observer_service.inbox import Delivery, Inbox
@@ -34,7 +34,7 @@ from observer_service.start_consumers import Placement
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared import __version__
 from shared.backoff import backoff_delay
-from shared.broker_nodes import BrokerNodes, warn_if_classic_on_cluster
+from shared.broker_nodes import BrokerNodes, node_name, warn_if_classic_on_cluster
 from shared.errors import BrokerRefused, BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
@@ -45,6 +45,7 @@ from shared.messages import (
     InventoryRequest,
     IsolateObservers,
     ObserversDescribed,
+    ObserversHandedOver,
     ServiceBorn,
     ServiceDigest,
     ServiceHeartbeat,
@@ -85,7 +86,8 @@ class ObserverService:
                 settings.process_slots,
             )
         self.settings = settings
-        self.nodes = BrokerNodes(settings.broker_urls())
+        home_key = settings.service_name if settings.amqp_home == "by-name" else None
+        self.nodes = BrokerNodes(settings.broker_urls(), home_key=home_key)
         self.placement = Placement()  # how it takes new starts, as the manager last said
         # Failed attempts to open a session, said when they begin, each minute, and when one works.
         self.outage = OutageLog(logger, "cannot open a broker session", "broker session open again")
@@ -204,7 +206,10 @@ class ObserverService:
                 # Told while the session opened: its consumers still use the one it opened with.
                 self.runner.spawn(session.place(self.placement))
             self._send_inventory()
+            homing = self._watch_home(session)
             await _wait_any(self.shutdown, session.closed)
+            if homing is not None:
+                homing.cancel()
             if self.shutdown.is_set() and not session.closed.is_set():
                 return  # graceful stop uses this live session
             self.session = None
@@ -219,7 +224,43 @@ class ObserverService:
             self.runner.gc.fenced()
             # On a cluster the next session starts at the next node: the one this session
             # lost may be down, or up but cut off from the others (which answers a connect).
-            self.nodes.failed()
+            if session.close_reason != _GOING_HOME:
+                self.nodes.failed()
+
+    def _watch_home(self, session: Session) -> asyncio.Task[None] | None:
+        """On a cluster, a session away from the home node moves there once it is back."""
+        after_s = self.settings.amqp_return_home_after_s
+        if self.nodes.at_home or not after_s or self.settings.queue_type != "quorum":
+            return None
+        return asyncio.create_task(self._return_home(session, after_s))
+
+    async def _return_home(self, session: Session, after_s: float) -> None:
+        """Hand every observer over, as a graceful stop does, and end the session so that
+        the next one opens at home (``home_node.py``: why, and what it costs). The hand-over
+        is reported before the starts go back: one the broker gives straight back to a service
+        is started and reported after it."""
+        name = f"observer-service {self.settings.service_name} (home probe)"
+        await home_node.until_back(self.nodes.home_url, name, after_s)
+        if session.closed.is_set() or self.shutdown.is_set():
+            return
+        home = node_name(self.nodes.home_url)
+        logger.info("moving back to home broker node %s: handing %d observer(s) over", home, len(self.runner.running))
+        await session.stop_consuming()
+        self.inbox.accepting = False  # what waits stays unsettled: requeued with the rest
+        try:
+            ended = await self.runner.end_all()
+            if ended:
+                reason = "its service moved back to its home broker node"
+                report = ObserversHandedOver(
+                    service_id=self.service_id, session_id=session.id, observer_ids=ended, reason=reason
+                )
+                self.outbox.put(report, session)
+                await self.outbox.wait_empty(timeout=5)
+            await session.requeue_held()
+        finally:
+            self.inbox.accepting = True
+        self.nodes.go_home()
+        session.fail(_GOING_HOME, expected=True)
 
     def _starts_gone(self, session: Session) -> StartsGone | None:
         """The starts this ended session held from a start queue that was deleted: those of
@@ -393,6 +434,10 @@ class ObserverService:
             await asyncio.sleep(self.settings.inventory_s)
             if self.session is not None and not self.session.closed.is_set() and not self.said_goodbye:
                 self._send_digest()
+
+
+# The close reason of a session ended to move to the home node: the next opens there.
+_GOING_HOME = "moving back to the home broker node"
 
 
 def _decoded(body: bytes) -> StartObserver | None:

@@ -20,8 +20,8 @@ trap stop INT TERM EXIT
 
 "$PY" -m manager &
 pids+=($!)
-# On a cluster (BROKER_NODES=3), service i starts at node i of ORCH_AMQP_URLS, so the
-# services spread over the nodes.
+# On a cluster (BROKER_NODES=3), service i's home is node i of ORCH_AMQP_URLS, so the
+# services spread over the nodes evenly (a hash of three names would not).
 IFS=, read -r -a nodes <<< "${ORCH_AMQP_URLS:-}"
 for i in $(seq 1 "$SERVICES"); do
     urls="${ORCH_AMQP_URLS:-}"
@@ -30,7 +30,7 @@ for i in $(seq 1 "$SERVICES"); do
         urls=$(IFS=,; echo "${nodes[*]:$at},${nodes[*]:0:$at}")
         urls=${urls%,}
     fi
-    ORCH_AMQP_URLS="$urls" ORCH_SERVICE_NAME="observer-$i" "$PY" -m observer_service &
+    ORCH_AMQP_URLS="$urls" ORCH_AMQP_HOME=first ORCH_SERVICE_NAME="observer-$i" "$PY" -m observer_service &
     pids+=($!)
 done
 echo "manager on http://${ORCH_MANAGER_HOST:-127.0.0.1}:${ORCH_MANAGER_PORT:-8000} with $SERVICES observer services; Ctrl-C stops them"

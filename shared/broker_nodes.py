@@ -2,14 +2,17 @@
 
 aio-pika and aiormq connect to one URL and reconnect to that same URL; a client of a
 cluster must move to another node when its node goes away. Each process keeps the list in
-the order it was given (``ORCH_AMQP_URLS``; a deployment starts service i at node i to
-spread connections) and moves to the next node only after a failure, so a fleet does not
-pile onto the first node after a blip.
+the order it was given (``ORCH_AMQP_URLS``) and moves to the next node only after a failure,
+so a fleet does not pile onto the first node after a blip. It starts at its *home*: the
+first URL, or for a service the one its name picks (``ORCH_AMQP_HOME=by-name``), so that a
+fleet given one list (a Kubernetes Secret) spreads over the nodes; a service returns there
+once the node is back (``observer_service/home_node.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
@@ -17,11 +20,26 @@ logger = logging.getLogger(__name__)
 
 
 class BrokerNodes:
-    def __init__(self, urls: Sequence[str]) -> None:
+    def __init__(self, urls: Sequence[str], *, home_key: str | None = None) -> None:
+        """``home_key``: the home is the URL this string's stable hash picks (CRC-32: the same
+        in every process and release), else the first."""
         if not urls:
             raise ValueError("no broker URL")
         self.urls = list(urls)
-        self._at = 0
+        self.home = 0 if home_key is None else zlib.crc32(home_key.encode()) % len(self.urls)
+        self._at = self.home
+
+    @property
+    def at_home(self) -> bool:
+        return self._at == self.home
+
+    @property
+    def home_url(self) -> str:
+        return self.urls[self.home]
+
+    def go_home(self) -> None:
+        """The next session opens at the home node."""
+        self._at = self.home
 
     @property
     def current(self) -> str:

@@ -145,6 +145,19 @@ class ServiceSettings(CommonSettings):
         description="stable name; a new instance with the same name replaces the old one",
         json_schema_extra={"shown_default": "host name"},
     )
+    amqp_home: Literal["by-name", "first"] = Field(
+        default="by-name",
+        description="the node of `ORCH_AMQP_URLS` this service connects to first and returns to (its home): "
+        "`by-name`, the one a hash of `ORCH_SERVICE_NAME` picks, so that services given one list spread over "
+        "the nodes; `first`, the first URL",
+    )
+    amqp_return_home_after_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="a service connected to another node than its home moves back once the home node has "
+        "confirmed its writes for this long times a random 1 to 2 (services return one by one); moving hands "
+        "its observers over, so each restarts once; 0: never",
+    )
     # "auto" is AUTO (0) here: sized from CPUs and memory at start (observer_service.capacity).
     workers_count: int = Field(
         default=100,

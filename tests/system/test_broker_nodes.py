@@ -26,7 +26,7 @@ def _node_url(amqp_url: str, port: int) -> str:
 def test_a_node_that_is_down_is_skipped(system: System) -> None:
     urls = f"{_node_url(system.amqp_url, _closed_port())},{system.amqp_url}"
     system.start_manager(ORCH_AMQP_URLS=urls)
-    service = system.start_service("svc-a", workers=5, ORCH_AMQP_URLS=urls)
+    service = system.start_service("svc-a", workers=5, ORCH_AMQP_URLS=urls, ORCH_AMQP_HOME="first")
     oid = system.create("on-the-second-node", args={"interval_s": 0.5})["id"]
     system.wait_status(oid, "Processing")
     assert "broker session open on 127.0.0.1:" in service.text()
@@ -36,7 +36,10 @@ def test_the_node_in_use_goes_away_and_everything_moves_to_the_next(system: Syst
     with Partition.before(system.amqp_url) as node:
         urls = f"{node.url_for(system.amqp_url)},{system.amqp_url}"
         manager = system.start_manager(ORCH_AMQP_URLS=urls)
-        services = [system.start_service(name, workers=20, ORCH_AMQP_URLS=urls) for name in ("svc-a", "svc-b")]
+        services = [
+            system.start_service(name, workers=20, ORCH_AMQP_URLS=urls, ORCH_AMQP_HOME="first")
+            for name in ("svc-a", "svc-b")
+        ]
         ids = [system.create(f"o-{i}", args={"interval_s": 0.2})["id"] for i in range(20)]
         for oid in ids:
             system.wait_status(oid, "Processing")

@@ -141,14 +141,21 @@ def fleet_on_cluster(
     database: str, plugin_path: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[Fleet]:
     """A manager and three services on a vhost of its own on the 3-node cluster, with quorum
-    queues; service i starts at node i (as ``make run`` starts them on a cluster). The body
-    of a fixture (``on_cluster`` here; ``test_cluster_partition`` has its own)."""
+    queues; service i starts at node i (as ``make run`` starts them on a cluster) and stays
+    where a failure moves it (``test_home_node`` tests the return). The body of a fixture
+    (``on_cluster`` here; ``test_cluster_partition`` has its own)."""
     nodes = infra.broker_cluster(3)
     vhost = unique("c")
     nodes[0].add_vhost(vhost)
     urls = [node.url_for(vhost) for node in nodes]
     system = System(amqp_url=urls[0], database_url=database, workdir=tmp_path)
-    system.env = {"ORCH_QUEUE_TYPE": "quorum", "ORCH_AMQP_URLS": ",".join(urls), "PYTHONPATH": str(plugin_path)}
+    system.env = {
+        "ORCH_QUEUE_TYPE": "quorum",
+        "ORCH_AMQP_URLS": ",".join(urls),
+        "ORCH_AMQP_HOME": "first",
+        "ORCH_AMQP_RETURN_HOME_AFTER_S": "0",
+        "PYTHONPATH": str(plugin_path),
+    }
     yield Fleet(system, nodes, urls)
     system.stop_all()
     report = getattr(request.node, "rep_call", None)

@@ -47,3 +47,17 @@ async def test_a_reconnect_loop_that_stopped_trying_gets_the_connection_replaced
     await asyncio.sleep(0.3)
     assert replaced == [stuck]
     reconnects.close()
+
+
+def test_a_service_name_picks_a_home_node_and_names_spread_over_the_nodes() -> None:
+    urls = [f"amqp://g:g@127.0.0.1:{port}/" for port in (5001, 5002, 5003)]
+    homes = [BrokerNodes(urls, home_key=f"observer-{i}").home for i in range(300)]
+    assert homes == [BrokerNodes(urls, home_key=f"observer-{i}").home for i in range(300)], "not stable"
+    assert all(70 <= homes.count(at) <= 130 for at in range(3)), [homes.count(at) for at in range(3)]
+    nodes = BrokerNodes(urls, home_key="observer-2")
+    assert nodes.current == nodes.home_url and nodes.at_home
+    nodes.failed()
+    assert not nodes.at_home and nodes.current == urls[(nodes.home + 1) % 3]
+    nodes.go_home()
+    assert nodes.at_home and nodes.current == nodes.home_url
+    assert BrokerNodes(urls).home == 0
