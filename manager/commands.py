@@ -242,7 +242,7 @@ class ObserverCommands:
                 now = datetime.now(UTC)
                 obs.status, obs.service_id, obs.attempts, obs.modified_at = ObserverStatus.CREATED, None, 0, now
                 # Probation is kept: a restarted poison is isolated again as soon as it starts.
-                obs.host_session_id = None
+                obs.host_session_id = obs.awaiting_broker_since = None
                 obs.life += 1  # a new life: stops of the old one must not eat its start
                 # A new life runs for its run_for_s again; a stop_at already past would end it at once.
                 if obs.run_for_s is not None:

@@ -36,6 +36,7 @@ class CreatedObserver:
     last_error: str | None = None
     probation_since: datetime | None = None
     probation_clean_since: datetime | None = None
+    awaiting_broker_since: datetime | None = None
     pinned: bool = False
 
     @property

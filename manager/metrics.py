@@ -38,6 +38,12 @@ PAUSED = Gauge(
     "a free process slot",
     registry=REGISTRY,
 )
+AWAITING_BROKER = Gauge(
+    "orch_observers_awaiting_broker",
+    "Observers Created on no service whose start waits for the broker to hand it on: the broker session of the "
+    "service that ran them ended (a node died or was cut off)",
+    registry=REGISTRY,
+)
 STATE_BACKLOG = Gauge("orch_state_queue_backlog", "State messages waiting in the broker", registry=REGISTRY)
 # Counted by the state side, which may run in a process of its own (manager.state_side):
 # the API's /metrics adds this registry's text to its own.
@@ -134,6 +140,7 @@ async def render(session: AsyncSession, state_backlog: int | None) -> bytes:
         SERVICES.labels(state).set(count)
     PROBATION.set(summary["probation"])
     PAUSED.set(summary["paused"])
+    AWAITING_BROKER.set(summary["awaiting_broker"])
     CAPACITY.clear()
     CAPACITY_FREE.clear()
     for pool, capacity in summary["capacity"].items():

@@ -95,7 +95,15 @@ class Probation(BaseModel):
     isolated_since: datetime | None
 
 
+AWAITING_BROKER = (
+    "waits for the broker to hand its start on: the broker session of the service that ran it ended (a node "
+    "died or was cut off), and its queue holds the start for that session until it lets the session go"
+)
+
+
 def _paused(obs: Observer | CreatedObserver) -> str | None:
+    if obs.status == ObserverStatus.CREATED and obs.service_id is None and obs.awaiting_broker_since is not None:
+        return f"{AWAITING_BROKER} (since {obs.awaiting_broker_since.isoformat()})"
     if obs.status != ObserverStatus.PROCESSING or obs.probation_since is None or obs.probation_clean_since:
         return None
     return "on probation: waits for a free process slot on its service to run in a child process"
@@ -120,8 +128,9 @@ class ObserverOut(BaseModel):
     probation: Probation | None = None
     paused: str | None = Field(
         default=None,
-        description="why a Processing observer is not running now: on probation, it waits for its service to move it "
-        "into a child process, which takes a free process slot (its delivery stays held)",
+        description="why it is not running now: Processing on probation, it waits for its service to move it "
+        "into a child process, which takes a free process slot (its delivery stays held); Created on no service, "
+        "its start waits for the broker to hand it on, because the broker session of the service that ran it ended",
     )
     start_at: datetime | None = Field(default=None, description="when a Scheduled observer starts")
     stop_at: datetime | None = Field(default=None, description="when it is stopped (`expired`)")
@@ -282,6 +291,11 @@ class Stats(BaseModel):
     probation: int = Field(default=0, description="live observers on probation (run in a child process)")
     paused: int = Field(
         default=0, description="of those, Processing but paused until their service has a free process slot"
+    )
+    awaiting_broker: int = Field(
+        default=0,
+        description="observers Created on no service whose start waits for the broker to hand it on: the broker "
+        "session of the service that ran them ended (a node died or was cut off)",
     )
     state_applied_by: str | None = Field(
         default=None,

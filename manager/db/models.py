@@ -122,6 +122,9 @@ class Observer(Base):
     # clean_since is when its current clean run in one began (None: not isolated yet).
     probation_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     probation_clean_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Created, on no service, since when its start waits for the broker to hand it on: the
+    # broker session of the service that ran it ended (migration 0018). Stale otherwise.
+    awaiting_broker_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Created with ``"rebalance": false`` (migration 0014): never moved to even the load.
     pinned: Mapped[bool] = mapped_column(nullable=False, server_default=text("false"))
     # When the stop of an OnDeleting row was asked for (migration 0015): re-stops touch
@@ -150,6 +153,11 @@ class Observer(Base):
         Index("ix_observers_status_created", "status", "created_at", "id"),
         Index("ix_observers_attempts", text("(- attempts)"), "id"),
         Index("ix_observers_probation", "probation_since", postgresql_where=text("probation_since IS NOT NULL")),
+        Index(
+            "ix_observers_awaiting_broker",
+            "awaiting_broker_since",
+            postgresql_where=text("awaiting_broker_since IS NOT NULL"),
+        ),
         Index("ix_observers_stopping", "stop_requested_at", postgresql_where=text("status = 'OnDeleting'")),
         # The scheduler's two questions, each answered from a small index (migration 0016).
         Index("ix_observers_due_start", "start_at", postgresql_where=text("status = 'Scheduled'")),

@@ -363,7 +363,7 @@ _RELEASE = text(
     WITH released AS (
         UPDATE observers AS o
         SET status = CASE WHEN o.status = 'Processing' THEN 'Created'::observer_status ELSE o.status END,
-            service_id = NULL, host_session_id = NULL, modified_at = :now
+            service_id = NULL, host_session_id = NULL, awaiting_broker_since = NULL, modified_at = :now
         FROM (SELECT id, service_id FROM observers WHERE {_HELD}
               ORDER BY id FOR NO KEY UPDATE SKIP LOCKED) AS old
         WHERE o.id = old.id

@@ -109,6 +109,9 @@ _STATS = text(
             WHERE probation_since IS NOT NULL AND status::text = ANY(:live)) AS probation,
         (SELECT count(*) FROM observers WHERE probation_since IS NOT NULL AND status = 'Processing'
             AND probation_clean_since IS NULL) AS paused,
+        -- the partial index on awaiting_broker_since: few wait at once (migration 0018)
+        (SELECT count(*) FROM observers WHERE awaiting_broker_since IS NOT NULL AND status = 'Created'
+            AND service_id IS NULL) AS awaiting_broker,
         ({HOLDER_SQL}) AS leader
     """
 ).columns(
@@ -117,6 +120,7 @@ _STATS = text(
     column("services", JSON),
     column("probation", BigInteger),
     column("paused", BigInteger),
+    column("awaiting_broker", BigInteger),
     column("leader", String),
 )
 
@@ -152,6 +156,7 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
         "kinds": dict(sorted(by_kind.items())),
         "probation": row.probation,
         "paused": row.paused,
+        "awaiting_broker": row.awaiting_broker,
         "state_applied_by": row.leader,
     }
 

@@ -54,6 +54,7 @@ _COLUMNS = (
     Observer.host_session_id,
     Observer.probation_since,
     Observer.probation_clean_since,
+    Observer.awaiting_broker_since,
 )
 
 # Rows are sent as id, attempts and the number of the rest of their state among the batch's
@@ -64,14 +65,15 @@ _WRITE = text(
     UPDATE observers AS o
     SET status = s.status::observer_status, service_id = s.service_id, attempts = r.attempts,
         last_error = s.last_error, modified_at = s.modified_at, host_session_id = s.host_session_id,
-        probation_since = s.probation_since, probation_clean_since = s.probation_clean_since
+        probation_since = s.probation_since, probation_clean_since = s.probation_clean_since,
+        awaiting_broker_since = s.awaiting_broker_since
     FROM unnest(CAST(:ids AS uuid[]), CAST(:attempts AS integer[]), CAST(:keys AS integer[])) AS r(id, attempts, k)
     JOIN unnest(
         CAST(:statuses AS text[]), CAST(:service_ids AS uuid[]), CAST(:errors AS text[]),
         CAST(:modified AS timestamptz[]), CAST(:sessions AS uuid[]), CAST(:probation AS timestamptz[]),
-        CAST(:clean AS timestamptz[])
+        CAST(:clean AS timestamptz[]), CAST(:awaiting AS timestamptz[])
     ) WITH ORDINALITY AS s(status, service_id, last_error, modified_at, host_session_id, probation_since,
-                           probation_clean_since, k) USING (k)
+                           probation_clean_since, awaiting_broker_since, k) USING (k)
     WHERE o.id = r.id
     """
 )
@@ -88,6 +90,8 @@ class Row:
     host_session_id: uuid.UUID | None = None  # the service's broker session holding its start
     probation_since: datetime | None = None
     probation_clean_since: datetime | None = None
+    # Created on no service, its start held by the broker for an ended session: since when.
+    awaiting_broker_since: datetime | None = None
     _saved: tuple[Any, ...] = field(default=(), repr=False)
 
     def state(self) -> tuple[Any, ...]:
@@ -100,11 +104,19 @@ class Row:
             self.host_session_id,
             self.probation_since,
             self.probation_clean_since,
+            self.awaiting(),
         )
 
     def set_service(self, service_id: uuid.UUID | None, session_id: uuid.UUID | None = None) -> None:
         """Set (or clear) the service running it and the session in which that holds the start."""
         self.service_id, self.host_session_id = service_id, session_id
+
+    def awaiting(self) -> datetime | None:
+        """``awaiting_broker_since`` as written: it ends with anything that makes the row more
+        than Created on no service (a start, a stop, a move)."""
+        if self.status != ObserverStatus.CREATED or self.service_id is not None:
+            return None
+        return self.awaiting_broker_since
 
     def changed(self) -> bool:
         return self.state() != self._saved
@@ -212,7 +224,7 @@ class ObserverRows:
         changed = [row for row in self._rows.values() if row.changed()]
         if not changed:
             return
-        keys, (statuses, service_ids, errors, modified, sessions, probation, clean) = factor(changed, _shared)
+        keys, (statuses, service_ids, errors, modified, sessions, probation, clean, awaiting) = factor(changed, _shared)
         await self.session.execute(
             _WRITE,
             {
@@ -226,6 +238,7 @@ class ObserverRows:
                 "sessions": sessions,
                 "probation": probation,
                 "clean": clean,
+                "awaiting": awaiting,
             },
         )
         for row in changed:
@@ -242,6 +255,7 @@ def _shared(row: Row) -> tuple[Any, ...]:
         row.host_session_id,
         row.probation_since,
         row.probation_clean_since,
+        row.awaiting(),
     )
 
 

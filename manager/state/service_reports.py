@@ -145,7 +145,8 @@ async def reconcile(
             obs.status = S.PROCESSING if conflicting else S.CREATED
             obs.modified_at = now
             if ended is not None and not conflicting:
-                # The history says why it runs nowhere: its start is held for the ended session.
+                # The history and the API say why it runs nowhere: its start is held for the ended session.
+                obs.awaiting_broker_since = now
                 ctx.rows_of(session).event(
                     obs.id, EventType.RELEASED, now, from_service_id=sid, detail=SESSION_ENDED, from_session_id=ended
                 )

@@ -1,8 +1,9 @@
 """Observers whose starts the broker still holds for an ended session say so (issue 65): a
 node killed, its service speaks from a new session on another node at once, and that
 session's first inventory releases what the old one ran. Each such observer's history says
-why it runs nowhere (a ``released`` event naming the ended session) until the broker hands
-its start on; then it runs again, never on two services at once.
+why it runs nowhere (a ``released`` event naming the ended session), and so do the API
+(``paused``), ``/api/stats`` (``awaiting_broker``) and the metrics, until the broker hands
+its start on; then it runs again, never on two services at once, and nothing says paused.
 
 The start queue is declared beforehand as an older release declared it, without the
 queue's own 2 s ``x-consumer-disconnected-timeout``, so the broker's node-wide timeout (20 s
@@ -22,7 +23,7 @@ from shared import topology
 from tests.system.test_cluster import Fleet, fleet_on_cluster, ticking_since
 from tests.system.test_fencing import assert_never_on_two_services
 from tests.system.test_hand_on import declare_as_an_older_release
-from tools.harness import System, wait_for
+from tools.harness import System, metric, wait_for
 
 COUNT = 30
 
@@ -44,6 +45,11 @@ def said_why(system: System, ids: list[str], service_id: str) -> bool:
     return True
 
 
+def awaiting(system: System) -> set[str]:
+    """The observers the API says are paused waiting for the broker."""
+    return {o["id"] for o in system.observers() if "waits for the broker" in (o.get("paused") or "")}
+
+
 def test_observers_released_by_a_new_session_say_their_start_waits_for_the_broker(fleet: Fleet, tmp_path: Path) -> None:
     system, nodes = fleet.system, fleet.nodes
     declare_as_an_older_release(system, topology.start_queue_name("default"))
@@ -61,10 +67,15 @@ def test_observers_released_by_a_new_session_say_their_start_waits_for_the_broke
     node.kill()
     try:
         wait_for(lambda: said_why(system, theirs, victim_id), 30, "the released events saying the session ended")
+        wait_for(lambda: awaiting(system) == set(theirs), 10, "the API to say they wait for the broker")
+        assert system.get("/api/stats").json()["awaiting_broker"] == len(theirs)
+        assert metric(system, "orch_observers_awaiting_broker") == len(theirs)
         wait_for(lambda: ticking_since(ticks, ids, killed_at + 1), 90, "all running again")
         wait_for(lambda: fleet.all_processing_on_alive(ids), 60, "all Processing")
     finally:
         node.start()
+    assert awaiting(system) == set()
+    assert system.get("/api/stats").json()["awaiting_broker"] == 0
     # Only what the ended session held was released for it
     assert not any(
         e["detail"] == SESSION_ENDED for oid in others for e in system.get(f"/api/observers/{oid}/events").json()

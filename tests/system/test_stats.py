@@ -1,6 +1,6 @@
 """``GET /api/stats`` reads everything in one statement (``manager.db.services.stats``): on a real
 PostgreSQL, every part of the answer (observers per status and per kind, capacity per pool,
-services per state, probation) comes out as the rows say, whether the counts are folded yet or
+services per state, probation, observers awaiting the broker) comes out as the rows say, whether the counts are folded yet or
 still pending deltas."""
 
 from __future__ import annotations
@@ -27,16 +27,30 @@ async def _service(session: AsyncSession, status: str, pools: str, workers: int)
 
 
 async def _observers(
-    session: AsyncSession, count: int, kind: str, pool: str, status: str, probation: bool = False
+    session: AsyncSession,
+    count: int,
+    kind: str,
+    pool: str,
+    status: str,
+    probation: bool = False,
+    awaiting_broker: bool = False,
 ) -> None:
     await session.execute(
         text(
-            "INSERT INTO observers (id, name, kind, pool, status, probation_since) "
+            "INSERT INTO observers (id, name, kind, pool, status, probation_since, awaiting_broker_since) "
             "SELECT id, 'o-' || id, :kind, :pool, "
-            "CAST(:status AS observer_status), CASE WHEN :probation THEN now() END "
+            "CAST(:status AS observer_status), CASE WHEN :probation THEN now() END, "
+            "CASE WHEN :awaiting THEN now() END "
             "FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, :count)) AS new"
         ),
-        {"kind": kind, "pool": pool, "status": status, "probation": probation, "count": count},
+        {
+            "kind": kind,
+            "pool": pool,
+            "status": status,
+            "probation": probation,
+            "awaiting": awaiting_broker,
+            "count": count,
+        },
     )
 
 
@@ -50,12 +64,13 @@ async def test_stats_report_every_part_from_folded_counts_and_pending_deltas(
         await _service(session, "deleted", '["default"]', 11)
         await _observers(session, 4, "ticker", "default", "Processing")
         await _observers(session, 1, "ticker", "default", "Processing", probation=True)
-        await _observers(session, 2, "probe", "gpu", "Created")
+        await _observers(session, 1, "probe", "gpu", "Created")
+        await _observers(session, 1, "probe", "gpu", "Created", awaiting_broker=True)
         await _observers(session, 1, "probe", "gpu", "OnDeleting", probation=True)
         await fold_deltas(session)  # the rows so far counted in observer_counts, the rest below in deltas
         await _observers(session, 3, "ticker", "default", "Deleted", probation=True)  # not live: not on probation
         await _observers(session, 2, "probe", "default", "Failed")
-        await _observers(session, 1, "ticker", "gpu", "Processing")
+        await _observers(session, 1, "ticker", "gpu", "Processing", awaiting_broker=True)  # stale: started since
         await _observers(session, 2, "ticker", "default", "Scheduled")  # its worker is reserved: used
 
     async with sessions() as session:
@@ -74,6 +89,7 @@ async def test_stats_report_every_part_from_folded_counts_and_pending_deltas(
         },
         "probation": 2,
         "paused": 1,  # the Processing one on probation: not in a child process yet
+        "awaiting_broker": 1,  # the Created one on no service; the Processing one's mark is stale
         "state_applied_by": None,  # no manager runs
     }
 
@@ -89,5 +105,6 @@ async def test_stats_of_an_empty_system(sessions: async_sessionmaker[AsyncSessio
         "kinds": {},
         "probation": 0,
         "paused": 0,
+        "awaiting_broker": 0,
         "state_applied_by": None,
     }

@@ -91,6 +91,7 @@ async function loadStats() {
   views.renderStatusCounts(state.stats, pickStatus);
   views.renderCapacity(state.stats);
   views.renderImbalance(state.stats);
+  views.renderAwaitingBroker(state.stats);
   views.renderKindCounts(state.stats);
 }
 

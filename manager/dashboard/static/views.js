@@ -32,6 +32,16 @@ export function renderImbalance(stats) {
   setAttr($("imbalance"), "title", "the largest deviation of a service from its fair share of its pool");
 }
 
+/** Observers whose start the broker holds for an ended session (a node died): shown while any wait. */
+export function renderAwaitingBroker(stats) {
+  const count = stats.awaiting_broker ?? 0;
+  $("awaiting-broker-line").hidden = count === 0;
+  setText($("awaiting-broker"), count);
+  setAttr($("awaiting-broker-line"), "title",
+    "Created on no service: the broker session of the service that ran them ended, and their queue holds their "
+    + "starts for it until it lets that session go");
+}
+
 export function renderCapacity(stats) {
   const pools = Object.entries(stats.capacity ?? {}).map(([pool, cap]) => ({ pool, ...cap }));
   syncRows($("capacity-body"), pools, (p) => p.pool,
