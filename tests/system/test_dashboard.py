@@ -5,9 +5,12 @@ prompt; and not one request leaving 127.0.0.1."""
 
 from __future__ import annotations
 
+import asyncio
 import re
+import signal
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -15,6 +18,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Locator, Page, Route, expect, sync_playwright
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from manager.dashboard import STATIC_DIR
 from tools import browser as browser_tool
@@ -307,4 +312,41 @@ def test_a_draining_service_and_the_imbalance_are_shown(system: System, watched:
         "alive"
     )
     expect(page.get_by_test_id("imbalance")).to_have_text(re.compile(r"^\d+ %$"))
+    watched.assert_clean()
+
+
+async def _mark_awaiting_broker(database_url: str, observer_id: str) -> None:
+    """What the inventory rule writes when a node's death ended the session holding its start
+    (``tests/system/test_session_ended.py`` reaches it on a real cluster)."""
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.begin() as connection:
+            await connection.execute(
+                text("UPDATE observers SET awaiting_broker_since = now() WHERE id = :id"), {"id": observer_id}
+            )
+    finally:
+        await engine.dispose()
+
+
+def test_observers_waiting_for_the_broker_are_counted_and_say_why(system: System, watched: Watched) -> None:
+    system.start_manager()
+    service = system.start_service("gone", workers=2)
+    name = unique("held")
+    oid = system.create(name)["id"]
+    system.wait_status(oid, "Processing")
+    service.signal(signal.SIGTERM)  # handed back: Created on no service, as after a node's death
+    system.wait_status(oid, "Created")
+    page = watched.page
+    page.goto(system.base_url + "/")
+    expect(observer_row(page, name)).to_be_visible()
+    expect(page.get_by_test_id("awaiting-broker")).to_be_hidden()
+
+    # In a thread of its own: Playwright's sync API runs an event loop in this one.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _mark_awaiting_broker(system.database_url, oid)).result()
+    expect(page.get_by_test_id("awaiting-broker")).to_have_text("1")
+    expect(page.get_by_test_id("awaiting-broker")).to_be_visible()
+    status = observer_row(page, name).get_by_test_id("observer-status")
+    expect(status).to_have_text("Created · paused")
+    expect(status).to_have_attribute("title", re.compile("waits for the broker to hand its start on"))
     watched.assert_clean()

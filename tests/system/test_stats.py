@@ -1,7 +1,7 @@
 """``GET /api/stats`` reads everything in one statement (``manager.db.services.stats``): on a real
 PostgreSQL, every part of the answer (observers per status and per kind, capacity per pool,
-services per state, probation, observers awaiting the broker) comes out as the rows say, whether the counts are folded yet or
-still pending deltas."""
+services per state, probation, observers awaiting the broker) comes out as the rows say,
+whether the counts are folded yet or still pending deltas."""
 
 from __future__ import annotations
 
