@@ -322,17 +322,27 @@ class BrokerLink:
         return raw
 
     async def start_backlog(self, pool: str) -> int | None:
-        """Messages ready in a pool's start queue (declared if missing, with its arguments:
-        a passive declare of a missing queue would close the channel), or None if unknown."""
+        """Messages ready in a pool's start queue (declared if missing), or None if unknown.
+
+        Asked on a channel of its own, passively: a declare with arguments fails on a queue an
+        older release declared with others (this process may never have learned which: the
+        state side declares nothing), and the error closes its channel, which was the one
+        every create publishes on. A missing queue (the 404 closes that channel too) is
+        declared on another, with this release's arguments: nothing can differ."""
+        if self._connection is None or not self.is_connected():
+            return None
+        name = topology.start_queue_name(pool)
         try:
             with cancelled_calls_as_errors():
-                channel = await self._channel()
-                raw = await channel.get_underlay_channel()  # the robust channel caches counts
-                result = await raw.queue_declare(
-                    topology.start_queue_name(pool),
-                    durable=True,
-                    arguments=topology.start_queue_arguments(pool, self.settings.queue_type),
-                )
+                try:
+                    async with await self._connection.channel(publisher_confirms=False) as channel:
+                        raw = await channel.get_underlay_channel()  # the robust channel caches counts
+                        result = await raw.queue_declare(name, passive=True)
+                except aiormq.exceptions.ChannelNotFoundEntity:
+                    async with await self._connection.channel(publisher_confirms=False) as channel:
+                        raw = await channel.get_underlay_channel()
+                        arguments = topology.start_queue_arguments(pool, self.settings.queue_type)
+                        result = await raw.queue_declare(name, durable=True, arguments=arguments)
         except Exception:  # noqa: BLE001
             return None
         return result.message_count

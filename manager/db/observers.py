@@ -323,31 +323,37 @@ async def live_owners(session: AsyncSession, names: set[str]) -> dict[str, uuid.
 # --- waiting for a start that may be in no queue (the lost-start repair) -----------------------
 
 
-def waiting_for_a_start(unchanged_since: datetime) -> Any:
+def waiting_for_a_start(unchanged_since: datetime, held_since: datetime) -> Any:
     """Rows with no service and no pending start that wait for their start to be taken: Created
-    ones unchanged since ``unchanged_since``, and every OnDeleting one (re-stops touch its
-    ``modified_at``: the repair judges those by its own memory)."""
+    ones unchanged since ``unchanged_since`` (and, if the broker holds their start for an
+    ended session, marked so before ``held_since``), and every OnDeleting one (re-stops touch
+    its ``modified_at``: the repair judges those by its own memory)."""
     return (
         Observer.service_id.is_(None)
         & ~exists().where(PendingStart.observer_id == Observer.id)  # the pending-start repair's
         & or_(
-            (Observer.status == S.CREATED) & (Observer.modified_at < unchanged_since),
+            (Observer.status == S.CREATED)
+            & (Observer.modified_at < unchanged_since)
+            & or_(Observer.awaiting_broker_since.is_(None), Observer.awaiting_broker_since < held_since),
             Observer.status == S.ON_DELETING,
         )
     )
 
 
-async def waiting_pools(session: AsyncSession, unchanged_since: datetime, limit: int) -> list[tuple[uuid.UUID, str]]:
+async def waiting_pools(
+    session: AsyncSession, unchanged_since: datetime, held_since: datetime, limit: int
+) -> list[tuple[uuid.UUID, str]]:
     """(id, pool) of rows ``waiting_for_a_start``."""
-    query = select(Observer.id, Observer.pool).where(waiting_for_a_start(unchanged_since)).limit(limit)
+    query = select(Observer.id, Observer.pool).where(waiting_for_a_start(unchanged_since, held_since)).limit(limit)
     return [(oid, pool) for oid, pool in (await session.execute(query)).tuples()]
 
 
-async def still_waiting(session: AsyncSession, ids: Sequence[uuid.UUID], unchanged_since: datetime) -> list[Observer]:
+async def still_waiting(
+    session: AsyncSession, ids: Sequence[uuid.UUID], unchanged_since: datetime, held_since: datetime
+) -> list[Observer]:
     """The rows among ``ids`` that still wait for a start."""
-    return list(
-        await session.scalars(select(Observer).where(id_in(Observer.id, ids) & waiting_for_a_start(unchanged_since)))
-    )
+    waiting = waiting_for_a_start(unchanged_since, held_since)
+    return list(await session.scalars(select(Observer).where(id_in(Observer.id, ids) & waiting)))
 
 
 # --- the broker rebuilt from the database (``manager/repairs/rebuild.py``) ----------------------

@@ -15,6 +15,11 @@ first service lives is stopped); the wait doubles after each attempt for the sam
 (it cannot run it, and handed it on: ``manager/state/declines.py``) is not lost: it is held
 or on its way, and a second copy would run beside the first once a service could take both.
 
+A Created row whose start the broker holds for an ended session (``awaiting_broker_since``:
+a node died or was cut off while its service held it) is not lost either: the queue hands
+the start on once it lets that session go, and a copy published meanwhile would run beside
+it. Such a row waits ``BROKER_HOLDS_AT_MOST_S`` from its mark before it counts as waiting.
+
 The memory of when each row was first seen is in this process only: a manager restart
 starts the wait over, which only delays the repair.
 """
@@ -39,6 +44,9 @@ from shared.messages import DECLINED_HOLD_S
 logger = logging.getLogger(__name__)
 
 _LIMIT = 10_000
+# The longest a queue holds a start for an ended session on RabbitMQ's defaults, twice over:
+# a cut is seen after up to 1.25 net_ticktime (75 s), then consumer_disconnected_timeout (60 s).
+BROKER_HOLDS_AT_MOST_S = 300.0
 _MAX_DOUBLINGS = 6
 S = ObserverStatus
 
@@ -60,9 +68,11 @@ class LostStarts(Repair):
 
     async def run(self) -> None:
         """Publish again the starts of rows that waited too long."""
-        unchanged = datetime.now(UTC) - timedelta(seconds=self.after_s)
+        now_at = datetime.now(UTC)
+        unchanged = now_at - timedelta(seconds=self.after_s)
+        held = now_at - timedelta(seconds=max(self.after_s, BROKER_HOLDS_AT_MOST_S))
         async with self.sessions() as session:
-            rows = await observers.waiting_pools(session, unchanged, _LIMIT)
+            rows = await observers.waiting_pools(session, unchanged, held, _LIMIT)
         if not rows:
             self._seen.clear()
             self._attempts.clear()
@@ -81,7 +91,7 @@ class LostStarts(Repair):
         if not due:
             return
         async with self.sessions() as session:
-            lost = await observers.still_waiting(session, due, unchanged)
+            lost = await observers.still_waiting(session, due, unchanged, held)
         await self.starts.publish([start_message(obs) for obs in lost])
         for obs in lost:
             self._seen[obs.id] = now  # a longer wait before the next attempt

@@ -4,6 +4,8 @@ session's first inventory releases what the old one ran. Each such observer's hi
 why it runs nowhere (a ``released`` event naming the ended session), and so do the API
 (``paused``), ``/api/stats`` (``awaiting_broker``) and the metrics, until the broker hands
 its start on; then it runs again, never on two services at once, and nothing says paused.
+The lost-start repair leaves those starts alone: the broker holds them, and a copy published
+meanwhile would run beside each.
 
 The start queue is declared beforehand as an older release declared it, without the
 queue's own 2 s ``x-consumer-disconnected-timeout``, so the broker's node-wide timeout (20 s
@@ -52,6 +54,8 @@ def awaiting(system: System) -> set[str]:
 
 def test_observers_released_by_a_new_session_say_their_start_waits_for_the_broker(fleet: Fleet, tmp_path: Path) -> None:
     system, nodes = fleet.system, fleet.nodes
+    # The lost-start repair at its quickest: a copy of a start the broker holds would run beside it
+    system.env["ORCH_LOST_START_AFTER_S"] = "2"
     declare_as_an_older_release(system, topology.start_queue_name("default"))
     ticks = tmp_path / "ticks.log"
     services, ids = fleet.start(ticks, COUNT)
@@ -76,6 +80,9 @@ def test_observers_released_by_a_new_session_say_their_start_waits_for_the_broke
         node.start()
     assert awaiting(system) == set()
     assert system.get("/api/stats").json()["awaiting_broker"] == 0
+    manager = system.manager
+    assert manager is not None
+    assert "start(s) that were in no queue" not in manager.text(), "a start the broker held was published again"
     # Only what the ended session held was released for it
     assert not any(
         e["detail"] == SESSION_ENDED for oid in others for e in system.get(f"/api/observers/{oid}/events").json()
