@@ -327,7 +327,7 @@ class BrokerLink:
         Asked on a channel of its own, passively: a declare with arguments fails on a queue an
         older release declared with others (this process may never have learned which: the
         state side declares nothing), and the error closes its channel, which was the one
-        every create publishes on. A missing queue (the 404 closes that channel too) is
+        this process publishes on. A missing queue (the 404 closes that channel too) is
         declared on another, with this release's arguments: nothing can differ."""
         if self._connection is None or not self.is_connected():
             return None
