@@ -260,6 +260,9 @@ class Runner:
         be settled any more; the broker has already put them back in the queue. Observers
         not cancelled yet cannot act meanwhile: ``ensure_lease`` refuses on a closed session."""
         fenced = [r for r in self.running.values() if r.session is session]
+        # Children first: an async observer stopped acting at the lease's revoke, a child acts
+        # on the deadline it was sent until it is killed (docs/design.md, invariant 2).
+        fenced.sort(key=lambda r: r.isolation != "process")
         for i, running in enumerate(fenced):
             running.ended_by = "fenced"
             if running.task is not None:
