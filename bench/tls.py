@@ -53,7 +53,7 @@ def run_mode(rabbit: infra.RabbitNode, postgres: infra.PostgresNode, pki: Pki, m
         system.start_manager()
         services = [system.start_service(f"svc-{i}", n) for i in range(3)]
         per_s = asyncio.run(create(system, n))
-        seconds, moved = asyncio.run(service_kill(system, services, n))
+        seconds, moved = asyncio.run(service_kill(system, services, {}, n))
     finally:
         system.stop_all()
         rabbit.delete_vhost(tag, timeout=600)
