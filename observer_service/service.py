@@ -103,6 +103,8 @@ class ObserverService:
         # ServiceStopped is queued: nothing may follow it (the manager marks the row deleted,
         # and a heartbeat after that reads as a namesake's clash: an IntroduceRequest).
         self.said_goodbye = False
+        # The session handed everything over to move to the home node: the next opens there.
+        self._moved_home = False
         self.gc_pauses = GcPauses()
         self.watchdog = LoopWatchdog(gc_pauses=self.gc_pauses)
 
@@ -209,7 +211,7 @@ class ObserverService:
             homing = self._watch_home(session)
             await _wait_any(self.shutdown, session.closed)
             if homing is not None:
-                homing.cancel()
+                await _ended(homing)
             if self.shutdown.is_set() and not session.closed.is_set():
                 return  # graceful stop uses this live session
             self.session = None
@@ -224,7 +226,10 @@ class ObserverService:
             self.runner.gc.fenced()
             # On a cluster the next session starts at the next node: the one this session
             # lost may be down, or up but cut off from the others (which answers a connect).
-            if session.close_reason != _GOING_HOME:
+            if self._moved_home:
+                self._moved_home = False
+                self.nodes.go_home()
+            else:
                 self.nodes.failed()
 
     def _watch_home(self, session: Session) -> asyncio.Task[None] | None:
@@ -259,8 +264,8 @@ class ObserverService:
             await session.requeue_held()
         finally:
             self.inbox.accepting = True
-        self.nodes.go_home()
-        session.fail(_GOING_HOME, expected=True)
+        self._moved_home = True  # whatever ends the session now: it gave every start back
+        session.fail("moving back to the home broker node", expected=True)
 
     def _starts_gone(self, session: Session) -> StartsGone | None:
         """The starts this ended session held from a start queue that was deleted: those of
@@ -436,8 +441,12 @@ class ObserverService:
                 self._send_digest()
 
 
-# The close reason of a session ended to move to the home node: the next opens there.
-_GOING_HOME = "moving back to the home broker node"
+async def _ended(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for it to end; an error it ended with is logged."""
+    task.cancel()
+    await asyncio.wait([task])  # ``await task`` would raise its CancelledError, not told from ours
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.error("moving back to the home broker node failed: %r", error, exc_info=error)
 
 
 def _decoded(body: bytes) -> StartObserver | None:
