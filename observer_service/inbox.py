@@ -30,9 +30,8 @@ from observer_service.session import Session
 
 # Starts admitted between yields to the event loop.
 _YIELD_EVERY = 100
-# How long after it arrived a redelivered start may begin: the old holder revoked its lease
-# 2.3-3.6 ms after the new one received its first redelivery (a closed connection, idle
-# machine), plus up to one GIL switch interval (5 ms) while the old one's observers run.
+# How long after it arrived a redelivered start may begin: about ten times how late the old
+# holder learnt of a close the broker sent (docs/design.md, invariant 2).
 REDELIVERED_START_DELAY_S = 0.05
 
 
@@ -90,15 +89,16 @@ class Inbox:
                     metrics.STARTS_AWAITING_LEASE.inc()
                     await until_lease(waiting[0].session)
                     continue
-                early = waiting[0].may_begin_at() - time.monotonic()
-                if early > 0:
-                    await asyncio.sleep(early)
-                    continue
                 with self.gc.burst():
                     while waiting and self.accepting and self.outbox.has_room():
                         head = waiting[0]
-                        if not may_act(head.session) or (head.redelivered and head.may_begin_at() > time.monotonic()):
+                        if not may_act(head.session):
                             break
+                        if head.redelivered and (early := head.may_begin_at() - time.monotonic()) > 0:
+                            # Within the burst: a failover's starts arrive while the first wait,
+                            # and ending the burst at each would let the collector run between.
+                            await asyncio.sleep(early)
+                            continue
                         delivery = waiting.popleft()
                         if delivery.session.closed.is_set():
                             continue  # the broker has requeued it with the session
