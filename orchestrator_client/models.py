@@ -117,6 +117,7 @@ class Stats:
     kinds: dict[str, dict[str, int]]
     probation: int = 0
     paused: int = 0
+    awaiting_broker: int = 0
     state_applied_by: str | None = None
     imbalance: float = 0.0
 
