@@ -243,19 +243,21 @@ class BrokerLink:
         try:
             with cancelled_calls_as_errors():
                 for pool in sorted({s.pool for s in starts} - self._declared_pools):
-                    # Many creates arrive at once: declare each pool's queue once, not per publish.
+                    # Many creates arrive at once: declare each pool's queues once, not per publish.
                     async with self._declare_lock:
                         if pool not in self._declared_pools:
-                            await topology.declare_start_queue(channel, pool, self.settings.queue_type)
+                            for index in range(self.settings.start_queues):
+                                await topology.declare_start_queue(channel, pool, self.settings.queue_type, index)
                             self._declared_pools.add(pool)
                 raw = await self._unblocked(channel)
                 # One span per batch, child of the request's; every start carries its context.
-                with tracing.producer_span("publish starts", _publish_attributes(starts)) as headers:
+                attributes = _publish_attributes(starts, self.start_queue(starts[0]))
+                with tracing.producer_span("publish starts", attributes) as headers:
                     publish = publish_batch(
                         cast(aiormq.Channel, raw),
                         [
                             BatchMessage(
-                                topology.start_queue_name(start.pool),
+                                self.start_queue(start),
                                 start.encode(),
                                 topology.persistent_properties(str(start.message_id), headers),
                             )
@@ -274,6 +276,11 @@ class BrokerLink:
         refused = sum(1 for r in results if not isinstance(r, spec.Basic.Ack))
         if refused:
             raise BrokerUnavailable(f"the broker refused {refused} of {len(starts)} start message(s)")
+
+    def start_queue(self, start: StartObserver) -> str:
+        """The start queue ``start`` goes to (``topology.start_queue_index``)."""
+        queues = self.settings.start_queues
+        return topology.start_queue_name(start.pool, topology.start_queue_index(start.observer_id, queues))
 
     async def publish_control(self, message: Message) -> None:
         """Send a control command: to every service over the control fanout, or, when it
@@ -322,7 +329,17 @@ class BrokerLink:
         return raw
 
     async def start_backlog(self, pool: str) -> int | None:
-        """Messages ready in a pool's start queue (declared if missing), or None if unknown.
+        """Messages ready in a pool's start queues (together), or None if unknown."""
+        total = 0
+        for index in range(self.settings.start_queues):
+            count = await self._queue_backlog(pool, index)
+            if count is None:
+                return None
+            total += count
+        return total
+
+    async def _queue_backlog(self, pool: str, index: int) -> int | None:
+        """Messages ready in a pool's start queue ``index`` (declared if missing), or None if unknown.
 
         Asked on a channel of its own, passively: a declare with arguments fails on a queue an
         older release declared with others (this process may never have learned which: the
@@ -331,7 +348,7 @@ class BrokerLink:
         declared on another, with this release's arguments: nothing can differ."""
         if self._connection is None or not self.is_connected():
             return None
-        name = topology.start_queue_name(pool)
+        name = topology.start_queue_name(pool, index)
         try:
             with cancelled_calls_as_errors():
                 try:
@@ -341,7 +358,7 @@ class BrokerLink:
                 except aiormq.exceptions.ChannelNotFoundEntity:
                     async with await self._connection.channel(publisher_confirms=False) as channel:
                         raw = await channel.get_underlay_channel()
-                        arguments = topology.start_queue_arguments(pool, self.settings.queue_type)
+                        arguments = topology.start_queue_arguments(pool, self.settings.queue_type, index)
                         result = await raw.queue_declare(name, durable=True, arguments=arguments)
         except Exception:  # noqa: BLE001
             return None
@@ -361,11 +378,11 @@ class BrokerLink:
         return result.message_count
 
 
-def _publish_attributes(starts: Sequence[StartObserver]) -> dict[str, str | int | bool]:
+def _publish_attributes(starts: Sequence[StartObserver], queue: str) -> dict[str, str | int | bool]:
     """What a ``publish starts`` span says: the queue (of the first start) and how many."""
     return {
         "messaging.system": "rabbitmq",
         "messaging.operation.type": "publish",
-        "messaging.destination.name": topology.start_queue_name(starts[0].pool),
+        "messaging.destination.name": queue,
         "messaging.batch.message_count": len(starts),
     }

@@ -127,7 +127,7 @@ class BrokerProbes:
         return dict(zip(ids, answers, strict=True))
 
     async def touch_start_queues(self, pools: Iterable[str]) -> None:
-        """A passive declare of each pool's start queue: a call to the queue's process,
+        """A passive declare of each pool's start queues: a call to the queue's process,
         which keeps it from hibernating (``manager/queue_waker.py``). On a connection of its
         own: a slow answer holds up no publish, and a queue that does not exist (whose
         passive declare closes the channel) costs only this channel, opened again for the
@@ -137,17 +137,44 @@ class BrokerProbes:
                 if self._waker is None or self._waker.is_closed:
                     self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
                 for pool in pools:
-                    if self._waker_channel is None or self._waker_channel.is_closed:
-                        self._waker_channel = await self._waker.channel()
-                    declare = self._waker_channel.queue_declare(topology.start_queue_name(pool), passive=True)
-                    with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
-                        await asyncio.wait_for(declare, _ANSWER_TIMEOUT_S)
+                    for queue in topology.start_queue_names(pool, self.settings.start_queues):
+                        if self._waker_channel is None or self._waker_channel.is_closed:
+                            self._waker_channel = await self._waker.channel()
+                        declare = self._waker_channel.queue_declare(queue, passive=True)
+                        with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
+                            await asyncio.wait_for(declare, _ANSWER_TIMEOUT_S)
         except Exception as e:
             if self._waker_channel is not None:  # an answer may still come: never reuse it
                 with contextlib.suppress(Exception):
                     await self._waker_channel.close()
                 self._waker_channel = None
             raise BrokerUnavailable(f"cannot reach the start queues: {e!r}") from e
+
+    async def start_queues_in_use(self, pool: str, at_least: int) -> int:
+        """How many start queues ``pool`` has: ``at_least``, or more where a larger
+        ``ORCH_START_QUEUES`` declared them (they are numbered without gaps). On the waker's
+        connection: each missing queue's answer closes its channel."""
+        count = at_least
+        try:
+            with cancelled_calls_as_errors():
+                if self._waker is None or self._waker.is_closed:
+                    self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
+                while count < 64:
+                    if self._waker_channel is None or self._waker_channel.is_closed:
+                        self._waker_channel = await self._waker.channel()
+                    declare = self._waker_channel.queue_declare(topology.start_queue_name(pool, count), passive=True)
+                    try:
+                        await asyncio.wait_for(declare, _ANSWER_TIMEOUT_S)
+                    except aiormq.exceptions.ChannelNotFoundEntity:
+                        return count
+                    count += 1
+        except Exception as e:
+            if self._waker_channel is not None:
+                with contextlib.suppress(Exception):
+                    await self._waker_channel.close()
+                self._waker_channel = None
+            raise BrokerUnavailable(f"cannot ask for the start queues of pool {pool}: {e!r}") from e
+        return count
 
     async def close(self) -> None:
         for connection in (self._presence, self._waker):

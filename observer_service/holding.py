@@ -100,6 +100,7 @@ class HoldingConnection:
         self._on_control: ControlHandler | None = None
         self._on_refused: RefusedHandler | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._handing_back: set[asyncio.Task[None]] = set()
         self._closing = False
         # Settles posted by the main loop, sent in order by ``_settle_loop``.
         self._settles: collections.deque[tuple[Settle, DeliveryChannel, int]] = collections.deque()
@@ -108,7 +109,8 @@ class HoldingConnection:
         # Pools whose start queue was deleted while this session held starts from it
         # (``queue_watch.py``): read by the service once the session has ended.
         self.gone_pools: set[str] = set()
-        self._pools: list[str] = []
+        self._holds: dict[str, list[int]] = {}  # pool -> the prefetch of each channel per queue
+        self._refused: dict[str, dict[str, str]] = {}  # pool -> its queues refused, and why
         self._watch_id = uuid.uuid4().hex  # names its queue markers (``queue_watch.mark``)
 
     async def open(
@@ -146,9 +148,10 @@ class HoldingConnection:
         control = await self._declare_control_queue(work, service_id, session_id)
         self._watch_cancels(await work.get_underlay_channel(), control.name)
         await control.consume(self._on_control_message)
-        self._pools = [pool for pool, _ in holds]
+        self._holds = dict(holds)
         for pool, prefetches in holds:
-            await self._hold_pool(pool, prefetches)
+            for index in range(self.starts.placement.start_queues):
+                await self._hold_queue(pool, index, prefetches)
         self._tasks += [
             asyncio.create_task(self._lease_loop(), name="lease"),
             asyncio.create_task(self._settle_loop(), name="settle"),
@@ -203,43 +206,57 @@ class HoldingConnection:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._connection.close(), 5)
 
-    async def _hold_pool(self, pool: str, prefetches: list[int]) -> None:
-        """Declare the pool's start queue and consume it. A declare the broker refuses for
-        good (the queue exists with other arguments, a policy or version rejects them, no
-        permission) costs only its own channel: the session stays open for the other pools
+    async def place(self, placement: Placement) -> None:
+        """Consume under ``placement``: a pool's start queues it names that are not consumed
+        yet are declared and consumed first. Fewer than consumed leaves them all consumed:
+        starts may still wait in a queue the manager no longer publishes to."""
+        await self.starts.place(placement)
+        for pool, prefetches in self._holds.items():
+            for index in range(self.starts.queues(pool), placement.start_queues):
+                if topology.start_queue_name(pool, index) not in self._refused.get(pool, {}):
+                    await self._hold_queue(pool, index, prefetches)
+
+    async def _hold_queue(self, pool: str, index: int, prefetches: list[int]) -> None:
+        """Declare the pool's start queue ``index`` and consume it. A declare the broker refuses
+        for good (the queue exists with other arguments, a policy or version rejects them, no
+        permission) costs only its own channel: the session stays open for the other queues
         and the control queue, the main loop is told (``RefusedHandler``, so the operator is,
         and the manager through the heartbeats), and the declare is tried again every
         ``refused_retry_s`` until whatever was wrong is fixed. Any other failure fails the
         open."""
         assert self._connection is not None and self._on_refused is not None
+        name = topology.start_queue_name(pool, index)
+        refused = self._refused.setdefault(pool, {})
         declare = await self._connection.channel(publisher_confirms=False)  # a refusal closes it alone
         try:
-            queue = await topology.declare_start_queue(declare, pool, self._queue_type)
+            queue = await topology.declare_start_queue(declare, pool, self._queue_type, index)
         except aiormq.exceptions.AMQPChannelError as e:
             hint = refusal(e)
             if hint is None:
                 raise
+            refused[name] = hint
             self._to_main.post(self._on_refused, pool, hint)
-            self._tasks.append(asyncio.create_task(self._hold_later(pool, prefetches), name=f"refused {pool}"))
+            self._tasks.append(asyncio.create_task(self._hold_later(pool, index, prefetches), name=f"refused {name}"))
             return
         with contextlib.suppress(Exception):
             await declare.close()
         for prefetch in prefetches:
-            await self._hold_on_new_channel(pool, queue.name, prefetch)
-        self._to_main.post(self._on_refused, pool, None)
+            await self._hold_on_new_channel(pool, queue.name, prefetch, sum(prefetches))
+        refused.pop(name, None)
+        self._to_main.post(self._on_refused, pool, next(iter(refused.values()), None))
 
-    async def _hold_later(self, pool: str, prefetches: list[int]) -> None:
+    async def _hold_later(self, pool: str, index: int, prefetches: list[int]) -> None:
         await asyncio.sleep(self._refused_retry_s)
         try:
-            await self._hold_pool(pool, prefetches)
+            await self._hold_queue(pool, index, prefetches)
         except Exception as e:  # noqa: BLE001 - the session is broken: end it like any loss
             self._fail(f"consuming pool {pool} failed: {e!r}", e)
 
-    async def _hold_on_new_channel(self, pool: str, queue: str, prefetch: int) -> None:
+    async def _hold_on_new_channel(self, pool: str, queue: str, prefetch: int, workers: int) -> None:
         channel = await self._channel()
         raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
         self._watch_cancels(raw, queue, pool)
-        await self.starts.hold(channel, raw, pool, prefetch)  # sets the prefetch: start_consumers.py
+        await self.starts.hold(channel, raw, pool, queue, prefetch, workers)  # sets the prefetch: start_consumers.py
 
     def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str, pool: str | None = None) -> None:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum
@@ -289,13 +306,13 @@ class HoldingConnection:
                     unmarkable.clear()
                     continue
                 ask = time.monotonic() - asked_at >= queue_watch.WATCH_EVERY_S
-                for pool in self._pools:
-                    queue = topology.start_queue_name(pool)
-                    if await self._queue_gone(connection, queue, marked, unmarkable, ask):
-                        marked.discard(queue)
-                        self.gone_pools.add(pool)
-                        self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
-                        return
+                for pool in self._holds:
+                    for queue in topology.start_queue_names(pool, max(1, self.starts.queues(pool))):
+                        if await self._queue_gone(connection, queue, marked, unmarkable, ask):
+                            marked.discard(queue)
+                            self.gone_pools.add(pool)
+                            self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
+                            return
                 if ask:
                     asked_at = time.monotonic()
         finally:
@@ -341,11 +358,26 @@ class HoldingConnection:
         delivery = message.delivery
         assert isinstance(delivery, aiormq.spec.Basic.Deliver) and self._on_start is not None
         tag = delivery.delivery_tag or 0
-        aside = self.starts.delivered(message.channel, tag)
+        arrival = self.starts.delivered(message.channel, tag)
+        if arrival == "excess":
+            task = asyncio.create_task(self._hand_back_excess(message.channel, tag))
+            self._handing_back.add(task)  # a close needs none of them: the broker requeues
+            task.add_done_callback(self._handing_back.discard)
+            return
         headers = message.header.properties.headers
         redelivered = bool(delivery.redelivered)
         received_at = time.monotonic()
+        aside = arrival == "aside"
         self._to_main.post(self._on_start, message.body, message.channel, tag, redelivered, aside, headers, received_at)
+
+    async def _hand_back_excess(self, channel: DeliveryChannel, tag: int) -> None:
+        """A start past the pool's workers (several start queues delivered at once): never
+        run, handed back once the pool's consumers are cancelled, so it goes to a service
+        with room (``StartConsumers.pause``)."""
+        metrics.STARTS_PAST_WORKERS.inc()
+        with contextlib.suppress(Exception):
+            await self.starts.pause(channel)
+        self.settle("requeue", channel, tag)
 
     async def _on_control_message(self, message: AbstractIncomingMessage) -> None:
         """Decoded here, acked here (a malformed one is dead-lettered, and the consumer goes

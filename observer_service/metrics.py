@@ -39,6 +39,11 @@ LEASE_ROUND_TRIP = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
+STARTS_PAST_WORKERS = Counter(
+    "orch_service_starts_past_workers",
+    "Starts delivered past the pool's workers (several start queues delivered at once), handed back unrun",
+    registry=REGISTRY,
+)
 STARTS_DECLINED = Counter(
     "orch_service_starts_declined",
     "Starts this service could not run (a kind it lacks, no free process slot), handed on to another",

@@ -342,7 +342,8 @@ class ObserverService:
             case StopObservers():
                 self.runner.on_stop(command)
             case SetPlacement():
-                self._place(Placement(command.priority, command.cordoned, tuple(sorted(command.pools.items()))))
+                pools = tuple(sorted(command.pools.items()))
+                self._place(Placement(command.priority, command.cordoned, pools, command.start_queues))
             case InventoryRequest():
                 self._send_inventory()
             case IsolateObservers():
@@ -420,6 +421,7 @@ class ObserverService:
                         priority=placement.priority,
                         cordoned=placement.cordoned,
                         pool_priorities=dict(placement.pools),
+                        start_queues=placement.start_queues,
                     )
                 )
 

@@ -242,7 +242,7 @@ class Session:
         if self._thread is None or self._holding is None or self.closed.is_set():
             return
         try:
-            await self._thread.call(self._holding.starts.place(placement))
+            await self._thread.call(self._holding.place(placement))
         except Exception as e:  # noqa: BLE001 - the channel or connection is gone
             self.fail(f"consuming the start queues again failed: {e!r}", e)
 
@@ -252,7 +252,7 @@ class Session:
         if self._thread is None or self._holding is None or self.closed.is_set():
             return
         try:
-            await self._thread.call(self._holding.starts.step_aside(topology.start_queue_name(pool), for_s))
+            await self._thread.call(self._holding.starts.step_aside(pool, for_s))
         except Exception as e:  # noqa: BLE001 - the channel or connection is gone
             self.fail(f"stepping aside from pool {pool} failed: {e!r}", e)
 

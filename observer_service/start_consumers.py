@@ -14,11 +14,23 @@ So each consumer is opened with the window its channel has left (its size less w
 channel holds unsettled), and a channel consumes again once enough of what it held before
 has been settled, to give those slots back.
 
+A consumer whose window is used up consumes again at the first slot given back to it (a
+start must not wait while this service has a free worker); one that still has room, once a
+twentieth of its channel's size came back (a new consume costs three round trips).
+
+Several start queues per pool (``ORCH_START_QUEUES``; docs/design.md, "A pool over several
+start queues"): a quorum queue refuses a prefetch shared by a channel's consumers, so no
+broker limit spans the queues. Each consumer is opened with at most the pool's free workers,
+and so may be offered more than the pool has room for when several queues deliver at once:
+what arrives past the pool's workers is excess, never run. The first excess cancels every
+consumer of the pool (``pause``) before it is handed back, so it goes to a service with room,
+and a consumer limited by the pool consumes again as slots come back on any of its channels.
+
 Stepping aside (docs/design.md, "Starts a service cannot run"): a service handed a start it
-cannot run (a kind it lacks, no free process slot) consumes that queue at ``ASIDE``, below
-every placement, for a few seconds after its last such start, then under its placement again.
-Meanwhile every start it hands back goes to any other service with a free worker first, and
-it takes new starts only while every other one is full. Runs on the holding loop.
+cannot run (a kind it lacks, no free process slot) consumes that pool's queues at ``ASIDE``,
+below every placement, for a few seconds after its last such start, then under its placement
+again. Meanwhile every start it hands back goes to any other service with a free worker
+first, and it takes new starts only while every other one is full. Runs on the holding loop.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aio_pika.abc import AbstractChannel
 
@@ -36,6 +48,10 @@ from observer_service.start_channel import StartChannel
 from shared import topology
 
 ASIDE = -1  # the priority of a queue stepped aside from: below every placement (0 to 2)
+
+# What a delivery is to this service: a start to run; one that came to a consumer stepped
+# aside (every other consumer was full or could not run it); one past the pool's workers.
+Arrival = Literal["run", "aside", "excess"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +64,7 @@ class Placement:
     priority: int = 1  # manager.balance.plan.EVEN
     cordoned: bool = False
     pools: tuple[tuple[str, int], ...] = ()
+    start_queues: int = 1  # each pool's start queues, all consumed
 
     def priority_in(self, pool: str) -> int:
         return dict(self.pools).get(pool, self.priority)
@@ -64,8 +81,15 @@ class _Consumer:
     unsettled: int = 0  # deliveries on this channel not acked, nacked or rejected yet
     last_tag: int = 0  # the highest delivery tag seen on the channel
     floor: int = 0  # ``last_tag`` when the current consumer began: older tags were not its own
-    returned: int = 0  # older deliveries settled since: slots the current window did not get back
+    returned: int = 0  # slots given back since it began that its window did not get back
     aside: bool = False  # the current consumer consumes at ``ASIDE``
+    window: int = 0  # the current consumer's prefetch
+    current: int = 0  # deliveries to the current consumer not settled yet
+    pooled: bool = False  # its window was cut to the pool's free workers, or it was paused
+    again: bool = False  # a consume again is on its way
+
+    def used_up(self) -> bool:
+        return self.tag is None or self.current >= self.window
 
 
 class StartConsumers:
@@ -74,43 +98,90 @@ class StartConsumers:
         self._arguments = dict(topology.HELD_FOR_GOOD) if quorum else {}
         self.placement = placement
         self._consumers: dict[int, _Consumer] = {}  # by id() of the raw channel
+        self._pools: dict[str, list[_Consumer]] = {}
+        self._workers: dict[str, int] = {}  # the most a pool's channels hold together
+        self._held: dict[str, int] = {}  # deliveries of each pool not settled yet
+        self._queues: dict[str, set[str]] = {}  # the start queues consumed of each pool
         self._stopped = False  # the service is shutting down: never consume again
         self._changing = asyncio.Lock()  # one change at a time: two would consume twice
         self._tasks: set[asyncio.Task[None]] = set()
-        self._aside_until: dict[str, float] = {}  # queue -> when its step aside ends (monotonic)
+        self._aside_until: dict[str, float] = {}  # pool -> when its step aside ends (monotonic)
 
-    async def hold(self, channel: AbstractChannel, raw: StartChannel, pool: str, size: int) -> None:
-        """Consume ``pool``'s start queue on a channel of its own, holding at most ``size`` deliveries."""
-        consumer = _Consumer(channel, raw, pool, topology.start_queue_name(pool), size)
-        self._consumers[id(raw)] = consumer
-        if self.consuming():
-            await self._consume(consumer)
+    async def hold(
+        self, channel: AbstractChannel, raw: StartChannel, pool: str, queue: str, size: int, workers: int
+    ) -> None:
+        """Consume ``queue``, a start queue of ``pool``, on a channel of its own holding at most
+        ``size`` deliveries, and the pool's channels together at most ``workers``."""
+        async with self._changing:
+            consumer = _Consumer(channel, raw, pool, queue, size)
+            self._consumers[id(raw)] = consumer
+            self._pools.setdefault(pool, []).append(consumer)
+            self._queues.setdefault(pool, set()).add(queue)
+            self._workers[pool] = workers
+            if self.consuming():
+                await self._consume(consumer)
+
+    def queues(self, pool: str) -> int:
+        """How many start queues of ``pool`` are consumed."""
+        return len(self._queues.get(pool, ()))
 
     # --- called for each delivery and each settle, on the holding loop ----------------------
 
-    def delivered(self, raw: object, tag: int) -> bool:
-        """Count a delivery of ``raw``; True if it came to a consumer stepped aside, which the
-        broker serves only while every other consumer is full (or none can run it)."""
+    def delivered(self, raw: object, tag: int) -> Arrival:
+        """Count a delivery of ``raw`` and say what it is (``Arrival``). A start to a consumer
+        stepped aside came because every other consumer was full (or none could run it)."""
         consumer = self._consumers.get(id(raw))
         if consumer is None:
-            return False
+            return "run"
         consumer.unsettled += 1
         consumer.last_tag = max(consumer.last_tag, tag)
+        held = self._held[consumer.pool] = self._held.get(consumer.pool, 0) + 1
         # Frames arrive in order: a tag above the floor came to the current consumer.
-        return consumer.aside and tag > consumer.floor
+        mine = tag > consumer.floor
+        consumer.current += mine
+        if held > self._workers[consumer.pool]:
+            return "excess"
+        return "aside" if consumer.aside and mine else "run"
 
     def settled(self, raw: object, tag: int) -> None:
-        """A delivery of ``raw`` was acked, nacked or rejected; if the slots given back to a
-        channel's current window are too few, it consumes again with a wider one."""
+        """A delivery of ``raw`` was acked, nacked or rejected: its slot is free again. A
+        consumer that could use it and would not get it otherwise (an older consumer's
+        delivery, or one on another channel of a consumer cut to the pool) consumes again:
+        at once if its window is used up, else once enough slots came back."""
         consumer = self._consumers.get(id(raw))
         if consumer is None:
             return
         consumer.unsettled -= 1
-        if tag <= consumer.floor:
-            consumer.returned += 1
-        if self.consuming() and consumer.returned >= max(1, consumer.size // 20):
-            consumer.returned = 0  # at most one re-consume on its way per batch of slots
+        self._held[consumer.pool] -= 1
+        if tag > consumer.floor:
+            consumer.current -= 1
+        if tag <= consumer.floor or consumer.tag is None:  # not its current consumer's to take back
+            self._returned(consumer)
+        pool = self._pools[consumer.pool]
+        if len(pool) > 1:
+            for other in pool:
+                if other.pooled and other is not consumer:
+                    self._returned(other)
+
+    def _returned(self, consumer: _Consumer) -> None:
+        consumer.returned += 1
+        if consumer.again or not self.consuming():
+            return
+        if consumer.used_up() or consumer.returned >= max(1, consumer.size // 20):
+            consumer.again = True  # at most one re-consume on its way: it takes every slot back
             self._spawn(self._again(consumer))
+
+    async def pause(self, raw: object) -> None:
+        """Cancel the consumers of the pool ``raw`` consumes while its workers are all taken:
+        deliveries came past them (``Arrival`` "excess"), and what is handed back must not come
+        straight back. Each consumes again at the next slot given back."""
+        async with self._changing:
+            paused = self._consumers.get(id(raw))
+            if paused is None or self._held[paused.pool] < self._workers[paused.pool]:
+                return
+            for consumer in self._pools[paused.pool]:
+                consumer.pooled = True
+                await self._cancel(consumer)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)
@@ -127,29 +198,29 @@ class StartConsumers:
             self.placement = placement
             await self._consume_again()
 
-    async def step_aside(self, queue: str, for_s: float) -> None:
-        """Consume ``queue`` at ``ASIDE`` until ``for_s`` from now (a later call extends it);
-        returns once the consumers do, so a start handed back after it goes elsewhere first."""
+    async def step_aside(self, pool: str, for_s: float) -> None:
+        """Consume ``pool``'s queues at ``ASIDE`` until ``for_s`` from now (a later call extends
+        it); returns once the consumers do, so a start handed back after it goes elsewhere first."""
         async with self._changing:
-            already = queue in self._aside_until
-            self._aside_until[queue] = time.monotonic() + for_s
+            already = pool in self._aside_until
+            self._aside_until[pool] = time.monotonic() + for_s
             if not already:
-                await self._consume_again(queue)
-                self._spawn(self._step_back(queue))
+                await self._consume_again(pool)
+                self._spawn(self._step_back(pool))
 
-    async def _step_back(self, queue: str) -> None:
+    async def _step_back(self, pool: str) -> None:
         while True:
-            await asyncio.sleep(max(0.0, self._aside_until[queue] - time.monotonic()))
+            await asyncio.sleep(max(0.0, self._aside_until[pool] - time.monotonic()))
             async with self._changing:
-                if time.monotonic() >= self._aside_until[queue]:
-                    del self._aside_until[queue]
-                    await self._consume_again(queue)
+                if time.monotonic() >= self._aside_until[pool]:
+                    del self._aside_until[pool]
+                    await self._consume_again(pool)
                     return
 
-    async def _consume_again(self, queue: str | None = None) -> None:
-        """Cancel the consumers of ``queue`` (of every queue: None) and consume anew."""
+    async def _consume_again(self, pool: str | None = None) -> None:
+        """Cancel the consumers of ``pool`` (of every pool: None) and consume anew."""
         for consumer in self._consumers.values():
-            if queue in (None, consumer.queue):
+            if pool in (None, consumer.pool):
                 await self._cancel(consumer)
                 if self.consuming():
                     await self._consume(consumer)
@@ -165,6 +236,9 @@ class StartConsumers:
         """Close every start channel: the broker requeues their unacked deliveries as one batch."""
         consumers = list(self._consumers.values())
         self._consumers.clear()
+        self._pools.clear()
+        self._held.clear()
+        self._queues.clear()
         for task in list(self._tasks):
             task.cancel()
         for consumer in consumers:
@@ -179,20 +253,23 @@ class StartConsumers:
 
     async def _again(self, consumer: _Consumer) -> None:
         async with self._changing:
+            consumer.again = False
             if self.consuming() and id(consumer.raw) in self._consumers:
                 await self._cancel(consumer)
                 await self._consume(consumer)
 
     async def _consume(self, consumer: _Consumer) -> None:
-        """Consume with the window the channel has left (none: it waits for a settle).
-        Deliveries sent before a cancel's reply were counted already: frames arrive in order."""
-        consumer.floor, consumer.returned = consumer.last_tag, 0
-        consumer.aside = consumer.queue in self._aside_until
-        window = consumer.size - consumer.unsettled
-        if window <= 0:
-            consumer.returned = max(1, consumer.size // 20) - 1  # the next settle consumes again
-            return
-        await consumer.channel.set_qos(prefetch_count=window)
+        """Consume with the window the channel has left, at most the pool's free workers (none:
+        it waits for a settle). Deliveries sent before a cancel's reply were counted already:
+        frames arrive in order."""
+        consumer.floor, consumer.returned, consumer.current = consumer.last_tag, 0, 0
+        consumer.aside = consumer.pool in self._aside_until
+        own = consumer.size - consumer.unsettled
+        free = self._workers[consumer.pool] - self._held.get(consumer.pool, 0)
+        consumer.window, consumer.pooled = min(own, free), free < own
+        if consumer.window <= 0:
+            return  # not consuming: the next slot given back consumes again
+        await consumer.channel.set_qos(prefetch_count=consumer.window)
         priority = ASIDE if consumer.aside else self.placement.priority_in(consumer.pool)
         arguments = {**self._arguments, "x-priority": priority}
         consumer.tag = await consumer.raw.consume(consumer.queue, arguments)

@@ -142,6 +142,12 @@ class SetPlacement(Message):
     priority: int = Field(default=0, ge=-100, le=100)
     cordoned: bool = False
     pools: dict[str, Annotated[int, Field(ge=-100, le=100)]] = Field(default_factory=dict)
+    # How many start queues each pool has (``ORCH_START_QUEUES``): the service consumes them
+    # all. Left out at 1, so a service older than it takes the rest.
+    start_queues: int = Field(default=1, ge=1, le=64)
+
+    def encode(self) -> bytes:
+        return self.model_dump_json(exclude={"start_queues"} if self.start_queues == 1 else None).encode()
 
 
 class InventoryRequest(Message):
@@ -197,6 +203,7 @@ class ServiceHeartbeat(Message):
     priority: int = 0
     cordoned: bool = False
     pool_priorities: dict[str, int] = Field(default_factory=dict)
+    start_queues: int = 1
 
 
 class ServiceStopped(Message):

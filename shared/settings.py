@@ -365,6 +365,15 @@ class ManagerSettings(CommonSettings):
         description="observers the API creates or stops at once (all requests together); a request past it gets "
         "503 with `Retry-After` (one larger request alone is let through)",
     )
+    start_queues: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="start queues per pool, so that its creates, redeliveries and acks run on several "
+        "(on a cluster, their leaders on different nodes); an observer's starts always go to the same one, and "
+        "the services consume them all; lowered later, the queues past it stay consumed, so nothing is lost "
+        '(docs/design.md, "A pool over several start queues")',
+    )
     restop_after_s: float = Field(
         default=10.0, gt=0, description="a stop still OnDeleting after this is broadcast again"
     )

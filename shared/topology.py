@@ -1,7 +1,9 @@
 """AMQP topology: every exchange and queue name and argument, and one idempotent declare.
 
-    start queue   orch.start.<pool>     durable, one per pool; StartObserver messages,
-                                        held unacked by the service running the observer
+    start queues  orch.start.<pool>     durable, ``ORCH_START_QUEUES`` per pool (the second
+                  orch.start.<pool>.1   on: .1, .2, ...); StartObserver messages, held unacked
+                                        by the service running the observer; an observer's
+                                        start always goes to the same one (``start_queue_index``)
     state queue   orch.state            durable, single active consumer (one manager applies)
     control       orch.control          fanout; each service instance binds its own
                                         exclusive queue orch.control.<service_id>
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+import zlib
 from typing import Any, Literal
 
 import aio_pika
@@ -65,8 +68,20 @@ HAND_ON_ARGUMENT = "x-consumer-disconnected-timeout"
 _DECLARED_WITHOUT_HAND_ON: set[str] = set()
 
 
-def start_queue_name(pool: str) -> str:
-    return f"orch.start.{pool}"
+def start_queue_name(pool: str, index: int = 0) -> str:
+    """A pool's start queue ``index``: the first keeps the name of the one queue of a pool
+    before there were several, so one queue is the layout of N with N = 1."""
+    return f"orch.start.{pool}" + (f".{index}" if index else "")
+
+
+def start_queue_names(pool: str, queues: int) -> list[str]:
+    return [start_queue_name(pool, index) for index in range(queues)]
+
+
+def start_queue_index(observer_id: uuid.UUID, queues: int) -> int:
+    """Which of a pool's ``queues`` start queues an observer's starts go to: the same one every
+    time for a given N (the lost-start repair, the rebuild, a restart), spread evenly."""
+    return zlib.crc32(observer_id.bytes) % queues if queues > 1 else 0
 
 
 def error_queue_name(queue: str) -> str:
@@ -113,29 +128,35 @@ async def declare_state_queue(channel: AbstractChannel, queue_type: QueueType = 
     return await _declare_handing_on(channel, STATE_QUEUE, args, queue_type)
 
 
-async def declare_start_queue(channel: AbstractChannel, pool: str, queue_type: QueueType = "classic") -> AbstractQueue:
-    """The pool's start queue and its error queue. No message TTL and no delivery limit:
-    a start message must survive any number of service crashes."""
-    name = start_queue_name(pool)
+async def declare_start_queue(
+    channel: AbstractChannel, pool: str, queue_type: QueueType = "classic", index: int = 0
+) -> AbstractQueue:
+    """The pool's start queue ``index`` and its error queue. No message TTL and no delivery
+    limit: a start message must survive any number of service crashes."""
+    name = start_queue_name(pool, index)
     dead = await channel.get_exchange(DEAD_LETTER_EXCHANGE, ensure=False)
     await _declare_error_queue(channel, dead, name, queue_type)
-    return await _declare_handing_on(channel, name, _start_args(name, queue_type), queue_type)
+    return await _declare_handing_on(channel, name, _start_args(name, queue_type, index), queue_type)
 
 
-def start_queue_arguments(pool: str, queue_type: QueueType = "classic") -> dict[str, Any]:
-    """The arguments the pool's start queue was last declared with by this process."""
-    name = start_queue_name(pool)
-    args = _start_args(name, queue_type)
+def start_queue_arguments(pool: str, queue_type: QueueType = "classic", index: int = 0) -> dict[str, Any]:
+    """The arguments the pool's start queue ``index`` was last declared with by this process."""
+    name = start_queue_name(pool, index)
+    args = _start_args(name, queue_type, index)
     if queue_type == "quorum" and name not in _DECLARED_WITHOUT_HAND_ON:
         args[HAND_ON_ARGUMENT] = HAND_ON_AFTER_MS
     return args
 
 
-def _start_args(name: str, queue_type: QueueType) -> dict[str, Any]:
-    """A start queue's arguments but the hand-on timeout (``_declare_handing_on`` adds it)."""
+def _start_args(name: str, queue_type: QueueType, index: int = 0) -> dict[str, Any]:
+    """A start queue's arguments but the hand-on timeout (``_declare_handing_on`` adds it).
+    A pool's second queue on leads on the node with the fewest leaders (known since 3.10), so
+    a pool's queues spread over the cluster; the first keeps the arguments it always had."""
     args = _dead_letter_args(name) | _typed(queue_type)
     if queue_type == "quorum":
         args["x-delivery-limit"] = NO_DELIVERY_LIMIT
+        if index:
+            args["x-queue-leader-locator"] = "balanced"
     return args
 
 

@@ -40,6 +40,7 @@ from shared.settings import ManagerSettings
 logger = logging.getLogger(__name__)
 
 _RESEND_AFTER_S = 10.0  # a placement a service's heartbeats do not confirm is sent again
+_ASK_QUEUES_EVERY_S = 60.0  # how often the start queues a larger ORCH_START_QUEUES left are asked for
 
 
 class Settle:
@@ -69,7 +70,7 @@ class BalanceRound:
         sessions: async_sessionmaker[AsyncSession],
         broker: BrokerLink,
         handovers: Handovers,
-        placements: dict[uuid.UUID, Placed],
+        placements: dict[uuid.UUID, tuple[Placed, int]],
     ) -> None:
         self.sessions = sessions
         self.broker = broker
@@ -78,15 +79,20 @@ class BalanceRound:
         self.tolerance = settings.balance_tolerance
         self.moves_per_s = settings.balance_moves_per_s
         self.period_s = settings.repair_interval_s
-        self._sent: dict[uuid.UUID, tuple[planning.Placed, float]] = {}  # placement, when
+        self._sent: dict[uuid.UUID, tuple[tuple[Placed, int], float]] = {}  # placement, start queues; when
         self._refused: set[str] = set()  # services a command could not reach, said once
         self._settle = Settle()
+        # Start queues each service is told to consume: ``ORCH_START_QUEUES``, or more while a
+        # larger setting's queues exist (starts may wait in them), asked every minute.
+        self.configured_queues = self.start_queues = settings.start_queues
+        self._queues_asked_at = -math.inf
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
             fleet, notes = await fleet_rows.members(session, self.handovers.busy())
         decided = planning.plan(fleet, self.tolerance)
         FLEET_IMBALANCE.set(decided.imbalance)
+        await self._ask_start_queues({pool for m in fleet for pool in m.pools})
         placed = await self._place(fleet, decided)
         changed = {i: note for i, note in decided.drain_notes.items() if notes.get(i) != note}
         if changed:
@@ -109,6 +115,25 @@ class BalanceRound:
             if asked and move.reason == "drain":
                 landing.add(move.pool)
 
+    async def _ask_start_queues(self, pools: set[str]) -> None:
+        if time.monotonic() - self._queues_asked_at < _ASK_QUEUES_EVERY_S:
+            return
+        counts = [self.configured_queues]
+        try:
+            for pool in sorted(pools):
+                counts.append(await self.broker.probes.start_queues_in_use(pool, self.configured_queues))
+        except BrokerUnavailable:
+            return  # asked again next round
+        self._queues_asked_at = time.monotonic()
+        if max(counts) != self.start_queues:
+            logger.info(
+                "start queues per pool: services consume %d (ORCH_START_QUEUES=%d%s)",
+                max(counts),
+                self.configured_queues,
+                "; the queues past it keep being consumed" if max(counts) > self.configured_queues else "",
+            )
+        self.start_queues = max(counts)
+
     async def _place(self, fleet: list[planning.Member], decided: planning.Plan) -> set[uuid.UUID]:
         """Send each placement that changed, or that heartbeats still contradict after a
         while; the services whose placement changed."""
@@ -117,18 +142,24 @@ class BalanceRound:
         alive = {m.id for m in fleet}
         self._sent = {i: sent for i, sent in self._sent.items() if i in alive}
         for m in fleet:
-            want = planning.placement(decided, m.id)
+            placed = planning.placement(decided, m.id)
+            want = (placed, self.start_queues)
             sent = self._sent.get(m.id)
             if sent is not None and sent[0] == want:
                 if self.placements.get(m.id, want) == want or now - sent[1] < _RESEND_AFTER_S:
                     continue
-            else:
+            elif sent is None or sent[0][0] != placed:
                 changed.add(m.id)
             self._sent[m.id] = (want, now)  # sent or not: resent while heartbeats disagree
-            priority, cordoned, pools = want
-            await self._publish(
-                SetPlacement(service_id=m.id, priority=priority, cordoned=cordoned, pools=dict(pools)), m.name
+            priority, cordoned, pools = placed
+            placement = SetPlacement(
+                service_id=m.id,
+                priority=priority,
+                cordoned=cordoned,
+                pools=dict(pools),
+                start_queues=self.start_queues,
             )
+            await self._publish(placement, m.name)
         return changed
 
     async def _publish(self, message: SetPlacement | StopObservers, name: str) -> bool:

@@ -61,10 +61,11 @@ class StateContext:
         # When a takeover from each service was last applied (monotonic seconds): while a dead
         # service's share is still moving, its death waits (``manager/repairs/liveness.py``).
         self.moved_from_at: dict[uuid.UUID, float] = {}
-        # The hand-overs the balancer asked for, and the placement each service's last
-        # heartbeat said it consumes under (``manager/balance/rounds.py``).
+        # The hand-overs the balancer asked for, and the placement (and how many start queues
+        # of each pool) each service's last heartbeat said it consumes under
+        # (``manager/balance/rounds.py``).
         self.handovers = Handovers()
-        self.placements: dict[uuid.UUID, Placed] = {}
+        self.placements: dict[uuid.UUID, tuple[Placed, int]] = {}
         # The starts services declined (they cannot run them), held or on their way.
         self.declines = Declines()
         # Observers whose start went with a deleted start queue, pending, for the gone-start

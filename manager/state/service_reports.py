@@ -45,7 +45,8 @@ async def heartbeat(
     ctx: StateContext, session: AsyncSession, m: ServiceHeartbeat, now: datetime, out: FollowUps
 ) -> None:
     services = ctx.services_of(session)
-    ctx.placements[m.service_id] = (m.priority, m.cordoned, tuple(sorted(m.pool_priorities.items())))
+    placed = (m.priority, m.cordoned, tuple(sorted(m.pool_priorities.items())))
+    ctx.placements[m.service_id] = (placed, m.start_queues)
     if not await services.touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms, m.refused):
         await ctx.introduce_if_unknown(session, m.service_id, out)
 

@@ -35,8 +35,12 @@ class FakeChannel:
 async def held_by(size: int) -> tuple[StartConsumers, FakeChannel]:
     starts = StartConsumers(quorum=False, placement=Placement())
     fake = FakeChannel()
-    await starts.hold(cast(AbstractChannel, fake), cast(StartChannel, fake), "default", size)
+    await hold(starts, fake, "orch.start.default", size, size)
     return starts, fake
+
+
+async def hold(starts: StartConsumers, fake: FakeChannel, queue: str, size: int, workers: int) -> None:
+    await starts.hold(cast(AbstractChannel, fake), cast(StartChannel, fake), "default", queue, size, workers)
 
 
 async def settle_tasks() -> None:
@@ -98,22 +102,82 @@ async def test_a_queue_stepped_aside_is_consumed_below_every_placement_then_unde
     starts.delivered(fake, 1)
     await starts.place(Placement(priority=2))
 
-    await starts.step_aside("orch.start.default", 0.2)
+    await starts.step_aside("default", 0.2)
     assert fake.consumes[-1] == {"x-priority": -1}
-    assert starts.delivered(fake, 2)  # came to the consumer stepped aside
-    await starts.step_aside("orch.start.default", 0.3)  # extended: no new consume
+    assert starts.delivered(fake, 2) == "aside"  # came to the consumer stepped aside
+    await starts.step_aside("default", 0.3)  # extended: no new consume
     assert len(fake.consumes) == 3
 
     await asyncio.sleep(0.2)
     assert fake.consumes[-1] == {"x-priority": -1}  # still aside: the second step extended it
     await asyncio.sleep(0.2)
     assert fake.consumes[-1] == {"x-priority": 2} and len(fake.consumes) == 4
-    assert not starts.delivered(fake, 3)
+    assert starts.delivered(fake, 3) == "run"
 
 
 async def test_a_cordoned_service_steps_aside_without_consuming() -> None:
     starts, fake = await held_by(size=4)
     await starts.place(Placement(cordoned=True))
-    await starts.step_aside("orch.start.default", 0.05)
+    await starts.step_aside("default", 0.05)
     await asyncio.sleep(0.1)
     assert len(fake.consumes) == 1  # the first, before the cordon
+
+
+async def test_a_used_up_window_consumes_again_at_the_first_slot_back() -> None:
+    """A channel whose current consumer took its whole window must not wait for a twentieth of
+    its size to come back while a worker is free: a start would wait beside it."""
+    starts, fake = await held_by(size=100)
+    for tag in range(1, 100):
+        starts.delivered(fake, tag)
+    await starts.place(Placement(priority=2))  # window 1
+    assert fake.windows[-1] == 1
+    starts.delivered(fake, 100)  # the window is used up
+    starts.settled(fake, 7)  # one older slot back
+    await settle_tasks()
+    assert len(fake.consumes) == 3 and fake.windows[-1] == 1
+
+
+async def several_queues(workers: int) -> tuple[StartConsumers, list[FakeChannel]]:
+    starts = StartConsumers(quorum=True, placement=Placement(start_queues=3))
+    fakes = [FakeChannel() for _ in range(3)]
+    for index, fake in enumerate(fakes):
+        await hold(starts, fake, f"orch.start.default.{index}", workers, workers)
+    return starts, fakes
+
+
+async def test_over_several_queues_each_consumer_gets_at_most_the_pools_free_workers() -> None:
+    starts, (a, b, c) = await several_queues(workers=4)
+    assert a.windows == b.windows == c.windows == [4]
+    for tag in (1, 2, 3):
+        assert starts.delivered(a, tag) == "run"
+    await starts.place(Placement(priority=2, start_queues=3))
+    assert b.windows[-1] == 1 and c.windows[-1] == 1  # what the pool has left, not the channel
+
+
+async def test_what_comes_past_the_pools_workers_is_excess_and_pauses_the_pool() -> None:
+    starts, (a, b, c) = await several_queues(workers=2)
+    assert starts.delivered(a, 1) == "run"
+    assert starts.delivered(b, 1) == "run"
+    assert starts.delivered(c, 1) == "excess"  # three queues delivered at once: never run
+    await starts.pause(c)
+    assert a.cancelled == ["tag-1"] and b.cancelled == ["tag-1"] and c.cancelled == ["tag-1"]
+
+    starts.settled(c, 1)  # the excess handed back: still full, nothing to consume with
+    await settle_tasks()
+    assert [len(f.consumes) for f in (a, b, c)] == [1, 1, 1]
+    starts.settled(a, 1)  # an observer stopped: one worker free, every queue offered it
+    await settle_tasks()
+    assert [len(f.consumes) for f in (a, b, c)] == [2, 2, 2]
+    assert a.windows[-1] == b.windows[-1] == c.windows[-1] == 1
+
+
+async def test_once_the_excess_is_handed_back_a_free_worker_is_offered_on_every_queue() -> None:
+    starts, (a, b, c) = await several_queues(workers=1)
+    starts.delivered(a, 1)
+    assert starts.delivered(b, 1) == "excess"
+    starts.settled(a, 1)  # the one that ran stopped before the pause
+    await starts.pause(b)  # still full, counting the excess
+    starts.settled(b, 1)  # the excess handed back
+    await settle_tasks()
+    assert [f.windows[-1] for f in (a, b, c)] == [1, 1, 1]
+    assert [len(f.consumes) for f in (a, b, c)] == [2, 2, 2]

@@ -83,7 +83,7 @@ _MANAGER_OFF = textwrap.dedent(
     app = create_app(get_manager_settings())
     assert not any("opentelemetry" in type(m.cls).__module__ for m in app.user_middleware)
     start = StartObserver(observer_id=uuid.uuid4(), name="o", kind="idle")
-    with tracing.producer_span("publish starts", _publish_attributes([start])) as headers:
+    with tracing.producer_span("publish starts", _publish_attributes([start], "orch.start.default")) as headers:
         assert headers is None
         assert topology.persistent_properties(str(start.message_id), headers).headers is None
     traced = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}

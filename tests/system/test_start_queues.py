@@ -1,0 +1,114 @@
+"""A pool over several start queues (``ORCH_START_QUEUES``; docs/design.md, "A pool over several
+start queues"): what holds for one queue holds for N. No service runs more than its workers
+though no broker limit spans the queues; a free worker takes a start from whichever queue it is
+in; a service's death moves its observers, once; and a layout of one queue becomes N and
+goes back to one with nothing lost."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from shared import topology
+from tests.system.test_fencing import assert_never_on_two_services
+from tools.harness import System, probe_args, wait_for
+
+pytestmark = pytest.mark.usefixtures("with_test_plugin")
+
+
+def running_on(system: System) -> dict[str, int]:
+    """Processing observers per service name."""
+    counts: dict[str, int] = {}
+    for o in system.observers(status="Processing"):
+        counts[o["service_name"]] = counts.get(o["service_name"], 0) + 1
+    return counts
+
+
+def all_processing(system: System, ids: list[str]) -> bool:
+    observers = {o["id"]: o for o in system.observers()}
+    return all(observers[i]["status"] == "Processing" for i in ids)
+
+
+def create(system: System, log: Path, names: list[str]) -> list[str]:
+    body = {"observers": [{"name": n, "kind": "probe", "args": probe_args(log)} for n in names]}
+    response = system.post("/api/observers/bulk", body)
+    assert response.status_code == 201, response.text
+    return [o["id"] for o in response.json()["items"]]
+
+
+def test_no_service_runs_more_than_its_workers_and_a_free_worker_takes_any_queue(
+    system: System, tmp_path: Path
+) -> None:
+    log = tmp_path / "ticks.log"
+    system.start_manager(ORCH_START_QUEUES="3")
+    system.start_service("svc-a", workers=2)
+    # Alone, svc-a is offered its 2 free workers on each of the 3 queues at once: what comes
+    # past them must go back, and to svc-b once it is there.
+    ids = create(system, log, ["q-0", "q-1"])
+    wait_for(lambda: all_processing(system, ids), 30, "both running on svc-a")
+    system.start_service("svc-b", workers=2)
+    ids += create(system, log, ["q-2", "q-3"])
+    wait_for(lambda: all_processing(system, ids), 30, "all four running")
+    assert running_on(system) == {"svc-a": 2, "svc-b": 2}
+    for index in range(3):  # the manager declared them all; none holds a start nobody took
+        assert system.queue_counts(topology.start_queue_name("default", index))[0] == 0
+
+    # A full fleet: each stop frees one worker, and the next create, in whichever queue its
+    # id sends it to, runs there.
+    for i in range(6):
+        victim = ids.pop(0)
+        assert system.delete(f"/api/observers/{victim}").status_code == 202
+        system.wait_status(victim, "Deleted")
+        ids += create(system, log, [f"next-{i}"])
+        live = list(ids)
+        wait_for(functools.partial(all_processing, system, live), 30, f"the create after stop {i} running")
+        assert running_on(system) == {"svc-a": 2, "svc-b": 2}
+    assert_never_on_two_services(log)
+
+
+def test_a_service_killed_moves_its_observers_once_over_several_queues(system: System, tmp_path: Path) -> None:
+    log = tmp_path / "ticks.log"
+    system.start_manager(ORCH_START_QUEUES="3")
+    victim = system.start_service("svc-a", workers=6)
+    ids = create(system, log, [f"k-{i}" for i in range(6)])
+    wait_for(lambda: all_processing(system, ids), 30, "all on svc-a")
+    system.start_service("svc-b", workers=3)
+    system.start_service("svc-c", workers=3)
+
+    victim.kill9()
+
+    wait_for(lambda: running_on(system) == {"svc-b": 3, "svc-c": 3}, 60, "the six moved to svc-b and svc-c")
+    wait_for(lambda: all_processing(system, ids), 30, "all Processing")
+    assert_never_on_two_services(log)
+
+
+def test_one_queue_becomes_three_and_back_with_nothing_lost(system: System, tmp_path: Path) -> None:
+    log = tmp_path / "ticks.log"
+    manager = system.start_manager()
+    system.start_service("svc-a", workers=25)  # never full: it consumes every queue throughout
+    ids = create(system, log, [f"one-{i}" for i in range(5)])
+    wait_for(lambda: all_processing(system, ids), 30, "running on one queue")
+
+    manager.terminate()
+    manager = system.start_manager(ORCH_START_QUEUES="3")
+    ids += create(system, log, [f"three-{i}" for i in range(10)])
+    wait_for(lambda: all_processing(system, ids), 30, "running over three queues")
+    wait_for(lambda: system.queue_counts(topology.start_queue_name("default", 2))[1] == 1, 30, "queue 2 consumed")
+
+    # Back to one: the manager publishes to the first queue only, and the services go on
+    # consuming the other two, where starts of running observers are held.
+    manager.terminate()
+    system.start_manager()
+    ids += create(system, log, [f"back-{i}" for i in range(5)])
+    wait_for(lambda: all_processing(system, ids), 30, "running after the return to one queue")
+    later = system.start_service("svc-b", workers=20)
+    # The newcomer is told of the third queue too (the manager finds it still there).
+    wait_for(lambda: system.queue_counts(topology.start_queue_name("default", 2))[1] == 2, 30, "queue 2 by both")
+
+    # svc-a dies: its starts, in all three queues, go to svc-b.
+    system.procs[1].kill9()
+    wait_for(lambda: running_on(system) == {"svc-b": 20}, 60, "all twenty moved to svc-b")
+    assert later.alive()
+    assert_never_on_two_services(log)
