@@ -242,13 +242,8 @@ class BrokerLink:
         deadline = _PUBLISH_TIMEOUT_S + _PUBLISH_TIMEOUT_PER_MESSAGE_S * len(starts)
         try:
             with cancelled_calls_as_errors():
-                for pool in sorted({s.pool for s in starts} - self._declared_pools):
-                    # Many creates arrive at once: declare each pool's queues once, not per publish.
-                    async with self._declare_lock:
-                        if pool not in self._declared_pools:
-                            for index in range(self.settings.start_queues):
-                                await topology.declare_start_queue(channel, pool, self.settings.queue_type, index)
-                            self._declared_pools.add(pool)
+                for pool in sorted({s.pool for s in starts}):
+                    await self.declare_start_queues(pool)
                 raw = await self._unblocked(channel)
                 # One span per batch, child of the request's; every start carries its context.
                 attributes = _publish_attributes(starts, self.start_queue(starts[0]))
@@ -276,6 +271,23 @@ class BrokerLink:
         refused = sum(1 for r in results if not isinstance(r, spec.Basic.Ack))
         if refused:
             raise BrokerUnavailable(f"the broker refused {refused} of {len(starts)} start message(s)")
+
+    async def declare_start_queues(self, pool: str) -> None:
+        """Declare ``pool``'s start queues, once per connection: many creates arrive at once.
+        On a cluster each from a node of its own (``BrokerProbes.declare_start_queue_on_node``),
+        so their leaders spread; before the services are told of them, so that no service
+        declares one first from its own node."""
+        if pool in self._declared_pools:
+            return
+        async with self._declare_lock:
+            if pool in self._declared_pools:
+                return
+            spread = self.settings.queue_type == "quorum" and len(self.nodes.urls) > 1
+            channel = await self._channel()
+            for index in range(self.settings.start_queues):
+                if not (spread and await self.probes.declare_start_queue_on_node(pool, index)):
+                    await topology.declare_start_queue(channel, pool, self.settings.queue_type, index)
+            self._declared_pools.add(pool)
 
     def start_queue(self, start: StartObserver) -> str:
         """The start queue ``start`` goes to (``topology.start_queue_index``)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -22,9 +23,11 @@ from pamqp.common import FieldTable
 
 from shared import topology
 from shared.amqp_errors import cancelled_calls_as_errors
-from shared.broker_nodes import BrokerNodes
+from shared.broker_nodes import BrokerNodes, node_name
 from shared.errors import BrokerUnavailable
 from shared.settings import ManagerSettings, amqp_url_with_heartbeat
+
+logger = logging.getLogger(__name__)
 
 _PRESENCE_CHECKS_AT_ONCE = 32
 # How long a batch of presence checks, or one start queue's touch, may wait for its answer.
@@ -149,6 +152,27 @@ class BrokerProbes:
                     await self._waker_channel.close()
                 self._waker_channel = None
             raise BrokerUnavailable(f"cannot reach the start queues: {e!r}") from e
+
+    async def declare_start_queue_on_node(self, pool: str, index: int) -> bool:
+        """Declare ``pool``'s start queue ``index`` from node ``index`` of ``ORCH_AMQP_URLS``
+        (round the list): a new quorum queue leads on the node it was declared from, unless a
+        policy or the broker's ``queue_leader_locator`` says otherwise, so a pool's queues lead
+        on different nodes. False if that node could not be reached (declare it elsewhere)."""
+        urls = self.nodes.urls
+        url = amqp_url_with_heartbeat(urls[index % len(urls)], self.settings.amqp_heartbeat_s)
+        name = f"manager: declare {topology.start_queue_name(pool, index)}"
+        try:
+            with cancelled_calls_as_errors():
+                connection = await asyncio.wait_for(
+                    aio_pika.connect(url, client_properties={"connection_name": name}), _ANSWER_TIMEOUT_S
+                )
+                async with connection:
+                    channel = await connection.channel()
+                    await topology.declare_start_queue(channel, pool, self.settings.queue_type, index)
+        except Exception as e:  # noqa: BLE001 - declared on the manager's own connection instead
+            logger.info("cannot declare %s at %s (%r): declared on this manager's node", name, node_name(url), e)
+            return False
+        return True
 
     async def start_queues_in_use(self, pool: str, at_least: int) -> int:
         """How many start queues ``pool`` has: ``at_least``, or more where a larger

@@ -136,27 +136,23 @@ async def declare_start_queue(
     name = start_queue_name(pool, index)
     dead = await channel.get_exchange(DEAD_LETTER_EXCHANGE, ensure=False)
     await _declare_error_queue(channel, dead, name, queue_type)
-    return await _declare_handing_on(channel, name, _start_args(name, queue_type, index), queue_type)
+    return await _declare_handing_on(channel, name, _start_args(name, queue_type), queue_type)
 
 
 def start_queue_arguments(pool: str, queue_type: QueueType = "classic", index: int = 0) -> dict[str, Any]:
     """The arguments the pool's start queue ``index`` was last declared with by this process."""
     name = start_queue_name(pool, index)
-    args = _start_args(name, queue_type, index)
+    args = _start_args(name, queue_type)
     if queue_type == "quorum" and name not in _DECLARED_WITHOUT_HAND_ON:
         args[HAND_ON_ARGUMENT] = HAND_ON_AFTER_MS
     return args
 
 
-def _start_args(name: str, queue_type: QueueType, index: int = 0) -> dict[str, Any]:
-    """A start queue's arguments but the hand-on timeout (``_declare_handing_on`` adds it).
-    A pool's second queue on leads on the node with the fewest leaders (known since 3.10), so
-    a pool's queues spread over the cluster; the first keeps the arguments it always had."""
+def _start_args(name: str, queue_type: QueueType) -> dict[str, Any]:
+    """A start queue's arguments but the hand-on timeout (``_declare_handing_on`` adds it)."""
     args = _dead_letter_args(name) | _typed(queue_type)
     if queue_type == "quorum":
         args["x-delivery-limit"] = NO_DELIVERY_LIMIT
-        if index:
-            args["x-queue-leader-locator"] = "balanced"
     return args
 
 

@@ -116,10 +116,15 @@ class BalanceRound:
                 landing.add(move.pool)
 
     async def _ask_start_queues(self, pools: set[str]) -> None:
-        if time.monotonic() - self._queues_asked_at < _ASK_QUEUES_EVERY_S:
-            return
-        counts = [self.configured_queues]
+        """Declare the pools' start queues before any service is told of them (the manager
+        spreads their leaders: ``BrokerLink.declare_start_queues``), and every minute ask how
+        many exist."""
         try:
+            for pool in sorted(pools):
+                await self.broker.declare_start_queues(pool)  # once per connection
+            if time.monotonic() - self._queues_asked_at < _ASK_QUEUES_EVERY_S:
+                return
+            counts = [self.configured_queues]
             for pool in sorted(pools):
                 counts.append(await self.broker.probes.start_queues_in_use(pool, self.configured_queues))
         except BrokerUnavailable:

@@ -258,3 +258,23 @@ def test_each_node_killed_in_turn_loses_no_observer_and_runs_none_twice(on_clust
     late = [system.create(f"late-{i}", kind="probe", args=probe_args(ticks, 0.5))["id"] for i in range(30)]
     wait_for(lambda: on_cluster.all_processing_on_alive(late), 60, "new creates Processing")
     wait_for(lambda: consuming_services(on_cluster) == {"svc-0", "svc-1", "svc-2"}, 30, "every service consuming")
+
+
+def test_a_pool_over_three_start_queues_spreads_their_leaders_and_loses_nothing_to_a_node_killed(
+    on_cluster: Fleet, tmp_path: Path
+) -> None:
+    """``ORCH_START_QUEUES=3`` (docs/design.md, "A pool over several start queues"): the pool's
+    three queues lead on three different nodes, and the node that leads the first and holds
+    svc-0's connection killed with ``kill -9`` loses nothing and runs nothing twice."""
+    on_cluster.system.env["ORCH_START_QUEUES"] = "3"
+    ticks = tmp_path / "ticks.log"
+    services, ids = on_cluster.start(ticks)
+    wait_for(lambda: on_cluster.all_processing_on_alive(ids), 120, "all Processing")
+    vhost = unquote(urlsplit(on_cluster.system.amqp_url).path.lstrip("/"))
+    listing = on_cluster.nodes[0].ctl("-q", "list_queues", "-p", vhost, "name", "leader", "--no-table-headers")
+    leaders = dict(line.split("\t")[:2] for line in listing.splitlines())
+    starts = [leaders[topology.start_queue_name("default", index)] for index in range(3)]
+    assert len(set(starts)) == 3, leaders
+    kill_and_restart(on_cluster, on_cluster.nodes[0], services[0], ids, ticks)
+    assert_never_on_two_services(ticks)
+    wait_for(lambda: consuming_services(on_cluster) == {"svc-0", "svc-1", "svc-2"}, 30, "every service consuming")

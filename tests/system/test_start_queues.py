@@ -7,13 +7,16 @@ goes back to one with nothing lost."""
 from __future__ import annotations
 
 import functools
+import uuid
+from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 
 from shared import topology
 from tests.system.test_fencing import assert_never_on_two_services
-from tools.harness import System, probe_args, wait_for
+from tools.harness import System, free_port, probe_args, wait_for
 
 pytestmark = pytest.mark.usefixtures("with_test_plugin")
 
@@ -65,6 +68,37 @@ def test_no_service_runs_more_than_its_workers_and_a_free_worker_takes_any_queue
         live = list(ids)
         wait_for(functools.partial(all_processing, system, live), 30, f"the create after stop {i} running")
         assert running_on(system) == {"svc-a": 2, "svc-b": 2}
+    assert_never_on_two_services(log)
+
+
+def test_starts_past_a_services_workers_go_back_unrun(system: System, tmp_path: Path) -> None:
+    """svc-a's death requeues its six starts into the three queues at once, and svc-b, with two
+    free workers, is offered two on each: it runs two, and what came past them goes back to
+    wait for room, then runs on svc-c."""
+    log = tmp_path / "ticks.log"
+    system.start_manager(ORCH_START_QUEUES="3")
+    victim = system.start_service("svc-a", workers=6)
+    ids = create(system, log, [f"x-{i}" for i in range(6)])
+    wait_for(lambda: all_processing(system, ids), 30, "all on svc-a")
+    port = free_port()
+    taker = system.start_service("svc-b", workers=2, ORCH_METRICS_PORT=str(port))
+    # svc-a, full, consumes nothing: one consumer on each queue is svc-b's, once its placement
+    # (within a balance round) told it of all three.
+    queues = topology.start_queue_names("default", 3)
+    wait_for(lambda: all(system.queue_counts(q)[1] == 1 for q in queues), 30, "svc-b consuming every queue")
+
+    victim.kill9()
+
+    wait_for(lambda: running_on(system).get("svc-b") == 2, 60, "two running on svc-b")
+    system.start_service("svc-c", workers=4)
+    wait_for(lambda: running_on(system) == {"svc-b": 2, "svc-c": 4}, 60, "the other four on svc-c")
+    assert taker.text().count(") started, redelivered=") == 2  # never more than its workers
+    # Delivered at once: up to two from each queue holding any of the six.
+    per_queue = Counter(topology.start_queue_index(uuid.UUID(i), 3) for i in ids)
+    offered = sum(min(2, n) for n in per_queue.values())
+    past = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    if offered > 2:
+        assert "orch_service_starts_past_workers_total 0.0" not in past, per_queue
     assert_never_on_two_services(log)
 
 

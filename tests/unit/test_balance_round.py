@@ -36,6 +36,9 @@ class _Broker:
         self.sent: list[Any] = []
         self.probes = _Probes()
 
+    async def declare_start_queues(self, pool: str) -> None:
+        pass
+
     async def publish_control(self, message: Any) -> None:
         self.sent.append(message)
 
