@@ -25,7 +25,7 @@ from shared import topology
 from shared.amqp_errors import cancelled_calls_as_errors
 from shared.broker_nodes import BrokerNodes, node_name
 from shared.errors import BrokerUnavailable
-from shared.settings import ManagerSettings, amqp_url_with_heartbeat
+from shared.settings import MAX_START_QUEUES, ManagerSettings, amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class BrokerProbes:
             with cancelled_calls_as_errors():
                 if self._waker is None or self._waker.is_closed:
                     self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
-                while count < 64:
+                while count < MAX_START_QUEUES:
                     if self._waker_channel is None or self._waker_channel.is_closed:
                         self._waker_channel = await self._waker.channel()
                     declare = self._waker_channel.queue_declare(topology.start_queue_name(pool, count), passive=True)

@@ -302,6 +302,9 @@ class ServiceSettings(CommonSettings):
         return value
 
 
+MAX_START_QUEUES = 64  # start queues per pool at most (``ORCH_START_QUEUES``)
+
+
 class ManagerSettings(CommonSettings):
     database_url: str = Field(
         default="postgresql+asyncpg://orch:orch@127.0.0.1:5442/orch",
@@ -368,7 +371,7 @@ class ManagerSettings(CommonSettings):
     start_queues: int = Field(
         default=1,
         ge=1,
-        le=64,
+        le=MAX_START_QUEUES,
         description="start queues per pool, so that its creates, redeliveries and acks run on several "
         "(on a cluster, their leaders on different nodes); an observer's starts always go to the same one, and "
         "the services consume them all; lowered later, the queues past it stay consumed, so nothing is lost "

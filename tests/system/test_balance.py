@@ -138,12 +138,13 @@ def test_a_joining_service_gets_its_share_and_pinned_observers_stay(with_test_pl
     assert metric(system, "orch_fleet_imbalance") <= 0.1
 
 
+@pytest.mark.parametrize("start_queues", [1, 3], ids=["one-start-queue", "three-start-queues"])
 def test_a_drained_service_hands_everything_over_then_stops_moving_nothing(
-    with_test_plugin: System, tmp_path: Path
+    with_test_plugin: System, tmp_path: Path, start_queues: int
 ) -> None:
     system = with_test_plugin
     ticks = tmp_path / "ticks.log"
-    system.start_manager()
+    system.start_manager(ORCH_START_QUEUES=str(start_queues))
     leaving = system.start_service("leaving", workers=100)
     ids = [system.create(f"d-{i}", kind="probe", args=probe_args(ticks, 0.5))["id"] for i in range(100)]
     wait_for(lambda: loads(system) == {"leaving": 100}, 30, "100 Processing on the service to drain")
@@ -164,7 +165,11 @@ def test_a_drained_service_hands_everything_over_then_stops_moving_nothing(
     # Then a SIGTERM moves nothing, and no observer ever ran on two services at once
     assert leaving.terminate() == 0
     assert "handing 0 observer(s) over" in leaving.text(), leaving.text()[-3000:]
-    assert all(system.observer(i)["status"] == "Processing" for i in ids)
+    assert all(system.observer(i)["status"] == "Processing" for i in ids), [
+        (system.observer(i)["status"], [(e["at"], e["event"]) for e in system.get(f"/api/observers/{i}/events").json()])
+        for i in ids
+        if system.observer(i)["status"] != "Processing"
+    ]
     time.sleep(1)
     assert_never_on_two_services(ticks)
     # Nothing moved once it was drained: a drain and an even load in one round overshot (CI)

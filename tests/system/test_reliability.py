@@ -11,6 +11,8 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
+
 from shared import topology
 from shared.messages import Message, ObserversHandedOver, ObserversStarted, StopObservers
 from tests.system.test_fencing import assert_never_on_two_services
@@ -239,15 +241,17 @@ def test_a_service_the_manager_forgot_introduces_itself_again(system: System) ->
     assert obs["service_id"] == svc["id"]
 
 
+@pytest.mark.parametrize("start_queues", [1, 3], ids=["one-start-queue", "three-start-queues"])
 def test_the_broker_rebuilt_from_the_database(
-    with_test_plugin: System, rabbit: infra.RabbitNode, vhost: str, tmp_path: Path
+    with_test_plugin: System, rabbit: infra.RabbitNode, vhost: str, tmp_path: Path, start_queues: int
 ) -> None:
     """200 observers on 3 services; the broker loses everything (the test's vhost deleted
     and made again: every queue, message and connection gone, as on a reset node). The
     manager finds its marker missing and publishes every start again from the database:
-    each runs again on one service, stops requested meanwhile reach Deleted, counts match."""
+    each runs again on one service, stops requested meanwhile reach Deleted, counts match.
+    Over three start queues too: the services declare and consume all three again."""
     system = with_test_plugin
-    system.start_manager()
+    system.start_manager(ORCH_START_QUEUES=str(start_queues))
     for name in ("svc-a", "svc-b", "svc-c"):
         system.start_service(name, workers=100)
     log = tmp_path / "ticks.log"
@@ -287,6 +291,8 @@ def test_the_broker_rebuilt_from_the_database(
     assert stats["observers"]["Processing"] == len(kept) and stats["observers"]["Deleted"] == len(stopped)
     time.sleep(2)  # a few ticks of everyone on its new service
     assert_never_on_two_services(log)
+    for queue in topology.start_queue_names("default", start_queues):  # all three services, none full
+        assert system.queue_counts(queue) == (0, 3), queue
     # The loss is told in the product's words (the rebuild's WARNING, each session's end):
     # the libraries' records of the closed connections are not ERRORs (shared/logs.py)
     for proc in system.procs:
@@ -372,11 +378,12 @@ def test_a_stop_that_names_an_observer_twice_stops_it_once_and_the_session_lives
         assert system.observer(oid)["status"] == "Processing"
 
 
-def test_a_row_whose_start_is_in_no_queue_gets_it_again(system: System) -> None:
+@pytest.mark.parametrize("start_queues", [1, 3], ids=["one-start-queue", "three-start-queues"])
+def test_a_row_whose_start_is_in_no_queue_gets_it_again(system: System, start_queues: int) -> None:
     """The only copy is stopped behind the manager's back (a stop the rules did not send:
     the start is acked, the manager still thinks it should run): its inventory makes the row
-    Created, its pool's queue stays empty, so its start is published again."""
-    system.start_manager(ORCH_LOST_START_AFTER_S="3")
+    Created, its pool's queues stay empty, so its start is published again."""
+    system.start_manager(ORCH_LOST_START_AFTER_S="3", ORCH_START_QUEUES=str(start_queues))
     service = system.start_service("svc-a", workers=5)
     oid = system.create("acked-away", args={"interval_s": 0.5, "emit": False})["id"]
     obs = system.wait_status(oid, "Processing")
