@@ -25,6 +25,7 @@ failover is the same, and 1,000 failovers of real services would take hours on 2
     python -m bench.cluster                      # N = 30,000; 1,000 failovers of 1,000 starts
     python -m bench.cluster --size 3000 --failovers 100
     python -m bench.cluster --only failovers     # the memory and the failovers alone
+    python -m bench.cluster --only cluster --size 100000   # the cluster, 1 and 3 start queues
 
 Prints the figures side by side and writes ``bench/results/cluster-<time>.json``. Two targets,
 issue 65's: a node's death costs at most 3 s until every observer runs again
@@ -396,7 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=30_000)
     parser.add_argument("--failovers", type=int, default=1_000)
     parser.add_argument("--held", type=int, default=1_000, help="starts held through the failovers")
-    parser.add_argument("--only", choices=("deployments", "failovers"), help="one half of the run")
+    parser.add_argument(
+        "--only",
+        choices=("deployments", "cluster", "failovers"),
+        help="one half of the run (cluster: the cluster's deployments alone, not one node's)",
+    )
     parser.add_argument(
         "--start-queues", type=int, default=3, help="the cluster again with this many start queues per pool (1: not)"
     )
@@ -413,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     deployments = []
     layouts = [(False, 1), (True, 1)] + ([(True, args.start_queues)] if args.start_queues > 1 else [])
+    if args.only == "cluster":
+        layouts = layouts[1:]
     for on_cluster, start_queues in () if args.only == "failovers" else layouts:
         tag = f"bench_cluster_{int(time.time())}"
         broker = nodes[0] if on_cluster else single
@@ -440,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(results, indent=2))
     if deployments:
         print_deployments(deployments)
-    if args.only != "deployments":
+    if args.only not in ("deployments", "cluster"):
         tag = f"bench_failovers_{int(time.time())}"
         nodes[0].add_vhost(tag)
         try:
@@ -455,10 +462,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_deployments(deployments: list[Deployment]) -> None:
-    clusters = deployments[1:]
-    none: list[float | None] = [None]  # one node: no node to kill
-    heads = ["one node"] + [f"cluster, {d.start_queues} queue{'s' if d.start_queues > 1 else ''}" for d in clusters]
-    print(f"\n{'figure':<34}" + "".join(f"{h:>20}" for h in heads) + f"{'target':>10}")
+    def head(d: Deployment) -> str:
+        if not d.name.startswith("3-node"):
+            return "one node"
+        return f"cluster, {d.start_queues} queue{'s' if d.start_queues > 1 else ''}"
+
+    print(f"\n{'figure':<34}" + "".join(f"{head(d):>20}" for d in deployments) + f"{'target':>10}")
 
     def row(label: str, values: list[float | None], target: str = "-", form: str = ".1f") -> None:
         cells = "".join(f"{'-':>20}" if v is None else f"{v:>20{form}}" for v in values)
@@ -467,11 +476,11 @@ def print_deployments(deployments: list[Deployment]) -> None:
     row("create (observers/s)", [d.create_per_s for d in deployments], form=",.0f")
     row("failover after a service kill (s)", [d.service_kill_s for d in deployments])
     node_death = f"<= {NODE_DEATH_TARGET_S:.0f}"
-    row("node kill -> running (s)", none + [d.node_kill_running_s for d in clusters], node_death)
-    row("node kill -> manager agrees (s)", none + [d.node_kill_s for d in clusters])
+    row("node kill -> running (s)", [d.node_kill_running_s for d in deployments], node_death)
+    row("node kill -> manager agrees (s)", [d.node_kill_s for d in deployments])
     partitioned = f"<= {PARTITION_TARGET_S:.0f}"
-    row("failover after a node cut off (s)", none + [d.node_cut_s for d in clusters], partitioned)
-    for d in clusters:
+    row("failover after a node cut off (s)", [d.node_cut_s for d in deployments], partitioned)
+    for d in deployments:
         for phase, queues in d.leader_work.items():
             for queue, done in sorted(queues.items()):
                 since = " (since its election)" if done["elected"] else ""

@@ -85,6 +85,9 @@ class BrokerLink:
         self._pub: AbstractRobustChannel | None = None
         self._consuming: AbstractRobustChannel | None = None  # the state queue's, while consumed
         self._declared_pools: set[str] = set()
+        # Start queues per pool that exist: ``ORCH_START_QUEUES``, or more where a larger
+        # setting left them (the balancer asks: ``manager/balance/rounds.py``).
+        self.start_queues_in_use = settings.start_queues
         self._declare_lock = asyncio.Lock()
         self._connect_task: asyncio.Task[None] | None = None
         self.ready = asyncio.Event()
@@ -341,9 +344,10 @@ class BrokerLink:
         return raw
 
     async def start_backlog(self, pool: str) -> int | None:
-        """Messages ready in a pool's start queues (together), or None if unknown."""
+        """Messages ready in a pool's start queues (together, those past ``ORCH_START_QUEUES``
+        too), or None if unknown."""
         total = 0
-        for index in range(self.settings.start_queues):
+        for index in range(max(self.settings.start_queues, self.start_queues_in_use)):
             count = await self._queue_backlog(pool, index)
             if count is None:
                 return None

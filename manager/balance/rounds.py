@@ -137,7 +137,7 @@ class BalanceRound:
                 self.configured_queues,
                 "; the queues past it keep being consumed" if max(counts) > self.configured_queues else "",
             )
-        self.start_queues = max(counts)
+        self.start_queues = self.broker.start_queues_in_use = max(counts)
 
     async def _place(self, fleet: list[planning.Member], decided: planning.Plan) -> set[uuid.UUID]:
         """Send each placement that changed, or that heartbeats still contradict after a

@@ -35,6 +35,7 @@ class _Broker:
     def __init__(self) -> None:
         self.sent: list[Any] = []
         self.probes = _Probes()
+        self.start_queues_in_use = 1
 
     async def declare_start_queues(self, pool: str) -> None:
         pass
