@@ -97,7 +97,8 @@ class StateSide:
                 settings.probation_window_s,
                 settings.probation_min_share,
                 settings.probation_budget,
-            )
+            ),
+            settings.start_queues,
         )
         consumer = StateConsumer(self.sessions, self.broker, rules, on_database_error=self.lock.doubt)
         repairs = RepairLoop(

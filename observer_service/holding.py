@@ -48,7 +48,6 @@ from shared import topology
 from shared.amqp_errors import describe_close, refusal
 from shared.errors import DecodeError
 from shared.messages import ControlMessage, decode_control
-from shared.settings import MAX_START_QUEUES
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +150,7 @@ class HoldingConnection:
         await control.consume(self._on_control_message)
         self._holds = dict(holds)
         for pool, prefetches in holds:
-            for index in range(await self._start_queues(pool)):
+            for index in range(self.starts.placement.start_queues):
                 await self._hold_queue(pool, index, prefetches)
         self._tasks += [
             asyncio.create_task(self._lease_loop(), name="lease"),
@@ -206,28 +205,6 @@ class HoldingConnection:
         if self._connection is not None and not self._connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._connection.close(), 5)
-
-    async def _start_queues(self, pool: str) -> int:
-        """How many start queues of ``pool`` to consume from the start: as many as the
-        placement says, and more while they exist. A service that has just started knows no
-        placement yet, and the manager declares a pool's queues before it publishes to them
-        or tells a service of them: consuming the first alone until told, this service would
-        take a share of the others' starts only a balance round later (and a drain landing
-        meanwhile would land unevenly: seen in ``test_balance.py``). Each missing queue's
-        answer closes its channel: one such answer per pool and session."""
-        assert self._connection is not None
-        count = self.starts.placement.start_queues
-        while count < MAX_START_QUEUES:
-            trial = await self._connection.channel(publisher_confirms=False)
-            try:
-                await trial.declare_queue(topology.start_queue_name(pool, count), passive=True)
-            except aiormq.exceptions.ChannelNotFoundEntity:
-                return count
-            finally:
-                with contextlib.suppress(Exception):
-                    await trial.close()
-            count += 1
-        return count
 
     async def place(self, placement: Placement) -> None:
         """Consume under ``placement``: a pool's start queues it names that are not consumed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -52,6 +53,7 @@ from shared.messages import (
     ServiceInventory,
     ServiceStopped,
     SetPlacement,
+    SetStartQueues,
     StartObserver,
     StartsGone,
     StopObservers,
@@ -344,6 +346,9 @@ class ObserverService:
             case SetPlacement():
                 pools = tuple(sorted(command.pools.items()))
                 self._place(Placement(command.priority, command.cordoned, pools, command.start_queues))
+            case SetStartQueues():
+                queues = max(self.placement.start_queues, command.start_queues)
+                self._place(dataclasses.replace(self.placement, start_queues=queues))
             case InventoryRequest():
                 self._send_inventory()
             case IsolateObservers():

@@ -150,6 +150,16 @@ class SetPlacement(Message):
         return self.model_dump_json(exclude={"start_queues"} if self.start_queues == 1 else None).encode()
 
 
+class SetStartQueues(Message):
+    """Sent to a service as soon as its ServiceBorn is applied when a pool has several start
+    queues (``ORCH_START_QUEUES``): it consumes that many of each of its pools from now on,
+    without waiting for the balancer's first ``SetPlacement`` (a round later)."""
+
+    type: Literal["SetStartQueues"] = "SetStartQueues"
+    service_id: uuid.UUID
+    start_queues: int = Field(ge=1, le=64)  # shared.settings.MAX_START_QUEUES (it imports this)
+
+
 class InventoryRequest(Message):
     """Ask services (all, or the one named) to send their inventory now."""
 
@@ -435,7 +445,13 @@ StateMessage = Annotated[
     Field(discriminator="type"),
 ]
 ControlMessage = Annotated[
-    StopObservers | SetPlacement | InventoryRequest | IsolateObservers | IntroduceRequest | DescribeRequest,
+    StopObservers
+    | SetPlacement
+    | SetStartQueues
+    | InventoryRequest
+    | IsolateObservers
+    | IntroduceRequest
+    | DescribeRequest,
     Field(discriminator="type"),
 ]
 

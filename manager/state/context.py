@@ -55,8 +55,9 @@ class Suspicions:
 
 
 class StateContext:
-    def __init__(self, probation: ProbationPolicy) -> None:
+    def __init__(self, probation: ProbationPolicy, start_queues: int = 1) -> None:
         self.probation = probation
+        self.start_queues = start_queues  # ``ORCH_START_QUEUES``: told to each service at its birth
         self.suspicions = Suspicions()
         # When a takeover from each service was last applied (monotonic seconds): while a dead
         # service's share is still moving, its death waits (``manager/repairs/liveness.py``).

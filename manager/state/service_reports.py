@@ -22,7 +22,14 @@ from manager.state.context import STOPPING_OR_GONE, S, StateContext
 from manager.state.follow_ups import FollowUps
 from manager.state.probation import service_died
 from manager.state.rows import Row
-from shared.messages import InventoryRequest, ServiceBorn, ServiceDigest, ServiceHeartbeat, ServiceInventory
+from shared.messages import (
+    InventoryRequest,
+    ServiceBorn,
+    ServiceDigest,
+    ServiceHeartbeat,
+    ServiceInventory,
+    SetStartQueues,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,8 @@ async def born(ctx: StateContext, session: AsyncSession, m: ServiceBorn, now: da
                 out.isolate(observer_id, current)
         await release_observers(ctx, session, old.id, now)
     await services.born(m, now)
+    if ctx.start_queues > 1:  # before the balancer's first placement, a round later
+        out.messages.append(SetStartQueues(service_id=m.service_id, start_queues=ctx.start_queues))
 
 
 async def heartbeat(
