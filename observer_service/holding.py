@@ -51,6 +51,8 @@ from shared.messages import ControlMessage, decode_control
 
 logger = logging.getLogger(__name__)
 
+NOT_DECLARED_RETRY_S = 1.0  # a pool's start queue past the first, not declared by the manager yet
+
 # The channel a start delivery came on: settling it needs that channel and the delivery tag.
 DeliveryChannel = aiormq.abc.AbstractChannel
 # A start delivery, as the runner keeps it: the body, its channel, the delivery tag, whether
@@ -111,6 +113,8 @@ class HoldingConnection:
         self.gone_pools: set[str] = set()
         self._holds: dict[str, list[int]] = {}  # pool -> the prefetch of each channel per queue
         self._refused: dict[str, dict[str, str]] = {}  # pool -> its queues refused, and why
+        # pool -> the indexes of its start queues consumed, or to be once declared or allowed
+        self._indexes: dict[str, set[int]] = {}
         self._watch_id = uuid.uuid4().hex  # names its queue markers (``queue_watch.mark``)
 
     async def open(
@@ -212,8 +216,8 @@ class HoldingConnection:
         starts may still wait in a queue the manager no longer publishes to."""
         await self.starts.place(placement)
         for pool, prefetches in self._holds.items():
-            for index in range(self.starts.queues(pool), placement.start_queues):
-                if topology.start_queue_name(pool, index) not in self._refused.get(pool, {}):
+            for index in range(placement.start_queues):
+                if index not in self._indexes.get(pool, set()):
                     await self._hold_queue(pool, index, prefetches)
 
     async def _hold_queue(self, pool: str, index: int, prefetches: list[int]) -> None:
@@ -223,20 +227,36 @@ class HoldingConnection:
         and the control queue, the main loop is told (``RefusedHandler``, so the operator is,
         and the manager through the heartbeats), and the declare is tried again every
         ``refused_retry_s`` until whatever was wrong is fixed. Any other failure fails the
-        open."""
+        open.
+
+        The second queue on is only asked for: the manager declares each from a node of its
+        own, so that their leaders spread, before it publishes to it (a service declaring it
+        first would put its leader on the service's node). One not declared yet holds no
+        start; it is asked for again every ``NOT_DECLARED_RETRY_S``."""
         assert self._connection is not None and self._on_refused is not None
         name = topology.start_queue_name(pool, index)
         refused = self._refused.setdefault(pool, {})
+        self._indexes.setdefault(pool, set()).add(index)
         declare = await self._connection.channel(publisher_confirms=False)  # a refusal closes it alone
         try:
-            queue = await topology.declare_start_queue(declare, pool, self._queue_type, index)
+            if index:
+                queue = await declare.declare_queue(name, passive=True)
+            else:
+                queue = await topology.declare_start_queue(declare, pool, self._queue_type)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            if not index:
+                raise
+            task = asyncio.create_task(self._hold_later(pool, index, prefetches, NOT_DECLARED_RETRY_S))
+            self._tasks.append(task)
+            return
         except aiormq.exceptions.AMQPChannelError as e:
             hint = refusal(e)
             if hint is None:
                 raise
             refused[name] = hint
             self._to_main.post(self._on_refused, pool, hint)
-            self._tasks.append(asyncio.create_task(self._hold_later(pool, index, prefetches), name=f"refused {name}"))
+            retry = self._hold_later(pool, index, prefetches, self._refused_retry_s)
+            self._tasks.append(asyncio.create_task(retry, name=f"refused {name}"))
             return
         with contextlib.suppress(Exception):
             await declare.close()
@@ -245,8 +265,8 @@ class HoldingConnection:
         refused.pop(name, None)
         self._to_main.post(self._on_refused, pool, next(iter(refused.values()), None))
 
-    async def _hold_later(self, pool: str, index: int, prefetches: list[int]) -> None:
-        await asyncio.sleep(self._refused_retry_s)
+    async def _hold_later(self, pool: str, index: int, prefetches: list[int], after_s: float) -> None:
+        await asyncio.sleep(after_s)
         try:
             await self._hold_queue(pool, index, prefetches)
         except Exception as e:  # noqa: BLE001 - the session is broken: end it like any loss
@@ -307,7 +327,7 @@ class HoldingConnection:
                     continue
                 ask = time.monotonic() - asked_at >= queue_watch.WATCH_EVERY_S
                 for pool in self._holds:
-                    for queue in topology.start_queue_names(pool, max(1, self.starts.queues(pool))):
+                    for queue in self.starts.queues(pool) or [topology.start_queue_name(pool)]:
                         if await self._queue_gone(connection, queue, marked, unmarkable, ask):
                             marked.discard(queue)
                             self.gone_pools.add(pool)

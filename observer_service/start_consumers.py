@@ -121,9 +121,9 @@ class StartConsumers:
             if self.consuming():
                 await self._consume(consumer)
 
-    def queues(self, pool: str) -> int:
-        """How many start queues of ``pool`` are consumed."""
-        return len(self._queues.get(pool, ()))
+    def queues(self, pool: str) -> list[str]:
+        """The start queues of ``pool`` consumed."""
+        return sorted(self._queues.get(pool, ()))
 
     # --- called for each delivery and each settle, on the holding loop ----------------------
 
