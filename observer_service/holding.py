@@ -40,7 +40,7 @@ import aiormq.abc
 from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMessage, AbstractQueue
 
 from observer_service import metrics, queue_watch
-from observer_service.lease import Lease
+from observer_service.lease import Lease, keep
 from observer_service.loop_thread import Mailbox
 from observer_service.start_channel import as_start_channel
 from observer_service.start_consumers import Placement, StartConsumers
@@ -308,54 +308,24 @@ class HoldingConnection:
 
     async def _watch_queues(self) -> None:
         """While the start queues are not consumed (cordoned), no cancel says one was deleted:
-        each is marked (``queue_watch.mark``) within ``MARK_WITHIN_S`` of the cordon and its
-        marker asked about every ``WATCH_EVERY_S``; consuming again, the markers go."""
-        marked: set[str] = set()
-        unmarkable: set[str] = set()  # the broker refused the marker: the queue is asked about
-        asked_at = 0.0
-        try:
-            while True:
-                await asyncio.sleep(queue_watch.MARK_WITHIN_S)
-                connection = self._connection
-                if self._closing or connection is None:
-                    continue
-                if self.starts.consuming():
-                    for queue in list(marked):
-                        await queue_watch.unmark(connection, self._watch_id, queue)
-                        marked.discard(queue)
-                    unmarkable.clear()
-                    continue
-                ask = time.monotonic() - asked_at >= queue_watch.WATCH_EVERY_S
-                for pool in self._holds:
-                    for queue in self.starts.queues(pool) or [topology.start_queue_name(pool)]:
-                        if await self._queue_gone(connection, queue, marked, unmarkable, ask):
-                            marked.discard(queue)
-                            self.gone_pools.add(pool)
-                            self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
-                            return
-                if ask:
-                    asked_at = time.monotonic()
-        finally:
-            connection = self._connection
-            if connection is not None and not connection.is_closed:
-                for queue in marked:
-                    await queue_watch.unmark(connection, self._watch_id, queue)
+        ``queue_watch.while_cordoned`` asks, and a deletion ends the session."""
+        assert self._connection is not None
 
-    async def _queue_gone(
-        self, connection: AbstractConnection, queue: str, marked: set[str], unmarkable: set[str], ask: bool
-    ) -> bool:
-        """Whether a start queue not consumed was deleted: by its marker, or by the queue
-        itself where the broker refused a marker; an unmarked queue is marked now."""
-        if queue in marked:
-            return ask and await queue_watch.marker_gone(connection, self._watch_id, queue)
-        if queue in unmarkable:
-            return ask and await queue_watch.deleted(connection, queue)  # as before markers
-        # Deleted before it was marked: the queue itself is missing (unless declared again
-        # meanwhile); then the marker watches from here on.
-        if await queue_watch.deleted(connection, queue):
-            return True
-        (marked if await queue_watch.mark(connection, self._watch_id, queue) else unmarkable).add(queue)
-        return False
+        def queues() -> list[tuple[str, str]]:
+            return [
+                (pool, queue)
+                for pool in self._holds
+                for queue in self.starts.queues(pool) or [topology.start_queue_name(pool)]
+            ]
+
+        def gone(pool: str, queue: str) -> None:
+            self.gone_pools.add(pool)
+            self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
+
+        def closing() -> bool:
+            return self._closing
+
+        await queue_watch.while_cordoned(self._connection, self._watch_id, closing, self.starts.consuming, queues, gone)
 
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle
@@ -461,53 +431,7 @@ class HoldingConnection:
         metrics.LEASE_ROUND_TRIP.observe(time.monotonic() - sent_at)
 
     async def _lease_loop(self) -> None:
-        """Renew every ``_period``. A slow round trip is waited for, however long, never cancelled
-        (aiormq closes the channel of a cancelled RPC) and never taken for a dead broker.
-
-        A lapsed lease pauses the observers (``ensure_lease`` refuses) but does not end the
-        session: a round trip that completes later on this same connection proves the broker
-        never declared it dead (it would have closed it), so nothing was given to anyone else
-        and the observers may go on. What ends a session is evidence that the connection is
-        gone: the broker closing it, the socket, or aiormq's heartbeat check (no frame at all
-        from the broker for 3 x (H + 1) s), each of which closes the connection and calls
-        ``_on_closed``. Giving up on a round trip unanswered for H would end every session of
-        a fleet whose broker is merely busy, and the requeues would make it busier still
-        (docs/design.md, "Pauses and the lease")."""
-        renewal: asyncio.Task[None] | None = None
-        lapsed = False
-        opened_at = time.monotonic()
-        try:
-            while True:
-                if renewal is None or renewal.done():
-                    if renewal is not None and renewal.exception() is not None:
-                        self._fail(f"lease round trip failed: {renewal.exception()!r}", None)
-                        return
-                    renewal = asyncio.create_task(self._renew_lease())
-                await asyncio.wait({renewal}, timeout=self._period)
-                unrenewed_s = time.monotonic() - (self.lease.renewed_at or opened_at)
-                if self._quorum and not self.lease.is_valid() and unrenewed_s > self._give_up_s:
-                    self._fail(
-                        f"lease unrenewed for {unrenewed_s:.0f}s: no majority of the cluster confirms this "
-                        "node's writes (cut off from the others?), which may hand its starts on",
-                        None,
-                    )
-                    return
-                if self.lease.is_valid() == lapsed:
-                    lapsed = not lapsed
-                    if lapsed:
-                        logger.warning("lease lapsed (starved or slow broker): observers paused until it is renewed")
-                    else:
-                        logger.info("lease renewed: observers resume")
-                await asyncio.sleep(max(0.0, self._period - (time.monotonic() - (self.lease.renewed_at or 0))))
-        finally:
-            # Cancelled with the session: the round trip still in flight fails with its
-            # channel, and nobody needs its outcome (asyncio would log it as an ERROR with
-            # a traceback, "Task exception was never retrieved", at every broker restart).
-            if renewal is not None:
-                renewal.add_done_callback(_outcome_unused)
-
-
-def _outcome_unused(task: asyncio.Task[None]) -> None:
-    """Mark a finished task's exception as seen."""
-    if not task.cancelled():
-        task.exception()
+        """Renew every ``_period`` (``lease.keep`` says why a slow round trip ends nothing); on
+        a cluster a lease unrenewed for ``give_up_s`` ends the session."""
+        give_up_s = self._give_up_s if self._quorum else None
+        await keep(self.lease, self._renew_lease, self._period, give_up_s, self._fail)

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from shared import topology
 from shared.errors import LeaseLost
+
+logger = logging.getLogger(__name__)
 
 
 class Lease:
@@ -113,3 +117,64 @@ class Lease:
                 if self._renewed_at is not None
                 else "no lease: the service is not connected to the broker"
             )
+
+
+async def keep(
+    lease: Lease,
+    renew: Callable[[], Awaitable[None]],
+    period: float,
+    give_up_s: float | None,
+    fail: Callable[[str, BaseException | None], None],
+) -> None:
+    """Renew ``lease`` every ``period``. A slow round trip is waited for, however long, never
+    cancelled (aiormq closes the channel of a cancelled RPC) and never taken for a dead broker.
+
+    A lapsed lease pauses the observers (``ensure_lease`` refuses) but does not end the
+    session: a round trip that completes later on this same connection proves the broker
+    never declared it dead (it would have closed it), so nothing was given to anyone else
+    and the observers may go on. What ends a session is evidence that the connection is
+    gone: the broker closing it, the socket, or aiormq's heartbeat check (no frame at all
+    from the broker for 3 x (H + 1) s), each of which closes the connection and ends the
+    session. Giving up on a round trip unanswered for H would end every session of a fleet
+    whose broker is merely busy, and the requeues would make it busier still (docs/design.md,
+    "Pauses and the lease"). On a cluster (``give_up_s`` set) a lease unrenewed that long
+    does end it: no majority confirms this node's writes, and the queues may hand its
+    starts on."""
+    renewal: asyncio.Task[None] | None = None
+    lapsed = False
+    opened_at = time.monotonic()
+    try:
+        while True:
+            if renewal is None or renewal.done():
+                if renewal is not None and renewal.exception() is not None:
+                    fail(f"lease round trip failed: {renewal.exception()!r}", None)
+                    return
+                renewal = asyncio.ensure_future(renew())
+            await asyncio.wait({renewal}, timeout=period)
+            unrenewed_s = time.monotonic() - (lease.renewed_at or opened_at)
+            if give_up_s is not None and not lease.is_valid() and unrenewed_s > give_up_s:
+                fail(
+                    f"lease unrenewed for {unrenewed_s:.0f}s: no majority of the cluster confirms this "
+                    "node's writes (cut off from the others?), which may hand its starts on",
+                    None,
+                )
+                return
+            if lease.is_valid() == lapsed:
+                lapsed = not lapsed
+                if lapsed:
+                    logger.warning("lease lapsed (starved or slow broker): observers paused until it is renewed")
+                else:
+                    logger.info("lease renewed: observers resume")
+            await asyncio.sleep(max(0.0, period - (time.monotonic() - (lease.renewed_at or 0))))
+    finally:
+        # Cancelled with the session: the round trip still in flight fails with its
+        # channel, and nobody needs its outcome (asyncio would log it as an ERROR with
+        # a traceback, "Task exception was never retrieved", at every broker restart).
+        if renewal is not None:
+            renewal.add_done_callback(_outcome_unused)
+
+
+def _outcome_unused(task: asyncio.Future[None]) -> None:
+    """Mark a finished task's exception as seen."""
+    if not task.cancelled():
+        task.exception()

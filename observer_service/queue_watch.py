@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 import aiormq
@@ -43,6 +44,63 @@ WATCH_EVERY_S = 3.0
 # queue is declared again meanwhile.
 MARK_WITHIN_S = 0.25
 _ASK_WITHIN_S = 5.0
+
+
+async def while_cordoned(
+    connection: AbstractConnection,
+    watch_id: str,
+    closing: Callable[[], bool],
+    consuming: Callable[[], bool],
+    queues: Callable[[], list[tuple[str, str]]],
+    gone: Callable[[str, str], None],
+) -> None:
+    """Watch a holding connection's start queues (``queues``: pool, queue) while it consumes
+    none of them: each is marked within ``MARK_WITHIN_S`` of the cordon and its marker asked
+    about every ``WATCH_EVERY_S``; consuming again, the markers go. The first deletion seen
+    is told (``gone``) and ends the watch; so does the task's cancel, unmarking."""
+    marked: set[str] = set()
+    unmarkable: set[str] = set()  # the broker refused the marker: the queue is asked about
+    asked_at = 0.0
+    try:
+        while True:
+            await asyncio.sleep(MARK_WITHIN_S)
+            if closing():
+                continue
+            if consuming():
+                for queue in list(marked):
+                    await unmark(connection, watch_id, queue)
+                    marked.discard(queue)
+                unmarkable.clear()
+                continue
+            ask = time.monotonic() - asked_at >= WATCH_EVERY_S
+            for pool, queue in queues():
+                if await _gone(connection, watch_id, queue, marked, unmarkable, ask):
+                    marked.discard(queue)
+                    gone(pool, queue)
+                    return
+            if ask:
+                asked_at = time.monotonic()
+    finally:
+        if not connection.is_closed:
+            for queue in marked:
+                await unmark(connection, watch_id, queue)
+
+
+async def _gone(
+    connection: AbstractConnection, watch_id: str, queue: str, marked: set[str], unmarkable: set[str], ask: bool
+) -> bool:
+    """Whether a start queue not consumed was deleted: by its marker, or by the queue itself
+    where the broker refused a marker; an unmarked queue is marked now."""
+    if queue in marked:
+        return ask and await marker_gone(connection, watch_id, queue)
+    if queue in unmarkable:
+        return ask and await deleted(connection, queue)  # as before markers
+    # Deleted before it was marked: the queue itself is missing (unless declared again
+    # meanwhile); then the marker watches from here on.
+    if await deleted(connection, queue):
+        return True
+    (marked if await mark(connection, watch_id, queue) else unmarkable).add(queue)
+    return False
 
 
 async def deleted(connection: AbstractConnection, queue: str) -> bool:
