@@ -14,9 +14,9 @@ So each consumer is opened with the window its channel has left (its size less w
 channel holds unsettled), and a channel consumes again once enough of what it held before
 has been settled, to give those slots back.
 
-A consumer whose window is used up consumes again at the first slot given back to it (a
-start must not wait while this service has a free worker); one that still has room, once a
-twentieth of its channel's size came back (a new consume costs three round trips).
+A channel consuming nothing (its window was 0) consumes again at the first slot given back;
+one that still consumes, once a twentieth of its size came back (``settled`` says why not
+sooner).
 
 Several start queues per pool (``ORCH_START_QUEUES``; docs/design.md, "A pool over several
 start queues"): a quorum queue refuses a prefetch shared by a channel's consumers, so no
@@ -24,7 +24,8 @@ broker limit spans the queues. Each consumer is opened with at most the pool's f
 and so may be offered more than the pool has room for when several queues deliver at once:
 what arrives past the pool's workers is excess, never run. The first excess cancels every
 consumer of the pool (``pause``) before it is handed back, so it goes to a service with room,
-and a consumer limited by the pool consumes again as slots come back on any of its channels.
+and while any consumer is cut to the pool's free workers, a queue left with no consumer that
+has room is offered them again as slots come back on any channel (``_offer_every_queue``).
 
 Stepping aside (docs/design.md, "Starts a service cannot run"): a service handed a start it
 cannot run (a kind it lacks, no free process slot) consumes that pool's queues at ``ASIDE``,
@@ -102,6 +103,7 @@ class StartConsumers:
         self._workers: dict[str, int] = {}  # the most a pool's channels hold together
         self._held: dict[str, int] = {}  # deliveries of each pool not settled yet
         self._queues: dict[str, set[str]] = {}  # the start queues consumed of each pool
+        self._cut: dict[str, set[int]] = {}  # each pool's consumers cut to its free workers
         self._stopped = False  # the service is shutting down: never consume again
         self._changing = asyncio.Lock()  # one change at a time: two would consume twice
         self._tasks: set[asyncio.Task[None]] = set()
@@ -144,10 +146,14 @@ class StartConsumers:
         return "aside" if consumer.aside and mine else "run"
 
     def settled(self, raw: object, tag: int) -> None:
-        """A delivery of ``raw`` was acked, nacked or rejected: its slot is free again. A
-        consumer that could use it and would not get it otherwise (an older consumer's
-        delivery, or one on another channel of a consumer cut to the pool) consumes again:
-        at once if its window is used up, else once enough slots came back."""
+        """A delivery of ``raw`` was acked, nacked or rejected: its slot is free again. A slot
+        its current consumer does not get back by itself (an older consumer's delivery, or
+        any while it consumes nothing) is counted, and the channel consumes again at the
+        first such slot if it consumes nothing, else once a twentieth of its size came back.
+        Not at every slot: each new consume leaves a record in a quorum queue for as long as
+        the consumer before it holds deliveries, and observers run for days. Over several
+        start queues, every queue is also kept offered the pool's free workers
+        (``_offer_every_queue``)."""
         consumer = self._consumers.get(id(raw))
         if consumer is None:
             return
@@ -155,21 +161,30 @@ class StartConsumers:
         self._held[consumer.pool] -= 1
         if tag > consumer.floor:
             consumer.current -= 1
-        if tag <= consumer.floor or consumer.tag is None:  # not its current consumer's to take back
-            self._returned(consumer)
-        pool = self._pools[consumer.pool]
-        if len(pool) > 1:
-            for other in pool:
-                if other.pooled and other is not consumer:
-                    self._returned(other)
+        if tag <= consumer.floor or consumer.tag is None:
+            consumer.returned += 1
+            if consumer.returned >= (1 if consumer.tag is None else max(1, consumer.size // 20)):
+                self._reopen(consumer)
+        if self._cut.get(consumer.pool):
+            self._offer_every_queue(consumer.pool)
 
-    def _returned(self, consumer: _Consumer) -> None:
-        consumer.returned += 1
-        if consumer.again or not self.consuming():
-            return
-        if consumer.used_up() or consumer.returned >= max(1, consumer.size // 20):
+    def _reopen(self, consumer: _Consumer) -> None:
+        if not consumer.again and self.consuming():
             consumer.again = True  # at most one re-consume on its way: it takes every slot back
             self._spawn(self._again(consumer))
+
+    def _offer_every_queue(self, pool: str) -> None:
+        """A pool over several queues whose consumers were cut to its free workers: a queue
+        none of whose consumers has room left while the pool has a free worker would keep its
+        starts waiting; its roomiest channel consumes again (one per queue: one record each)."""
+        if self._held[pool] >= self._workers[pool]:
+            return
+        by_queue: dict[str, list[_Consumer]] = {}
+        for consumer in self._pools[pool]:
+            by_queue.setdefault(consumer.queue, []).append(consumer)
+        for consumers in by_queue.values():
+            if all(c.used_up() and not c.again for c in consumers):
+                self._reopen(max(consumers, key=lambda c: c.size - c.unsettled))
 
     async def pause(self, raw: object) -> None:
         """Cancel the consumers of the pool ``raw`` consumes while its workers are all taken:
@@ -180,7 +195,7 @@ class StartConsumers:
             if paused is None or self._held[paused.pool] < self._workers[paused.pool]:
                 return
             for consumer in self._pools[paused.pool]:
-                consumer.pooled = True
+                self._set_cut(consumer, True)
                 await self._cancel(consumer)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -239,6 +254,7 @@ class StartConsumers:
         self._pools.clear()
         self._held.clear()
         self._queues.clear()
+        self._cut.clear()
         for task in list(self._tasks):
             task.cancel()
         for consumer in consumers:
@@ -250,6 +266,14 @@ class StartConsumers:
     def consuming(self) -> bool:
         """Whether the start queues are consumed (not cordoned, not shutting down)."""
         return not self._stopped and not self.placement.cordoned
+
+    def _set_cut(self, consumer: _Consumer, cut: bool) -> None:
+        consumer.pooled = cut
+        cut_ones = self._cut.setdefault(consumer.pool, set())
+        if cut:
+            cut_ones.add(id(consumer.raw))
+        else:
+            cut_ones.discard(id(consumer.raw))
 
     async def _again(self, consumer: _Consumer) -> None:
         async with self._changing:
@@ -266,7 +290,8 @@ class StartConsumers:
         consumer.aside = consumer.pool in self._aside_until
         own = consumer.size - consumer.unsettled
         free = self._workers[consumer.pool] - self._held.get(consumer.pool, 0)
-        consumer.window, consumer.pooled = min(own, free), free < own
+        consumer.window = min(own, free)
+        self._set_cut(consumer, free < own)
         if consumer.window <= 0:
             return  # not consuming: the next slot given back consumes again
         await consumer.channel.set_qos(prefetch_count=consumer.window)

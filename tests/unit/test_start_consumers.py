@@ -123,18 +123,21 @@ async def test_a_cordoned_service_steps_aside_without_consuming() -> None:
     assert len(fake.consumes) == 1  # the first, before the cordon
 
 
-async def test_a_used_up_window_consumes_again_at_the_first_slot_back() -> None:
-    """A channel whose current consumer took its whole window must not wait for a twentieth of
-    its size to come back while a worker is free: a start would wait beside it."""
+async def test_a_used_up_window_waits_for_a_twentieth_of_its_channel_over_one_queue() -> None:
+    """Each new consume leaves a record in a quorum queue while the one before holds
+    deliveries: a channel that still consumes is not consumed again at every slot back."""
     starts, fake = await held_by(size=100)
     for tag in range(1, 100):
         starts.delivered(fake, tag)
     await starts.place(Placement(priority=2))  # window 1
-    assert fake.windows[-1] == 1
     starts.delivered(fake, 100)  # the window is used up
-    starts.settled(fake, 7)  # one older slot back
+    for tag in range(1, 5):
+        starts.settled(fake, tag)
     await settle_tasks()
-    assert len(fake.consumes) == 3 and fake.windows[-1] == 1
+    assert len(fake.consumes) == 2
+    starts.settled(fake, 5)  # the fifth: 100 // 20
+    await settle_tasks()
+    assert len(fake.consumes) == 3 and fake.windows[-1] == 5
 
 
 async def several_queues(workers: int) -> tuple[StartConsumers, list[FakeChannel]]:
@@ -181,3 +184,20 @@ async def test_once_the_excess_is_handed_back_a_free_worker_is_offered_on_every_
     await settle_tasks()
     assert [f.windows[-1] for f in (a, b, c)] == [1, 1, 1]
     assert [len(f.consumes) for f in (a, b, c)] == [2, 2, 2]
+
+
+async def test_a_queue_whose_consumers_are_all_used_up_is_offered_a_free_worker_again() -> None:
+    """Over several queues a channel cut to the pool's free workers cannot wait for a twentieth
+    of its size: the queue's starts would wait while the pool has room. One channel per queue
+    consumes again as soon as a slot comes back anywhere in the pool."""
+    starts, (a, b, c) = await several_queues(workers=40)
+    for tag in range(1, 39):
+        starts.delivered(a, tag)
+    await starts.place(Placement(priority=2, start_queues=3))  # b and c cut to 2: pooled
+    assert b.windows[-1] == 2 and c.windows[-1] == 2
+    starts.delivered(b, 1)
+    starts.delivered(b, 2)  # the pool is full now; queue 1's one consumer used up
+    starts.settled(a, 1)  # one observer of queue 0 stopped
+    await settle_tasks()
+    assert len(b.consumes) == 3 and b.windows[-1] == 1  # queue 1 is offered the free worker again
+    assert len(c.consumes) == 2  # queue 2's consumer still has room: nothing to do
