@@ -86,7 +86,6 @@ class _Consumer:
     aside: bool = False  # the current consumer consumes at ``ASIDE``
     window: int = 0  # the current consumer's prefetch
     current: int = 0  # deliveries to the current consumer not settled yet
-    pooled: bool = False  # its window was cut to the pool's free workers, or it was paused
     again: bool = False  # a consume again is on its way
 
     def used_up(self) -> bool:
@@ -268,7 +267,6 @@ class StartConsumers:
         return not self._stopped and not self.placement.cordoned
 
     def _set_cut(self, consumer: _Consumer, cut: bool) -> None:
-        consumer.pooled = cut
         cut_ones = self._cut.setdefault(consumer.pool, set())
         if cut:
             cut_ones.add(id(consumer.raw))

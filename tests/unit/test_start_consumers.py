@@ -193,7 +193,7 @@ async def test_a_queue_whose_consumers_are_all_used_up_is_offered_a_free_worker_
     starts, (a, b, c) = await several_queues(workers=40)
     for tag in range(1, 39):
         starts.delivered(a, tag)
-    await starts.place(Placement(priority=2, start_queues=3))  # b and c cut to 2: pooled
+    await starts.place(Placement(priority=2, start_queues=3))  # b and c cut to 2
     assert b.windows[-1] == 2 and c.windows[-1] == 2
     starts.delivered(b, 1)
     starts.delivered(b, 2)  # the pool is full now; queue 1's one consumer used up
