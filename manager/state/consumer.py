@@ -219,6 +219,7 @@ class StateConsumer:
                             follow_ups.add(await self.rules.apply(session, report, now))
                         await self.rules.flush(session)
                 self._database.worked()
+                self.rules.committed(follow_ups)
                 return follow_ups
             except Exception as e:
                 if not is_transient(e):

@@ -70,7 +70,7 @@ class StateContext:
         # The starts services declined (they cannot run them), held or on their way.
         self.declines = Declines()
         # Observers whose start went with a deleted start queue, pending, for the gone-start
-        # repair to publish again (an id whose row a rolled-back batch did not change is skipped).
+        # repair to publish again: added once the batch that made them pending committed.
         self.gone_starts: set[uuid.UUID] = set()
         # The rows of the transaction being applied (set by ``preload``).
         self._rows: tuple[ObserverRows, ServiceRows] | None = None
@@ -144,6 +144,11 @@ class StateContext:
                     service_ids.add(report.service_id)
         await rows.preload(observer_ids)
         await services.preload(service_ids | rows.services())
+
+    def committed(self, follow_ups: FollowUps) -> None:
+        """The batch that decided ``follow_ups`` committed: its gone starts are the repair's now
+        (before, its transaction would not see them pending, and would forget them)."""
+        self.gone_starts.update(follow_ups.gone_starts)
 
     async def flush(self, session: AsyncSession) -> None:
         """Write the changed rows; call before the transaction commits."""

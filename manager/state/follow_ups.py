@@ -1,6 +1,8 @@
 """The follow-ups of a batch of reports: control messages the state side decides while applying
 them, published only after the transaction that decided them committed (merged per target:
-one broadcast per service, not one per observer).
+one broadcast per service, not one per observer), and the starts gone with a deleted start
+queue, handed to the gone-start repair only then: it reads their rows in a transaction of its
+own, and one that ran before the commit found none of them pending and forgot them.
 
 Stops and isolations are kept as ids per target and turned into messages once, in
 ``batched``: a failover decides a stop of the old service's copy for each observer it moves
@@ -35,6 +37,7 @@ class FollowUps:
     # may decide the same stop twice (a start report and an inventory naming one observer).
     stops: dict[StopTarget, dict[uuid.UUID, None]] = field(default_factory=dict)
     isolations: dict[uuid.UUID, list[uuid.UUID]] = field(default_factory=dict)
+    gone_starts: list[uuid.UUID] = field(default_factory=list)
 
     def stop(
         self, observer_id: uuid.UUID, service_id: uuid.UUID | None, reason: str, session_id: uuid.UUID | None = None
@@ -56,6 +59,7 @@ class FollowUps:
             self.stops.setdefault(target, {}).update(stopped)
         for service_id, isolated in other.isolations.items():
             self.isolations.setdefault(service_id, []).extend(isolated)
+        self.gone_starts += other.gone_starts
 
     def batched(self) -> list[Message]:
         """Stops with the same target and reason merged into ``StopObservers``, isolations

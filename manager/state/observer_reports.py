@@ -137,7 +137,7 @@ async def handed_over(ctx: StateContext, session: AsyncSession, m: ObserversHand
             rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=m.reason)
 
 
-async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, now: datetime) -> None:
+async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, now: datetime, out: FollowUps) -> None:
     """A start queue was deleted while ``m.service_id`` held these starts from it in
     ``m.session_id``: the broker dropped them, and that service stopped the observers before
     it said so. No copy is left anywhere: a live one waits on no service, pending, and the
@@ -169,7 +169,7 @@ async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, n
         again.append(obs.id)
     if again:
         await observers.mark_pending(session, again, now)
-        ctx.gone_starts.update(again)
+        out.gone_starts += again
 
 
 def declined(ctx: StateContext, session: AsyncSession, m: StartsDeclined, now: datetime) -> None:

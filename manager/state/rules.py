@@ -68,7 +68,7 @@ class StateRules(StateContext):
             case StartsDeclined():
                 observer_reports.declined(self, session, message, now)
             case StartsGone():
-                await observer_reports.starts_gone(self, session, message, now)
+                await observer_reports.starts_gone(self, session, message, now, out)
             case ObserversDescribed():
                 await observer_reports.described(self, session, message, now, out)
         return out

@@ -49,11 +49,12 @@ def test_a_deleted_start_queue_fences_its_observers_and_every_service_consumes_a
     released = [e for e in system.get(f"/api/observers/{ids[0]}/events").json() if e["event"] == "released"]
     assert released and "deleted start queue of pool default: published again" in released[-1]["detail"], released
 
-    # Every service consumes again: new creates reach each of them
-    more = [system.create(f"m-{i}", kind="probe", args=probe_args(log, 1.0))["id"] for i in range(30)]
+    # Every service consumes again: 150 observers need all three services' 60 workers. (Which
+    # service a given create reaches is the balancer's priorities' choice, not this test's.)
+    more = [system.create(f"m-{i}", kind="probe", args=probe_args(log, 1.0))["id"] for i in range(100)]
     for oid in more:
         system.wait_status(oid, "Processing")
-    running_on = {system.observer(oid)["service_id"] for oid in more}
+    running_on = {system.observer(oid)["service_id"] for oid in ids + more}
     alive = {system.service_by_name(name)["id"] for name in SERVICES}  # type: ignore[index]
     assert running_on == alive, (running_on, alive)
     assert "Traceback" not in system.logs()

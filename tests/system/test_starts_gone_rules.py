@@ -21,17 +21,24 @@ from manager.db import observers
 from manager.db.models import Observer, PendingStart
 from manager.repairs.pending_starts import GoneStarts
 from manager.start_publisher import StartPublisher
+from manager.state.follow_ups import FollowUps
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.messages import ObserversStarted, ServiceBorn, StartsGone, StateMessage
 
 
 async def _apply(rules: StateRules, sessions: async_sessionmaker[AsyncSession], *batch: StateMessage) -> None:
+    """As the state consumer applies a batch. Until the transaction commits, no gone start is
+    the repair's: its own transaction would not see the row pending, and would forget it (CI,
+    test_consumer_cancel: 17 starts waited for the pending-start repair instead)."""
+    follow_ups = FollowUps()
     async with sessions.begin() as session:
         await rules.preload(session, list(batch))
         for message in batch:
-            await rules.apply(session, message, datetime.now(UTC))
+            follow_ups.add(await rules.apply(session, message, datetime.now(UTC)))
         await rules.flush(session)
+        assert not rules.gone_starts
+    rules.committed(follow_ups)
 
 
 async def _pending(sessions: async_sessionmaker[AsyncSession]) -> set[uuid.UUID]:
