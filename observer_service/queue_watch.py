@@ -43,6 +43,9 @@ WATCH_EVERY_S = 3.0
 # A cordoned service marks its queues this soon: a deletion before the marker is missed if the
 # queue is declared again meanwhile.
 MARK_WITHIN_S = 0.25
+# Asked within ``asyncio.timeout``, never ``wait_for``: 3.11's ``wait_for`` runs the question as
+# a task of its own, and when the session's close cancels it as the broker refuses the question,
+# aiormq turns the cancel into the refusal, which nobody retrieves: an ERROR with a traceback.
 _ASK_WITHIN_S = 5.0
 
 
@@ -122,13 +125,12 @@ async def mark(connection: AbstractConnection, watch_id: str, queue: str) -> boo
     """Bind ``queue`` to a new marker exchange; False if that failed (the queue is asked about
     instead, as before the marker)."""
     try:
-        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
-        exchange = await asyncio.wait_for(
-            channel.declare_exchange(marker_name(watch_id, queue), "fanout", durable=False, auto_delete=True),
-            _ASK_WITHIN_S,
-        )
-        declared = await asyncio.wait_for(channel.get_queue(queue, ensure=True), _ASK_WITHIN_S)
-        await asyncio.wait_for(declared.bind(exchange), _ASK_WITHIN_S)
+        async with asyncio.timeout(_ASK_WITHIN_S):
+            channel = await connection.channel(publisher_confirms=False)
+            name = marker_name(watch_id, queue)
+            exchange = await channel.declare_exchange(name, "fanout", durable=False, auto_delete=True)
+            declared = await channel.get_queue(queue, ensure=True)
+            await declared.bind(exchange)
     except Exception:  # noqa: BLE001 - the connection is failing, or the queue is gone: asked about anyway
         return False
     with contextlib.suppress(Exception):
@@ -149,20 +151,23 @@ async def marker_gone(connection: AbstractConnection, watch_id: str, queue: str)
 async def unmark(connection: AbstractConnection, watch_id: str, queue: str) -> None:
     """Delete the marker of ``queue`` (the watch ended); nothing if it is gone already."""
     with contextlib.suppress(Exception):
-        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
-        await asyncio.wait_for(channel.exchange_delete(marker_name(watch_id, queue)), _ASK_WITHIN_S)
-        await channel.close()
+        async with asyncio.timeout(_ASK_WITHIN_S):
+            channel = await connection.channel(publisher_confirms=False)
+            await channel.exchange_delete(marker_name(watch_id, queue))
+            await channel.close()
 
 
 async def _not_found(connection: AbstractConnection, ask: Callable[[AbstractChannel], Awaitable[object]]) -> str | None:
     """The broker's NOT_FOUND text for ``ask`` (a passive declare), on a channel of its own (a
     404 closes it); None when it was found or the question failed: no evidence of a deletion."""
     try:
-        channel = await asyncio.wait_for(connection.channel(publisher_confirms=False), _ASK_WITHIN_S)
+        async with asyncio.timeout(_ASK_WITHIN_S):
+            channel = await connection.channel(publisher_confirms=False)
     except Exception:  # noqa: BLE001 - the connection is failing: its close says why
         return None
     try:
-        await asyncio.wait_for(ask(channel), _ASK_WITHIN_S)
+        async with asyncio.timeout(_ASK_WITHIN_S):
+            await ask(channel)
     except aiormq.exceptions.ChannelNotFoundEntity as e:
         return str(e)
     except Exception:  # noqa: BLE001 - unanswered or refused otherwise
