@@ -288,8 +288,15 @@ class BrokerLink:
             spread = self.settings.queue_type == "quorum" and len(self.nodes.urls) > 1
             channel = await self._channel()
             for index in range(self.settings.start_queues):
-                if not (spread and await self.probes.declare_start_queue_on_node(pool, index)):
-                    await topology.declare_start_queue(channel, pool, self.settings.queue_type, index)
+                # Only a missing queue is declared from its node: a node unreachable (not
+                # refusing: cut off) would hold every create of the pool for its connect.
+                if (
+                    spread
+                    and not await self.probes.start_queue_exists(pool, index)
+                    and await self.probes.declare_start_queue_on_node(pool, index)
+                ):
+                    continue
+                await topology.declare_start_queue(channel, pool, self.settings.queue_type, index)
             self._declared_pools.add(pool)
 
     def start_queue(self, start: StartObserver) -> str:

@@ -1,6 +1,7 @@
 """Questions the manager asks the broker on connections of their own, apart from its
 publishing and consuming connection (``manager/broker.py``): whether services' connections
-live (liveness), a touch of each start queue (the queue waker) and the rebuild marker.
+live (liveness), a touch of each start queue (the queue waker), which start queues exist, and
+the rebuild marker.
 
 Each of them may close the channel it runs on (a passive declare of a queue that does not
 exist, or that another connection holds exclusively), and a slow answer to one must hold up
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import aio_pika
 import aiormq
@@ -131,27 +132,12 @@ class BrokerProbes:
 
     async def touch_start_queues(self, pools: Iterable[str]) -> None:
         """A passive declare of each pool's start queues: a call to the queue's process,
-        which keeps it from hibernating (``manager/queue_waker.py``). On a connection of its
-        own: a slow answer holds up no publish, and a queue that does not exist (whose
-        passive declare closes the channel) costs only this channel, opened again for the
-        next pool. Raises ``BrokerUnavailable`` if the broker cannot be reached."""
-        try:
-            with cancelled_calls_as_errors():
-                if self._waker is None or self._waker.is_closed:
-                    self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
-                for pool in pools:
-                    for queue in topology.start_queue_names(pool, self.settings.start_queues):
-                        if self._waker_channel is None or self._waker_channel.is_closed:
-                            self._waker_channel = await self._waker.channel()
-                        declare = self._waker_channel.queue_declare(queue, passive=True)
-                        with contextlib.suppress(aiormq.exceptions.ChannelNotFoundEntity):
-                            await asyncio.wait_for(declare, _ANSWER_TIMEOUT_S)
-        except Exception as e:
-            if self._waker_channel is not None:  # an answer may still come: never reuse it
-                with contextlib.suppress(Exception):
-                    await self._waker_channel.close()
-                self._waker_channel = None
-            raise BrokerUnavailable(f"cannot reach the start queues: {e!r}") from e
+        which keeps it from hibernating (``manager/queue_waker.py``). A slow answer holds up
+        no publish. Raises ``BrokerUnavailable`` if the broker cannot be reached."""
+        async with self._waker_questions("reach the start queues"):
+            for pool in pools:
+                for queue in topology.start_queue_names(pool, self.settings.start_queues):
+                    await self._exists(queue)
 
     async def declare_start_queue_on_node(self, pool: str, index: int) -> bool:
         """Declare ``pool``'s start queue ``index`` from node ``index`` of ``ORCH_AMQP_URLS``
@@ -176,29 +162,45 @@ class BrokerProbes:
 
     async def start_queues_in_use(self, pool: str, at_least: int) -> int:
         """How many start queues ``pool`` has: ``at_least``, or more where a larger
-        ``ORCH_START_QUEUES`` declared them (they are numbered without gaps). On the waker's
-        connection: each missing queue's answer closes its channel."""
+        ``ORCH_START_QUEUES`` declared them (they are numbered without gaps)."""
         count = at_least
+        async with self._waker_questions(f"ask for the start queues of pool {pool}"):
+            while count < MAX_START_QUEUES and await self._exists(topology.start_queue_name(pool, count)):
+                count += 1
+        return count
+
+    async def start_queue_exists(self, pool: str, index: int) -> bool:
+        async with self._waker_questions(f"ask for start queue {index} of pool {pool}"):
+            return await self._exists(topology.start_queue_name(pool, index))
+
+    @contextlib.asynccontextmanager
+    async def _waker_questions(self, what: str) -> AsyncIterator[None]:
+        """Questions about start queues, on the waker's connection: a missing queue's answer
+        closes its channel, opened again for the next question (``_exists``). Any failure is
+        ``BrokerUnavailable``, and the channel is not used again: its answer may still come."""
         try:
             with cancelled_calls_as_errors():
-                if self._waker is None or self._waker.is_closed:
-                    self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
-                while count < MAX_START_QUEUES:
-                    if self._waker_channel is None or self._waker_channel.is_closed:
-                        self._waker_channel = await self._waker.channel()
-                    declare = self._waker_channel.queue_declare(topology.start_queue_name(pool, count), passive=True)
-                    try:
-                        await asyncio.wait_for(declare, _ANSWER_TIMEOUT_S)
-                    except aiormq.exceptions.ChannelNotFoundEntity:
-                        return count
-                    count += 1
+                yield
         except Exception as e:
             if self._waker_channel is not None:
                 with contextlib.suppress(Exception):
                     await self._waker_channel.close()
                 self._waker_channel = None
-            raise BrokerUnavailable(f"cannot ask for the start queues of pool {pool}: {e!r}") from e
-        return count
+            raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
+
+    async def _exists(self, queue: str) -> bool:
+        """A passive declare of ``queue`` (a call to its process): False if the broker says it
+        does not exist."""
+        if self._waker is None or self._waker.is_closed:
+            self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
+        if self._waker_channel is None or self._waker_channel.is_closed:
+            self._waker_channel = await self._waker.channel()
+        try:
+            async with asyncio.timeout(_ANSWER_TIMEOUT_S):
+                await self._waker_channel.queue_declare(queue, passive=True)
+        except aiormq.exceptions.ChannelNotFoundEntity:
+            return False
+        return True
 
     async def close(self) -> None:
         for connection in (self._presence, self._waker):

@@ -31,7 +31,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Literal
 
 import aio_pika
@@ -212,7 +212,7 @@ class HoldingConnection:
 
     async def place(self, placement: Placement) -> None:
         """Consume under ``placement``: a pool's start queues it names that are not consumed
-        yet are declared and consumed first. Fewer than consumed leaves them all consumed:
+        yet are asked for (the first declared) and consumed first. Fewer than consumed leaves them all consumed:
         starts may still wait in a queue the manager no longer publishes to."""
         await self.starts.place(placement)
         for pool, prefetches in self._holds.items():
@@ -246,8 +246,7 @@ class HoldingConnection:
         except aiormq.exceptions.ChannelNotFoundEntity:
             if not index:
                 raise
-            task = asyncio.create_task(self._hold_later(pool, index, prefetches, NOT_DECLARED_RETRY_S))
-            self._tasks.append(task)
+            self._spawn(self._hold_later(pool, index, prefetches, NOT_DECLARED_RETRY_S), f"ask again for {name}")
             return
         except aiormq.exceptions.AMQPChannelError as e:
             hint = refusal(e)
@@ -255,8 +254,7 @@ class HoldingConnection:
                 raise
             refused[name] = hint
             self._to_main.post(self._on_refused, pool, hint)
-            retry = self._hold_later(pool, index, prefetches, self._refused_retry_s)
-            self._tasks.append(asyncio.create_task(retry, name=f"refused {name}"))
+            self._spawn(self._hold_later(pool, index, prefetches, self._refused_retry_s), f"refused {name}")
             return
         with contextlib.suppress(Exception):
             await declare.close()
@@ -264,6 +262,13 @@ class HoldingConnection:
             await self._hold_on_new_channel(pool, queue.name, prefetch, sum(prefetches))
         refused.pop(name, None)
         self._to_main.post(self._on_refused, pool, next(iter(refused.values()), None))
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        """Run ``work`` beside the session, cancelled at its close; the finished ones are
+        let go (a queue not declared yet is asked for again every second), a failed one is
+        kept for the close to collect."""
+        self._tasks = [t for t in self._tasks if not (t.done() and (t.cancelled() or t.exception() is None))]
+        self._tasks.append(asyncio.create_task(work, name=name))
 
     async def _hold_later(self, pool: str, index: int, prefetches: list[int], after_s: float) -> None:
         await asyncio.sleep(after_s)
@@ -290,8 +295,7 @@ class HoldingConnection:
 
         def cancelled(frame: aiormq.spec.Basic.Cancel) -> None:
             if not self._closing:
-                task = asyncio.create_task(self._cancelled(queue, pool, frame.consumer_tag))
-                self._tasks.append(task)
+                self._spawn(self._cancelled(queue, pool, frame.consumer_tag), f"cancelled on {queue}")
 
         channel.on_consumer_cancel_callbacks.add(cancelled)
 
