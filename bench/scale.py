@@ -166,8 +166,11 @@ class ScalePoint:
     async def count(self, status: str) -> int:
         return int((await self.stats())["observers"].get(status, 0))
 
-    async def bulk_create(self, count: int, kind: str, args: dict[str, Any]) -> None:
+    async def bulk_create(self, count: int, kind: str, args: dict[str, Any]) -> list[float]:
+        """Create ``count`` in requests of ``BULK``, 8 in flight; returns when each was
+        accepted (monotonic seconds, in order)."""
         gate = asyncio.Semaphore(8)
+        accepted: list[float] = []
 
         async def send(start: int) -> None:
             body = {"observers": [{"name": f"s-{i}", "kind": kind, "args": args} for i in range(start, start + BULK)]}
@@ -176,11 +179,13 @@ class ScalePoint:
                     response = await self.http.post("/api/observers/bulk", json=body)
                 if response.status_code != 503:
                     response.raise_for_status()
+                    accepted.append(time.monotonic())
                     return
                 await asyncio.sleep(float(response.headers.get("Retry-After", "2")))
             raise RuntimeError(f"bulk create refused 30 times: {response.text}")
 
         await asyncio.gather(*(send(start) for start in range(0, count, BULK)))
+        return sorted(accepted)
 
     async def service_counters(self) -> dict[str, float]:
         """Emits, and the lease round trips' histogram buckets, summed over the live services."""
@@ -229,15 +234,8 @@ class ScalePoint:
         kind, args = WORKLOADS[p.workload]
         step = "start"
         try:
-            await asyncio.to_thread(self.system.start_manager)
-            for i in range(3):
-                port = free_port()
-                proc = await asyncio.to_thread(
-                    self.system.start_service, f"scale-{i}", n // 2 + 1_000, True, ORCH_METRICS_PORT=str(port)
-                )
-                self.services.append(proc)
-                self.metrics_ports[proc.popen.pid] = port
-            self.db = await asyncpg.connect(self.system.database_url.replace("+asyncpg", ""))
+            await self.start()
+            assert self.db is not None
             killed = Killed()
             ledger = await open_ledger(self.system.procs, self.db, killed)
             await asyncio.sleep(2)
@@ -300,6 +298,19 @@ class ScalePoint:
             if self.db is not None:
                 await self.db.close()
             await self.http.aclose()
+
+    async def start(self) -> None:
+        """The manager and three services, each with room for half the size (two must hold
+        all after a kill), and a connection to the database."""
+        await asyncio.to_thread(self.system.start_manager)
+        for i in range(3):
+            port = free_port()
+            proc = await asyncio.to_thread(
+                self.system.start_service, f"scale-{i}", self.point.size // 2 + 1_000, True, ORCH_METRICS_PORT=str(port)
+            )
+            self.services.append(proc)
+            self.metrics_ports[proc.popen.pid] = port
+        self.db = await asyncpg.connect(self.system.database_url.replace("+asyncpg", ""))
 
     async def _count_is(self, status: str, expected: int) -> bool:
         return await self.count(status) >= expected
