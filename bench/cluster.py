@@ -67,6 +67,7 @@ from tools import infra
 from tools.harness import Proc, System, free_port
 from tools.infra import partition
 
+CONSUMES = "orch_service_start_consumes_total"
 _POLL_S = 0.25
 # Issue 65: a node's kill -9 until every observer of its services runs again.
 NODE_DEATH_TARGET_S = 3.0
@@ -82,6 +83,7 @@ class Deployment:
     name: str
     start_queues: int = 1
     create_per_s: float = 0.0
+    create_consumes: int = 0  # consumers the services opened on start queues meanwhile
     service_kill_s: float = 0.0
     service_kill_moved: int = 0
     node_kill_s: float | None = None
@@ -147,10 +149,10 @@ async def create(system: System, size: int) -> float:
         await db.close()
 
 
-async def running_by_their_count(ports: dict[str, int]) -> tuple[float, float]:
-    """What the services at these metrics ports run by their own count, summed, and the Unix
-    time of the latest start among them."""
-    running, latest = 0.0, 0.0
+async def service_metrics(ports: dict[str, int]) -> list[tuple[str, float]]:
+    """Every sample of the services at these metrics ports (a service that does not answer:
+    none of its own)."""
+    samples = []
     async with httpx.AsyncClient(timeout=5) as http:
         for port in ports.values():
             try:
@@ -159,11 +161,22 @@ async def running_by_their_count(ports: dict[str, int]) -> tuple[float, float]:
                 continue
             for line in text.splitlines():
                 name, _, value = line.partition(" ")
-                if name == RUNNING:
-                    running += float(value)
-                elif name == LAST_START:
-                    latest = max(latest, float(value))
-    return running, latest
+                if value and not name.startswith("#"):
+                    samples.append((name, float(value)))
+    return samples
+
+
+async def running_by_their_count(ports: dict[str, int]) -> tuple[float, float]:
+    """What the services at these metrics ports run by their own count, summed, and the Unix
+    time of the latest start among them."""
+    samples = await service_metrics(ports)
+    running = sum(value for name, value in samples if name == RUNNING)
+    return running, max((value for name, value in samples if name == LAST_START), default=0.0)
+
+
+async def start_consumes(ports: dict[str, int]) -> float:
+    """Consumers the services opened on start queues so far, summed."""
+    return sum(value for name, value in await service_metrics(ports) if name == CONSUMES)
 
 
 async def service_kill(system: System, services: list[Proc], ports: dict[str, int], size: int) -> tuple[float, int]:
@@ -294,9 +307,10 @@ def run_deployment(
     system.start_manager()
     ports: dict[str, int] = {}
     services = [_start(system, f"svc-{i}", size, ports) for i in range(3)]
-    before = leaders()
+    before, consumes = leaders(), asyncio.run(start_consumes(ports))
     result.create_per_s = asyncio.run(create(system, size))
-    print(f"  {result.name}: create {result.create_per_s:,.0f}/s", flush=True)
+    result.create_consumes = int(asyncio.run(start_consumes(ports)) - consumes)
+    print(f"  {result.name}: create {result.create_per_s:,.0f}/s ({result.create_consumes:,} consumes)", flush=True)
     if nodes:
         result.leader_work["create"] = leader_work.work(before, leaders())
     result.service_kill_s, result.service_kill_moved = asyncio.run(service_kill(system, services, ports, size))
@@ -474,6 +488,7 @@ def print_deployments(deployments: list[Deployment]) -> None:
         print(f"{label:<34}{cells}{target:>10}")
 
     row("create (observers/s)", [d.create_per_s for d in deployments], form=",.0f")
+    row("consumers opened during the create", [d.create_consumes for d in deployments], form=",.0f")
     row("failover after a service kill (s)", [d.service_kill_s for d in deployments])
     node_death = f"<= {NODE_DEATH_TARGET_S:.0f}"
     row("node kill -> running (s)", [d.node_kill_running_s for d in deployments], node_death)

@@ -44,6 +44,12 @@ STARTS_PAST_WORKERS = Counter(
     "Starts delivered past the pool's workers (several start queues delivered at once), handed back unrun",
     registry=REGISTRY,
 )
+START_CONSUMES = Counter(
+    "orch_service_start_consumes",
+    "Consumers opened on start queues (a placement changed, a step aside, a window full before); "
+    "a quorum queue keeps a cancelled one's record while its deliveries are held",
+    registry=REGISTRY,
+)
 STARTS_DECLINED = Counter(
     "orch_service_starts_declined",
     "Starts this service could not run (a kind it lacks, no free process slot), handed on to another",

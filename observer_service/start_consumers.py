@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from aio_pika.abc import AbstractChannel
 
+from observer_service import metrics
 from observer_service.start_channel import StartChannel
 from shared import topology
 
@@ -296,6 +297,7 @@ class StartConsumers:
         priority = ASIDE if consumer.aside else self.placement.priority_in(consumer.pool)
         arguments = {**self._arguments, "x-priority": priority}
         consumer.tag = await consumer.raw.consume(consumer.queue, arguments)
+        metrics.START_CONSUMES.inc()
 
     async def _cancel(self, consumer: _Consumer) -> None:
         tag, consumer.tag = consumer.tag, None
