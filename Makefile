@@ -54,7 +54,7 @@ test-unit: venv
 BROKER_TESTS = $(addprefix tests/system/,test_lifecycle.py test_ack_timeout.py test_fencing.py \
 	test_failover.py test_broker_restart.py \
 	test_reliability.py::test_the_broker_rebuilt_from_the_database test_chaos.py \
-	test_consumer_cancel.py test_start_channel.py test_brokers.py test_consumer_priority.py)
+	test_consumer_cancel.py test_start_channel.py test_brokers.py test_consumer_priority.py test_consumer_records.py)
 
 test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)

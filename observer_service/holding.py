@@ -42,7 +42,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from observer_service import metrics, queue_watch
 from observer_service.lease import Lease, keep
 from observer_service.loop_thread import Mailbox
-from observer_service.start_channel import as_start_channel
+from observer_service.start_channel import as_start_channel, takes_up_records
 from observer_service.start_consumers import Placement, StartConsumers
 from shared import topology
 from shared.amqp_errors import describe_close, refusal
@@ -281,7 +281,8 @@ class HoldingConnection:
         channel = await self._channel()
         raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
         self._watch_cancels(raw, queue, pool)
-        await self.starts.hold(channel, raw, pool, queue, prefetch, workers)  # sets the prefetch: start_consumers.py
+        # Sets the prefetch, and the tag on a quorum queue: start_consumers.py
+        await self.starts.hold(channel, raw, pool, queue, prefetch, workers, takes_up_records=takes_up_records(raw))
 
     def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str, pool: str | None = None) -> None:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum

@@ -18,6 +18,14 @@ A channel consuming nothing (its window was 0) consumes again at the first slot 
 one that still consumes, once a twentieth of its size came back (``settled`` says why not
 sooner).
 
+Except on a quorum queue of RabbitMQ 4 or later: there each channel consumes under a tag of
+its own every time, and the queue takes up the cancelled consumer's record again with what it
+holds (``rabbit_fifo``'s ``merge_consumer``; the same test). The prefetch then counts everything
+the channel holds, so it is that plus the window, and every settle gives its slot back to the
+consumer by itself. A new tag would leave one more record at each consume for as long as the
+one before holds deliveries, that is for days, and the queue walks all its records to find one
+by tag at every consume, cancel and settle of a cancelled consumer's delivery.
+
 Several start queues per pool (``ORCH_START_QUEUES``; docs/design.md, "A pool over several
 start queues"): a quorum queue refuses a prefetch shared by a channel's consumers, so no
 broker limit spans the queues. Each consumer is opened with at most the pool's free workers,
@@ -88,6 +96,7 @@ class _Consumer:
     window: int = 0  # the current consumer's prefetch
     current: int = 0  # deliveries to the current consumer not settled yet
     again: bool = False  # a consume again is on its way
+    own_tag: str | None = None  # consumes under this tag each time, its record taken up
 
     def used_up(self) -> bool:
         return self.tag is None or self.current >= self.window
@@ -97,6 +106,7 @@ class StartConsumers:
     def __init__(self, quorum: bool, placement: Placement) -> None:
         # A quorum queue times consumers out unless the consume says otherwise.
         self._arguments = dict(topology.HELD_FOR_GOOD) if quorum else {}
+        self._quorum = quorum
         self.placement = placement
         self._consumers: dict[int, _Consumer] = {}  # by id() of the raw channel
         self._pools: dict[str, list[_Consumer]] = {}
@@ -110,12 +120,24 @@ class StartConsumers:
         self._aside_until: dict[str, float] = {}  # pool -> when its step aside ends (monotonic)
 
     async def hold(
-        self, channel: AbstractChannel, raw: StartChannel, pool: str, queue: str, size: int, workers: int
+        self,
+        channel: AbstractChannel,
+        raw: StartChannel,
+        pool: str,
+        queue: str,
+        size: int,
+        workers: int,
+        *,
+        takes_up_records: bool = False,
     ) -> None:
         """Consume ``queue``, a start queue of ``pool``, on a channel of its own holding at most
-        ``size`` deliveries, and the pool's channels together at most ``workers``."""
+        ``size`` deliveries, and the pool's channels together at most ``workers``; under a tag
+        of its own each time if the queue takes up a cancelled consumer's record (a quorum queue
+        of RabbitMQ 4 on: ``start_channel.takes_up_records``)."""
         async with self._changing:
             consumer = _Consumer(channel, raw, pool, queue, size)
+            if self._quorum and takes_up_records:
+                consumer.own_tag = f"orch-start {queue}"
             self._consumers[id(raw)] = consumer
             self._pools.setdefault(pool, []).append(consumer)
             self._queues.setdefault(pool, set()).add(queue)
@@ -284,20 +306,27 @@ class StartConsumers:
     async def _consume(self, consumer: _Consumer) -> None:
         """Consume with the window the channel has left, at most the pool's free workers (none:
         it waits for a settle). Deliveries sent before a cancel's reply were counted already:
-        frames arrive in order."""
-        consumer.floor, consumer.returned, consumer.current = consumer.last_tag, 0, 0
+        frames arrive in order. A record taken up (``own_tag``) holds them all: its prefetch
+        counts them, and each one settled is a slot of the current consumer."""
+        window = min(consumer.size - consumer.unsettled, self._free(consumer.pool))
+        self._set_cut(consumer, window < consumer.size - consumer.unsettled)
+        if consumer.own_tag is None:
+            consumer.floor, consumer.current, consumer.window = consumer.last_tag, 0, window
+        else:
+            consumer.floor, consumer.current = 0, consumer.unsettled
+            consumer.window = consumer.unsettled + window
+        consumer.returned = 0
         consumer.aside = consumer.pool in self._aside_until
-        own = consumer.size - consumer.unsettled
-        free = self._workers[consumer.pool] - self._held.get(consumer.pool, 0)
-        consumer.window = min(own, free)
-        self._set_cut(consumer, free < own)
-        if consumer.window <= 0:
+        if window <= 0:
             return  # not consuming: the next slot given back consumes again
         await consumer.channel.set_qos(prefetch_count=consumer.window)
         priority = ASIDE if consumer.aside else self.placement.priority_in(consumer.pool)
         arguments = {**self._arguments, "x-priority": priority}
-        consumer.tag = await consumer.raw.consume(consumer.queue, arguments)
+        consumer.tag = await consumer.raw.consume(consumer.queue, arguments, consumer.own_tag)
         metrics.START_CONSUMES.inc()
+
+    def _free(self, pool: str) -> int:
+        return self._workers[pool] - self._held.get(pool, 0)
 
     async def _cancel(self, consumer: _Consumer) -> None:
         tag, consumer.tag = consumer.tag, None

@@ -8,6 +8,8 @@ start queues of every supported series (``make test-broker``):
   back goes to the consumer whose priority is now the highest;
 * but the new consumer gets a whole new prefetch window: what the cancelled one holds does
   not count against it;
+* except on a quorum queue of RabbitMQ 4 consumed again under the same tag: the cancelled
+  consumer's record is taken up, one per channel, and its prefetch counts what it holds;
 * a negative priority is taken as one (a service stepping aside for a start it cannot run,
   ``observer_service/declines.py``): below every placement, it gets starts only while every
   other consumer is full, and a start it hands back goes to one with credit, not back to it.
@@ -161,3 +163,55 @@ async def test_a_consumer_at_a_negative_priority_hands_a_start_on_and_gets_start
     await _publish(connection, queue.name, 4)
     await _until(lambda: len(other.held) == 3 and len(emptiest.held) == 3, "the other full, two at -1")
     assert await _ready(declare, queue.name) == 0
+
+
+async def test_a_quorum_consumer_consumed_again_under_its_own_tag_takes_up_its_record(
+    connection: AbstractConnection, rabbit: infra.RabbitNode, vhost: str
+) -> None:
+    """Why ``observer_service/start_consumers.py`` consumes a quorum queue again under the
+    channel's own tag on RabbitMQ 4: the queue keeps a cancelled consumer's record while it
+    holds deliveries (``rabbit_fifo``), one more at each consume under a new tag, and looks
+    records up by tag by walking them all (``consumer_key_from_id``, ``find_consumer``). Under
+    the old tag the record is taken up again (``merge_consumer``): one record per channel, and
+    its prefetch counts what it already holds, so the credit comes back with every settle.
+    3.10's channel crashes on the first delivery to a record taken up so (function_clause in
+    ``rabbit_channel:handle_deliver0``): there, a new tag each time."""
+    if rabbit.install.series == "3.10":
+        pytest.skip("3.10 closes the connection (INTERNAL_ERROR) at the first delivery: see the docstring")
+    declare = await connection.channel()
+    await topology.declare_common(declare, "quorum")
+    queue = await topology.declare_start_queue(declare, "merge-quorum", "quorum")
+    one = await Holder.open(connection, queue.name, "quorum", prefetch=4)
+
+    async def hold(message: AbstractIncomingMessage) -> None:
+        one.held.append(message)
+
+    arguments = {**topology.HELD_FOR_GOOD, "x-priority": 0}
+    await one.queue.consume(hold, arguments=arguments, consumer_tag="own")
+    await _publish(connection, queue.name, 10)
+    await _until(lambda: len(one.held) == 4, "four deliveries")
+
+    for priority in (1, 2, 0):  # placements changed three times
+        await one.queue.cancel("own")
+        await one.channel.set_qos(prefetch_count=6)  # what it holds and two more
+        await one.queue.consume(hold, arguments={**arguments, "x-priority": priority}, consumer_tag="own")
+    await _until(lambda: len(one.held) == 6, "two more: the prefetch counts the four held")
+    await asyncio.sleep(0.3)
+    assert len(one.held) == 6 and await _ready(declare, queue.name) == 4
+    assert _fifo_consumers(rabbit, vhost, queue.name) == 1
+
+    await one.held[0].ack()  # a slot of the first consume comes back to the record by itself
+    await _until(lambda: len(one.held) == 7, "the slot given back refilled")
+    await asyncio.sleep(0.3)
+    assert len(one.held) == 7 and not one.channel.is_closed
+
+
+def _fifo_consumers(rabbit: infra.RabbitNode, vhost: str, queue: str) -> int:
+    """The consumer records a quorum queue keeps, cancelled ones holding deliveries included."""
+    expression = (
+        f'{{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, <<"{queue}">>)), '
+        "{RaName, _} = amqqueue:get_pid(Q), "
+        "{ok, {_, O}, _} = ra:local_query({RaName, node()}, fun rabbit_fifo:overview/1), "
+        "maps:get(num_consumers, O)."
+    )
+    return int(rabbit.ctl("eval", expression).strip())

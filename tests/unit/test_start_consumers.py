@@ -20,13 +20,15 @@ class FakeChannel:
         self.windows: list[int] = []
         self.consumes: list[dict[str, Any]] = []
         self.cancelled: list[str] = []
+        self.tags: list[str | None] = []  # the tag each consume asked for
 
     async def set_qos(self, prefetch_count: int) -> None:
         self.windows.append(prefetch_count)
 
-    async def consume(self, queue: str, arguments: dict[str, Any]) -> str:
+    async def consume(self, queue: str, arguments: dict[str, Any], tag: str | None = None) -> str:
         self.consumes.append(arguments)
-        return f"tag-{len(self.consumes)}"
+        self.tags.append(tag)
+        return tag or f"tag-{len(self.consumes)}"
 
     async def basic_cancel(self, tag: str) -> None:
         self.cancelled.append(tag)
@@ -201,3 +203,51 @@ async def test_a_queue_whose_consumers_are_all_used_up_is_offered_a_free_worker_
     await settle_tasks()
     assert len(b.consumes) == 3 and b.windows[-1] == 1  # queue 1 is offered the free worker again
     assert len(c.consumes) == 2  # queue 2's consumer still has room: nothing to do
+
+
+async def taken_up(size: int) -> tuple[StartConsumers, FakeChannel]:
+    """A quorum queue's channel on RabbitMQ 4: its record is taken up at each consume."""
+    starts = StartConsumers(quorum=True, placement=Placement())
+    fake = FakeChannel()
+    await starts.hold(
+        cast(AbstractChannel, fake), cast(StartChannel, fake), "default", "q", size, size, takes_up_records=True
+    )
+    return starts, fake
+
+
+async def test_a_record_taken_up_is_consumed_under_its_own_tag_with_what_it_holds_counted() -> None:
+    starts, fake = await taken_up(size=4)
+    for tag in (1, 2, 3):
+        starts.delivered(fake, tag)
+
+    await starts.place(Placement(priority=2))
+    assert fake.tags == ["orch-start q"] * 2 and fake.cancelled == ["orch-start q"]
+    assert fake.windows == [4, 4]  # the three it holds and the one slot left
+    assert fake.consumes[-1]["x-priority"] == 2
+
+
+async def test_a_record_taken_up_gets_its_slots_back_without_consuming_again() -> None:
+    starts, fake = await taken_up(size=40)
+    for tag in range(1, 21):
+        starts.delivered(fake, tag)
+    await starts.place(Placement(priority=2))
+    for tag in range(1, 11):  # ten of the first consume's: the broker gives their credit back
+        starts.settled(fake, tag)
+    await settle_tasks()
+    assert len(fake.consumes) == 2 and fake.windows == [40, 40]
+
+    for tag in range(21, 51):  # the slots it got back are its own: thirty more fill it
+        starts.delivered(fake, tag)
+    assert starts.delivered(fake, 51) == "excess"
+
+
+async def test_a_full_record_taken_up_consumes_again_at_the_first_slot_back() -> None:
+    starts, fake = await taken_up(size=2)
+    starts.delivered(fake, 1)
+    starts.delivered(fake, 2)
+    await starts.place(Placement(priority=2))
+    assert len(fake.consumes) == 1  # full: cancelled, not consumed again
+
+    starts.settled(fake, 1)
+    await settle_tasks()
+    assert fake.tags[-1] == "orch-start q" and fake.windows[-1] == 2  # the one held and the slot back
