@@ -50,7 +50,7 @@ test-unit: venv
 # The tests of the broker's semantics, which CI runs on every supported RabbitMQ besides the
 # default (docs/broker-versions.md): the core flow, the consumer timeout, fencing, failover
 # and SIGTERM handoff, broker restart, broker data lost, chaos, a cancelled consumer, and the
-# start channel (aiormq's internals against the broker), consumer priorities.
+# start channel (aiormq's internals against the broker), consumer priorities and records.
 BROKER_TESTS = $(addprefix tests/system/,test_lifecycle.py test_ack_timeout.py test_fencing.py \
 	test_failover.py test_broker_restart.py \
 	test_reliability.py::test_the_broker_rebuilt_from_the_database test_chaos.py \
