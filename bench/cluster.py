@@ -307,6 +307,8 @@ def run_deployment(
     system.start_manager()
     ports: dict[str, int] = {}
     services = [_start(system, f"svc-{i}", size, ports) for i in range(3)]
+    if nodes:  # the manager declares the queues past the first at its first balance round
+        asyncio.run(until(lambda: _all_led(leaders, len(queues))))
     before, consumes = leaders(), asyncio.run(start_consumes(ports))
     result.create_per_s = asyncio.run(create(system, size))
     result.create_consumes = int(asyncio.run(start_consumes(ports)) - consumes)
@@ -328,6 +330,10 @@ def run_deployment(
         result.node_cut_s, result.node_cut_moved = asyncio.run(node_cut(system, services, nodes, size))
         print(f"  {result.name}: node cut off {result.node_cut_s:.1f} s ({result.node_cut_moved:,})", flush=True)
     return result
+
+
+async def _all_led(leaders: Callable[[], dict[str, leader_work.Leader]], count: int) -> bool:
+    return len(await asyncio.to_thread(leaders)) == count
 
 
 async def hold(url: str, queue: str, count: int, timeout_s: float) -> aio_pika.abc.AbstractConnection:

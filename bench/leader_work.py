@@ -26,13 +26,14 @@ class Leader:
 
 
 def leaders(node: infra.RabbitNode, vhost: str, queues: list[str]) -> dict[str, Leader]:
-    """Each quorum queue's leader node and its process's reductions so far, asked of ``node``."""
+    """Each quorum queue's leader node and its process's reductions so far, asked of ``node``;
+    a queue not declared yet is left out."""
     names = ", ".join(f'<<"{queue}">>' for queue in queues)
     expression = (
-        f'[begin {{ok, Q}} = rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, N)), '
-        "{Ra, Node} = amqqueue:get_pid(Q), Pid = erpc:call(Node, erlang, whereis, [Ra]), "
+        f"[begin {{Ra, Node}} = amqqueue:get_pid(Q), Pid = erpc:call(Node, erlang, whereis, [Ra]), "
         "{reductions, R} = erpc:call(Node, erlang, process_info, [Pid, reductions]), "
-        f"{{N, Node, R}} end || N <- [{names}]]."
+        f"{{N, Node, R}} end || N <- [{names}], "
+        f'{{ok, Q}} <- [rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, N))]].'
     )
     said = node.ctl("eval", expression, timeout=60)
     return {m.group(1): Leader(m.group(2), int(m.group(3))) for m in _LEADER.finditer(said)}
