@@ -366,7 +366,13 @@ class ObserverService:
         self.placement = placement
         session = self.session
         if session is not None:
-            self.runner.spawn(session.place(placement))
+            self.runner.spawn(self._consume_under(session, placement))
+
+    async def _consume_under(self, session: Session, placement: Placement) -> None:
+        """Consume under ``placement``, then say so at once: the balancer moves nothing in a
+        pool until its services' heartbeats confirm their placements (``manager/balance``)."""
+        await session.place(placement)
+        self._send_heartbeat(self.watchdog.lag_ms)
 
     def _introduce(self, *, name_taken: bool) -> None:
         """Our ServiceBorn never reached the manager's database (or the database was restored
@@ -411,24 +417,27 @@ class ObserverService:
             await asyncio.sleep(self.settings.heartbeat_s)
             lag = self.watchdog.take_lag()
             metrics.LOOP_LAG.set(lag / 1000)
-            session = self.session
-            placement = None if session is None else session.placement
-            if session is not None and placement is not None and not session.closed.is_set() and not self.said_goodbye:
-                self.outbox.put(
-                    ServiceHeartbeat(
-                        service_id=self.service_id,
-                        session_id=session.id,
-                        running=len(self.runner.running),
-                        loop_lag_ms=round(lag, 3),
-                        refused=self.refusals.summary(),
-                        # What the consumers do, not what was asked: the balancer sends its
-                        # placement again while the two differ.
-                        priority=placement.priority,
-                        cordoned=placement.cordoned,
-                        pool_priorities=dict(placement.pools),
-                        start_queues=placement.start_queues,
-                    )
-                )
+            self._send_heartbeat(lag)
+
+    def _send_heartbeat(self, lag_ms: float) -> None:
+        session = self.session
+        placement = None if session is None else session.placement
+        if session is None or placement is None or session.closed.is_set() or self.said_goodbye:
+            return
+        heartbeat = ServiceHeartbeat(
+            service_id=self.service_id,
+            session_id=session.id,
+            running=len(self.runner.running),
+            loop_lag_ms=round(lag_ms, 3),
+            refused=self.refusals.summary(),
+            # What the consumers do, not what was asked: the balancer sends its placement
+            # again while the two differ, and moves nothing in their pools meanwhile.
+            priority=placement.priority,
+            cordoned=placement.cordoned,
+            pool_priorities=dict(placement.pools),
+            start_queues=placement.start_queues,
+        )
+        self.outbox.put(heartbeat)
 
     def _send_digest(self) -> None:
         session = self.session

@@ -8,10 +8,13 @@ loop runs it after the repairs (``manager/repairs/loop.py``), on the leader only
   ``hand_over``): each ends its copy first, then gives the start back to its queue, and the
   broker gives it to the highest priority with a free worker, so an observer never runs
   twice and is not running only for the moment the broker takes to deliver it again.
-* A pool where a placement changed moves nothing that round: its services consume under
-  the new priorities first, or the starts would go where the old ones point. The other
-  pools move as usual, and the pool itself moves the next round whatever changed in it
-  then (``Settle``): drains and uncordons flapping would otherwise hold it still.
+* A pool where a placement changed, or where a service has not yet confirmed the last one
+  sent (its heartbeat, sent at once once it consumes under it), moves nothing that round:
+  its services consume under the new priorities first, or the starts would go where the old
+  ones point, or to the one service of a queue whose other taker is between its cancel and
+  its consume. The other pools move as usual, and a pool held ``SETTLE_ROUNDS`` rounds
+  running moves the next whatever is unsettled in it then (``Settle``): drains and uncordons
+  flapping, or a service that never confirms, would otherwise hold it still.
 * The round's budget (``ORCH_BALANCE_MOVES_PER_S`` times the period) is spent on what is
   asked to move, drains first: a planned move of observers that cannot go (pinned, of a kind
   no taker runs) takes nothing from the others.
@@ -40,20 +43,24 @@ from shared.settings import ManagerSettings
 logger = logging.getLogger(__name__)
 
 _RESEND_AFTER_S = 10.0  # a placement a service's heartbeats do not confirm is sent again
+# A pool waits at most this many rounds running for its placements to settle: seconds on the
+# default period, enough for joins and a drain in consecutive rounds (docs/design.md).
+SETTLE_ROUNDS = 5
 _ASK_QUEUES_EVERY_S = 60.0  # how often the start queues a larger ORCH_START_QUEUES left are asked for
 
 
 class Settle:
-    """The pools that move nothing this round because a placement in them just changed; never
-    the same pool two rounds running, so that a pool whose placements change every round
-    (drain and uncordon requests flapping) still moves every other round."""
+    """The pools that move nothing this round because a placement in them is unsettled; never
+    the same pool more than ``rounds`` rounds running, so that a pool whose placements change
+    every round (drain and uncordon requests flapping) still moves every ``rounds + 1``-th."""
 
-    def __init__(self) -> None:
-        self._held: set[str] = set()
+    def __init__(self, rounds: int = SETTLE_ROUNDS) -> None:
+        self._rounds = rounds
+        self._running: dict[str, int] = {}  # pool: the rounds it has been held in a row
 
-    def held(self, changed: set[str]) -> set[str]:
-        held = changed - self._held
-        self._held = held
+    def held(self, unsettled: set[str]) -> set[str]:
+        held = {pool for pool in unsettled if self._running.get(pool, 0) < self._rounds}
+        self._running = {pool: self._running.get(pool, 0) + 1 for pool in held}
         return held
 
 
@@ -98,7 +105,8 @@ class BalanceRound:
         if changed:
             async with self.sessions.begin() as session:
                 await fleet_rows.set_drain_notes(session, changed)
-        waiting = self._settle.held({pool for m in fleet if m.id in placed for pool in m.pools})
+        unsettled = placed | {m.id for m in fleet if not self._confirmed(m.id)}
+        waiting = self._settle.held({pool for m in fleet if m.id in unsettled for pool in m.pools})
         names = {m.id: m.name for m in fleet}
         budget = math.ceil(self.moves_per_s * self.period_s)
         # A pool whose drain hands observers over this round, or is still landing, is not
@@ -166,6 +174,12 @@ class BalanceRound:
             )
             await self._publish(placement, m.name)
         return changed
+
+    def _confirmed(self, service_id: uuid.UUID) -> bool:
+        """Whether the service's heartbeats say it consumes under the placement last sent (one
+        not heard from yet counts as confirmed: the cap holds its pools at most a while)."""
+        sent = self._sent.get(service_id)
+        return sent is None or self.placements.get(service_id, sent[0]) == sent[0]
 
     async def _publish(self, message: SetPlacement | StopObservers, name: str) -> bool:
         """Send a command to one service. One the broker refuses (its control queue is on a

@@ -109,13 +109,23 @@ def test_one_service_under_the_tolerance_is_filled_from_those_above_their_share_
     assert sorted(m.count for m in decided.moves) == [548, 952]  # both down to 10,000, c up to it
 
 
-def test_a_pool_whose_placements_change_every_round_moves_every_other_round() -> None:
-    # Drain and uncordon requests flapping change a placement in "default" each round; a
-    # change in "gpu" once. Each pool waits one round after a change, never two running.
-    settle = Settle()
+def test_a_pool_whose_placements_never_settle_still_moves_after_a_few_rounds() -> None:
+    # Drain and uncordon requests flapping leave "default" unsettled every round; "gpu" is
+    # unsettled twice. Each pool waits while unsettled, never more than three rounds running.
+    settle = Settle(rounds=3)
     assert settle.held({"default"}) == {"default"}
-    assert settle.held({"default", "gpu"}) == {"gpu"}
-    assert settle.held({"default"}) == {"default"}
+    assert settle.held({"default", "gpu"}) == {"default", "gpu"}
+    assert settle.held({"default", "gpu"}) == {"default", "gpu"}
     assert settle.held({"default"}) == set()
+    assert settle.held({"default"}) == {"default"}
     assert settle.held(set()) == set()
     assert settle.held({"default"}) == {"default"}
+
+
+def test_a_join_then_a_drain_a_round_later_both_hold_the_pool() -> None:
+    # A service joins (its placement is new) and the next round a drain cordons another and
+    # changes the takers' priorities: the pool waits both rounds (with the default cap).
+    settle = Settle()
+    assert settle.held({"default"}) == {"default"}
+    assert settle.held({"default"}) == {"default"}
+    assert settle.held(set()) == set()

@@ -14,9 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.balance import fleet as fleet_rows
 from manager.balance.handovers import Handovers
 from manager.balance.plan import Member, Move
-from manager.balance.rounds import BalanceRound
+from manager.balance.rounds import SETTLE_ROUNDS, BalanceRound
 from manager.broker import BrokerLink
-from shared.messages import StopObservers
+from shared.messages import SetPlacement, StopObservers
 from shared.settings import ManagerSettings
 
 
@@ -49,51 +49,85 @@ def _member(name: str, running: int, **kw: Any) -> Member:
     return Member(service_id, name, 100, running, ("default",), kinds=frozenset({"probe"}), **kw)
 
 
+class _Round:
+    """A balancer over ``fleet`` (replace its items to change what the next round sees), its
+    rows and broker faked; ``placements`` is what the services' heartbeats report."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fleet: list[Member]) -> None:
+        self.fleet = fleet
+        self.placements: dict[uuid.UUID, Any] = {}
+        self.sent_placements: dict[uuid.UUID, SetPlacement] = {}
+
+        async def members(
+            session: object, busy_now: set[uuid.UUID]
+        ) -> tuple[list[Member], dict[uuid.UUID, str | None]]:
+            return [dataclasses.replace(m, busy=m.id in busy_now) for m in self.fleet], {}
+
+        async def movable(session: object, move: Move) -> list[tuple[uuid.UUID, uuid.UUID | None]]:
+            return [(uuid.uuid4(), None) for _ in range(move.count)]
+
+        async def set_drain_notes(session: object, notes: object) -> None:
+            return None
+
+        monkeypatch.setattr(fleet_rows, "members", members)
+        monkeypatch.setattr(fleet_rows, "movable", movable)
+        monkeypatch.setattr(fleet_rows, "set_drain_notes", set_drain_notes)
+        self.broker = _Broker()
+        settings = ManagerSettings(balance_moves_per_s=250, repair_interval_s=0.5)
+        sessions = cast(async_sessionmaker[AsyncSession], _Sessions())
+        self.balancer = BalanceRound(settings, sessions, cast(BrokerLink, self.broker), Handovers(), self.placements)
+
+    async def run(self) -> dict[str, int]:
+        """One round; how many observers it asked each service to hand over."""
+        await self.balancer.run()
+        names = {m.id: m.name for m in self.fleet}
+        stops = [m for m in self.broker.sent if isinstance(m, StopObservers)]
+        self.sent_placements |= {m.service_id: m for m in self.broker.sent if isinstance(m, SetPlacement)}
+        out: dict[str, int] = {}
+        for stop in stops:
+            assert stop.service_id is not None and stop.hand_over
+            out[names[stop.service_id]] = out.get(names[stop.service_id], 0) + len(stop.observer_ids)
+        self.broker.sent.clear()
+        return out
+
+    def confirm(self) -> None:
+        """Every service's heartbeat reports the placement last sent to it."""
+        for service_id, sent in self.sent_placements.items():
+            placed = (sent.priority, sent.cordoned, tuple(sorted(sent.pools.items())))
+            self.placements[service_id] = (placed, sent.start_queues)
+
+
 async def test_a_drain_and_an_even_load_move_are_not_made_in_one_round(monkeypatch: pytest.MonkeyPatch) -> None:
     # As CI met it: the first round moved 50 of 100 from "leaving" to stay-1 before stay-2
     # joined; then "leaving" is drained. Its 50 go to stay-2 (the emptiest, priority 2): stay-1
     # handing 25 to stay-2 in the same round made it 25 / 75, and the next round moved 24 back,
     # after the drain said "drained" and across the SIGTERM of the drained service.
-    fleet = [_member("leaving", 50, draining=True), _member("stay-1", 50), _member("stay-2", 0)]
-
-    async def members(session: object, busy_now: set[uuid.UUID]) -> tuple[list[Member], dict[uuid.UUID, str | None]]:
-        return [dataclasses.replace(m, busy=m.id in busy_now) for m in fleet], {}
-
-    async def movable(session: object, move: Move) -> list[tuple[uuid.UUID, uuid.UUID | None]]:
-        return [(uuid.uuid4(), None) for _ in range(move.count)]
-
-    async def set_drain_notes(session: object, notes: object) -> None:
-        return None
-
-    monkeypatch.setattr(fleet_rows, "members", members)
-    monkeypatch.setattr(fleet_rows, "movable", movable)
-    monkeypatch.setattr(fleet_rows, "set_drain_notes", set_drain_notes)
-    broker = _Broker()
-    handovers = Handovers()
-    settings = ManagerSettings(balance_moves_per_s=250, repair_interval_s=0.5)
-    balancer = BalanceRound(
-        settings, cast(async_sessionmaker[AsyncSession], _Sessions()), cast(BrokerLink, broker), handovers, {}
-    )
-    names = {m.id: m.name for m in fleet}
-
-    def asked() -> dict[str, int]:
-        stops = [m for m in broker.sent if isinstance(m, StopObservers)]
-        broker.sent.clear()
-        out: dict[str, int] = {}
-        for stop in stops:
-            assert stop.service_id is not None and stop.hand_over
-            out[names[stop.service_id]] = out.get(names[stop.service_id], 0) + len(stop.observer_ids)
-        return out
-
-    await balancer.run()  # the placements are new: the pool waits a round
-    assert asked() == {}
+    rounds = _Round(monkeypatch, [_member("leaving", 50, draining=True), _member("stay-1", 50), _member("stay-2", 0)])
+    assert await rounds.run() == {}  # the placements are new: the pool waits a round
 
     # When the round runs: the drain moves, nobody else
-    await balancer.run()
-    assert asked() == {"leaving": 50}
+    assert await rounds.run() == {"leaving": 50}
 
     # And while those hand-overs are still landing (the rows say stay-2 got 20 so far), the
     # pool waits for them rather than evening what it sees
-    fleet = [_member("leaving", 0, draining=True), _member("stay-1", 50), _member("stay-2", 20)]
-    await balancer.run()
-    assert asked() == {}
+    rounds.fleet[:] = [_member("leaving", 0, draining=True), _member("stay-1", 50), _member("stay-2", 20)]
+    assert await rounds.run() == {}
+
+
+async def test_a_drain_waits_until_the_takers_confirm_their_placements(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A drain's starts handed back while a taker was still consuming again under its new
+    # priority went all to the other taker on that queue (66 against 34, then 15 moved back):
+    # nothing moves while a heartbeat reports another placement than the one sent.
+    rounds = _Round(monkeypatch, [_member("leaving", 50, draining=True), _member("stay-1", 0), _member("stay-2", 0)])
+    rounds.placements.update({m.id: (("stale",), 1) for m in rounds.fleet})
+    assert await rounds.run() == {}  # placements sent
+    assert await rounds.run() == {}  # not confirmed yet
+    rounds.confirm()
+    assert await rounds.run() == {"leaving": 50}
+
+
+async def test_a_service_that_never_confirms_holds_its_pool_only_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    rounds = _Round(monkeypatch, [_member("leaving", 50, draining=True), _member("stay-1", 0), _member("old", 0)])
+    rounds.placements.update({m.id: (("stale",), 1) for m in rounds.fleet})
+    asked = [await rounds.run() for _ in range(SETTLE_ROUNDS + 1)]
+    assert asked == [{}] * SETTLE_ROUNDS + [{"leaving": 50}]
