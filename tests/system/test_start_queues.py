@@ -15,7 +15,9 @@ import httpx
 import pytest
 
 from shared import topology
+from tests.system.test_consumer_records import listed_consumers
 from tests.system.test_fencing import assert_never_on_two_services
+from tools import infra
 from tools.harness import System, free_port, probe_args, wait_for
 
 pytestmark = pytest.mark.usefixtures("with_test_plugin")
@@ -71,7 +73,9 @@ def test_no_service_runs_more_than_its_workers_and_a_free_worker_takes_any_queue
     assert_never_on_two_services(log)
 
 
-def test_starts_past_a_services_workers_go_back_unrun(system: System, tmp_path: Path) -> None:
+def test_starts_past_a_services_workers_go_back_unrun(
+    system: System, rabbit: infra.RabbitNode, vhost: str, tmp_path: Path
+) -> None:
     """svc-a's death requeues its six starts into the three queues at once, and svc-b, with two
     free workers, is offered two on each: it runs two, and what came past them goes back to
     wait for room, then runs on svc-c."""
@@ -85,7 +89,7 @@ def test_starts_past_a_services_workers_go_back_unrun(system: System, tmp_path: 
     # svc-a, full, consumes nothing: one consumer on each queue is svc-b's, once its placement
     # (within a balance round) told it of all three.
     queues = topology.start_queue_names("default", 3)
-    wait_for(lambda: all(system.queue_counts(q)[1] == 1 for q in queues), 30, "svc-b consuming every queue")
+    wait_for(lambda: [listed_consumers(rabbit, vhost, q) for q in queues] == [1] * 3, 30, "svc-b consuming every queue")
 
     victim.kill9()
 
