@@ -212,8 +212,8 @@ class HoldingConnection:
 
     async def place(self, placement: Placement) -> None:
         """Consume under ``placement``: a pool's start queues it names that are not consumed
-        yet are asked for (the first declared) and consumed first. Fewer than consumed leaves them all consumed:
-        starts may still wait in a queue the manager no longer publishes to."""
+        yet are asked for (the first declared) and consumed first. Fewer than consumed leaves
+        them all consumed: starts may still wait in a queue the manager no longer publishes to."""
         await self.starts.place(placement)
         for pool, prefetches in self._holds.items():
             for index in range(placement.start_queues):

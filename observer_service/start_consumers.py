@@ -199,7 +199,7 @@ class StartConsumers:
         """A pool over several queues whose consumers were cut to its free workers: a queue
         none of whose consumers has room left while the pool has a free worker would keep its
         starts waiting; its roomiest channel consumes again (one per queue: one record each)."""
-        if self._held[pool] >= self._workers[pool]:
+        if self._free(pool) <= 0:
             return
         by_queue: dict[str, list[_Consumer]] = {}
         for consumer in self._pools[pool]:
@@ -214,7 +214,7 @@ class StartConsumers:
         straight back. Each consumes again at the next slot given back."""
         async with self._changing:
             paused = self._consumers.get(id(raw))
-            if paused is None or self._held[paused.pool] < self._workers[paused.pool]:
+            if paused is None or self._free(paused.pool) > 0:
                 return
             for consumer in self._pools[paused.pool]:
                 self._set_cut(consumer, True)
