@@ -1,4 +1,4 @@
-"""The service's run loop: sessions, reports and graceful shutdown.
+"""The service's run loop: sessions, commands and graceful shutdown (what it reports: ``reports.py``).
 
     ServiceBorn ─► [session: consume, run observers, heartbeats, inventories] ─► lost?
          ▲                                                                       │
@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import functools
 import logging
-import os
 import signal
 import uuid
 from collections.abc import Mapping
@@ -29,11 +28,11 @@ from observer_service.inbox import Delivery, Inbox
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.refusals import Refusals
+from observer_service.reports import Reports
 from observer_service.runner import Runner
 from observer_service.session import Session
 from observer_service.start_consumers import Placement
 from observer_service.watchdog import GcPauses, LoopWatchdog
-from shared import __version__
 from shared.backoff import backoff_delay
 from shared.broker_nodes import BrokerNodes, node_name, warn_if_classic_on_cluster
 from shared.errors import BrokerRefused, BrokerUnavailable, DecodeError
@@ -45,12 +44,7 @@ from shared.messages import (
     IntroduceRequest,
     InventoryRequest,
     IsolateObservers,
-    ObserversDescribed,
     ObserversHandedOver,
-    ServiceBorn,
-    ServiceDigest,
-    ServiceHeartbeat,
-    ServiceInventory,
     ServiceStopped,
     SetPlacement,
     SetStartQueues,
@@ -60,7 +54,7 @@ from shared.messages import (
     decode_start,
 )
 from shared.outage import OutageLog
-from shared.settings import ServiceSettings, hostname
+from shared.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +103,12 @@ class ObserverService:
         self._moved_home = False
         self.gc_pauses = GcPauses()
         self.watchdog = LoopWatchdog(gc_pauses=self.gc_pauses)
+        self.reports = Reports(
+            self.service_id, self.outbox, self.runner, self.refusals, self.watchdog, self._reporting_session
+        )
+
+    def _reporting_session(self) -> Session | None:
+        return None if self.said_goodbye else self.session
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -116,7 +116,7 @@ class ObserverService:
             loop.add_signal_handler(sig, self.shutdown.set)
         if self.settings.metrics_port:
             self._serve_metrics()
-        self.outbox.put(self._born())
+        self.reports.born(self.settings)
         logger.info("service %s (%s) starting", self.settings.service_name, self.service_id)
         warn_if_classic_on_cluster(self.nodes.urls, self.settings.queue_type)
         # What API callers may make this service do (docs/threat-model.md), said once at start.
@@ -134,8 +134,8 @@ class ObserverService:
         loops = [
             asyncio.create_task(c)
             for c in (
-                self._heartbeat_loop(),
-                self._inventory_loop(),
+                self.reports.heartbeat_loop(self.settings.heartbeat_s),
+                self.reports.digest_loop(self.settings.inventory_s),
                 self.runner.gc.maintain(lambda: len(self.runner.running)),
             )
         ]
@@ -208,8 +208,8 @@ class ObserverService:
             self.session = session
             if session.placement != self.placement:
                 # Told while the session opened: its consumers still use the one it opened with.
-                self.runner.spawn(session.place(self.placement))
-            self._send_inventory()
+                self.runner.spawn(self._consume_under(session, self.placement))
+            self.reports.inventory()
             homing = self._watch_home(session)
             await _wait_any(self.shutdown, session.closed)
             if homing is not None:
@@ -303,20 +303,6 @@ class ObserverService:
         await session.close("service stopped")
         logger.info("service %s stopped", self.service_id)
 
-    def _born(self) -> ServiceBorn:
-        return ServiceBorn(
-            service_id=self.service_id,
-            name=self.settings.service_name,
-            workers_count=self.settings.workers_count,
-            process_slots=self.settings.process_slots,
-            pools=self.settings.pools,
-            kinds=sorted(self.runner.kinds),
-            kind_infos=[k.kind.announced_info() for k in self.runner.kinds.values()],
-            host=hostname(),
-            pid=os.getpid(),
-            version=__version__,
-        )
-
     # --- message handlers ----------------------------------------------------------------
 
     def _on_start(
@@ -350,11 +336,11 @@ class ObserverService:
                 queues = max(self.placement.start_queues, command.start_queues)
                 self._place(dataclasses.replace(self.placement, start_queues=queues))
             case InventoryRequest():
-                self._send_inventory()
+                self.reports.inventory()
             case IsolateObservers():
                 self.runner.probation.isolate(command.observer_ids, command.reason)
             case DescribeRequest():
-                self._describe(command.observer_ids)
+                self.reports.describe(command.observer_ids)
             case IntroduceRequest():
                 self._introduce(name_taken=command.name_taken)
 
@@ -372,7 +358,7 @@ class ObserverService:
         """Consume under ``placement``, then say so at once: the balancer moves nothing in a
         pool until its services' heartbeats confirm their placements (``manager/balance``)."""
         await session.place(placement)
-        self._send_heartbeat(self.watchdog.lag_ms)
+        self.reports.heartbeat()
 
     def _introduce(self, *, name_taken: bool) -> None:
         """Our ServiceBorn never reached the manager's database (or the database was restored
@@ -388,73 +374,8 @@ class ObserverService:
             self.settings = self.settings.model_copy(update={"service_name": name})
         else:
             logger.warning("the manager does not know this service: sending ServiceBorn again")
-        self.outbox.put(self._born())
-        self._send_inventory()
-
-    # --- periodic reports -----------------------------------------------------------------
-
-    def _describe(self, observer_ids: list[uuid.UUID]) -> None:
-        """The start messages of those we run, for the manager to adopt them (it lost their
-        rows). What we do not run we leave out: there is nothing to adopt."""
-        session = self.session
-        if session is None:
-            return
-        starts = [r.start() for oid in observer_ids if (r := self.runner.running.get(oid)) and r.session is session]
-        logger.warning("the manager has no row for %d observer(s) running here: describing them", len(starts))
-        self.outbox.put(ObserversDescribed(service_id=self.service_id, session_id=session.id, starts=starts), session)
-
-    def _send_inventory(self) -> None:
-        session = self.session
-        if session is None:
-            return
-        inventory = ServiceInventory(
-            service_id=self.service_id, observer_ids=self.runner.inventory(session), session_id=session.id
-        )
-        self.outbox.put(inventory, session)  # what it lists holds only while this session lives
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.heartbeat_s)
-            lag = self.watchdog.take_lag()
-            metrics.LOOP_LAG.set(lag / 1000)
-            self._send_heartbeat(lag)
-
-    def _send_heartbeat(self, lag_ms: float) -> None:
-        session = self.session
-        placement = None if session is None else session.placement
-        if session is None or placement is None or session.closed.is_set() or self.said_goodbye:
-            return
-        heartbeat = ServiceHeartbeat(
-            service_id=self.service_id,
-            session_id=session.id,
-            running=len(self.runner.running),
-            loop_lag_ms=round(lag_ms, 3),
-            refused=self.refusals.summary(),
-            # What the consumers do, not what was asked: the balancer sends its placement
-            # again while the two differ, and moves nothing in their pools meanwhile.
-            priority=placement.priority,
-            cordoned=placement.cordoned,
-            pool_priorities=dict(placement.pools),
-            start_queues=placement.start_queues,
-        )
-        self.outbox.put(heartbeat)
-
-    def _send_digest(self) -> None:
-        session = self.session
-        if session is None:
-            return
-        count, digest_hex = self.runner.running.digest(session)
-        digest = ServiceDigest(service_id=self.service_id, session_id=session.id, count=count, digest=digest_hex)
-        self.outbox.put(digest, session)
-
-    async def _inventory_loop(self) -> None:
-        """Anti-entropy: every ``inventory_s`` a digest of what this session runs; the manager
-        asks for the whole list only when its rows disagree (``InventoryRequest``). The list
-        itself goes once per session, at its start."""
-        while True:
-            await asyncio.sleep(self.settings.inventory_s)
-            if self.session is not None and not self.session.closed.is_set() and not self.said_goodbye:
-                self._send_digest()
+        self.reports.born(self.settings)
+        self.reports.inventory()
 
 
 async def _ended(task: asyncio.Task[None]) -> None:
