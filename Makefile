@@ -18,7 +18,7 @@ export ORCH_BROKER_NODES := $(BROKER_NODES)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: venv infra-up infra-down migrate run test test-unit test-broker test-postgres lint compose-check alerts-check bench bench-quick bench-tls bench-traces bench-versions bench-scale bench-cluster ci clean
+.PHONY: venv infra-up infra-down migrate run test test-unit test-broker test-quorum test-postgres lint compose-check alerts-check bench bench-quick bench-tls bench-traces bench-versions bench-scale bench-cluster ci clean
 
 venv: $(VENV)/.installed
 
@@ -58,6 +58,14 @@ BROKER_TESTS = $(addprefix tests/system/,test_lifecycle.py test_ack_timeout.py t
 
 test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)
+
+# Placement, even load, drains and a pool over several start queues with every queue a quorum
+# queue, on the one node (a cluster's queues are quorum): a quorum queue keeps a cancelled
+# consumer's record and redelivers otherwise, and the races of consuming again differ.
+QUORUM_TESTS = $(addprefix tests/system/,test_placement.py test_balance.py test_start_queues.py)
+
+test-quorum: venv infra-up
+	$(PY) -m pytest --queue-type=quorum $(PYTEST_ARGS) $(QUORUM_TESTS)
 
 # The tests that lean on the database, which CI runs on PostgreSQL 17 besides the default 15
 # (docs/broker-versions.md), in about 3 minutes: the core flow, the migrations (every one, on

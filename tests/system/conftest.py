@@ -28,6 +28,15 @@ TEMPLATE_DB = "orch_test_template"
 _BATCH = 8  # vhosts made per rabbitmqctl call
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--queue-type",
+        choices=("classic", "quorum"),
+        help="every process a System starts declares its queues of this type (ORCH_QUEUE_TYPE): "
+        "make test-quorum runs the placement suites so on one node",
+    )
+
+
 @pytest.fixture(scope="session")
 def rabbit() -> infra.RabbitNode:
     infra.up()
@@ -173,6 +182,9 @@ def system(
     rabbit: infra.RabbitNode, vhost: str, database: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[System]:
     sysm = System(amqp_url=rabbit.url_for(vhost), database_url=database, workdir=tmp_path)
+    queue_type = request.config.getoption("--queue-type", default=None)
+    if queue_type:
+        sysm.env["ORCH_QUEUE_TYPE"] = queue_type
     yield sysm
     sysm.stop_all()
     report = getattr(request.node, "rep_call", None)
