@@ -9,8 +9,10 @@
   million of them while the broker used 1.3 to 1.6 CPU s, and what one costs varies too much
   to turn one figure into the other. The states are thread time, not CPU: on busy cores they
   include time the OS gave to other processes;
-* the collections of the process with the largest heap (the start queue's, a gigabyte at
-  1,000,000), traced: minor and major collections and the seconds they took. A major
+* the collections of one process, traced: the one with the largest heap when measuring starts
+  (the start queue's, a gigabyte, with 1,000,000 held), or a queue named (a create from empty
+  grows the start queue's heap only while it runs): minor and major collections and the
+  seconds they took. A major
   collection (or a hibernation, which compacts the heap) of a gigabyte is a cost the node's
   collection count cannot tell from a thousand small ones.
 
@@ -48,11 +50,19 @@ _MARK = (
     " erlang:system_flag(microstate_accounting, reset), erlang:system_flag(microstate_accounting, true),"
     f" case whereis({_TRACER}) of undefined -> ok; Old -> exit(Old, kill) end,"
     f" {_TRACE_LOOP},"
-    " {_, Big} = lists:max([{H, P} || P <- erlang:processes(),"
-    "   {total_heap_size, H} <- [erlang:process_info(P, total_heap_size)]]),"
+    " Big = {traced},"
     f" Tracer = spawn(fun() -> Loop(0, 0, 0, none) end), register({_TRACER}, Tracer),"
     " erlang:trace(Big, true, [garbage_collection, monotonic_timestamp, {tracer, Tracer}]),"
     ' io:format("traced ~p~n", [proc_lib:translate_initial_call(Big)]), ok.'
+)
+_LARGEST_HEAP = (
+    "element(2, lists:max([{H, P} || P <- erlang:processes(),"
+    " {total_heap_size, H} <- [erlang:process_info(P, total_heap_size)]]))"
+)
+# A classic queue's process, or a quorum queue's Ra server on this node.
+_QUEUE_PROCESS = (
+    'case rabbit_amqqueue:lookup(rabbit_misc:r(<<"{vhost}">>, queue, <<"{queue}">>)) of'
+    " {{ok, Q}} -> case amqqueue:get_pid(Q) of {{RaName, _}} -> whereis(RaName); P -> P end end"
 )
 _SINCE = (
     f"{{ok, S0}} = application:get_env(rabbit, {_KEY}), application:unset_env(rabbit, {_KEY}),"
@@ -96,9 +106,11 @@ def busy_seconds(msacc_output: str) -> dict[str, float]:
     return {k: round(v, 2) for k, v in sorted(busy.items(), key=lambda kv: -kv[1]) if v >= 0.01}
 
 
-def mark(rabbit: infra.RabbitNode) -> str:
-    """Start measuring; returns the kind of process whose collections are traced."""
-    printed = rabbit.ctl("eval", _MARK, timeout=60)
+def mark(rabbit: infra.RabbitNode, queue: tuple[str, str] | None = None) -> str:
+    """Start measuring; returns the kind of process whose collections are traced: ``queue``'s
+    (vhost, name), or the one with the largest heap now."""
+    traced = _LARGEST_HEAP if queue is None else _QUEUE_PROCESS.format(vhost=queue[0], queue=queue[1])
+    printed = rabbit.ctl("eval", _MARK.replace("{traced}", traced), timeout=60)
     found = _TRACED_KIND.search(printed)
     return f"{found[1]}:{found[2]}/{found[3]}" if found else "?"
 

@@ -3,8 +3,10 @@ flat, and where does a series spend more?
 
     python -m bench.create_curve                              # 4.3 and 3.10, 1,000,000 idle
     python -m bench.create_curve --series 4.3 --n 300000
+    python -m bench.create_curve --series 4.3 --queue-types classic,quorum
 
-Per series, in a process of its own (``ORCH_RABBITMQ``: ``tools.infra`` starts that node), as
+Per series and queue type (``ORCH_QUEUE_TYPE``; classic, the one node's default, unless
+asked), in a process of its own (``ORCH_RABBITMQ``: ``tools.infra`` starts that node), as
 ``bench.scale`` sets it up (a fresh vhost and database, the manager and three services at the
 product's defaults), N idle observers are created in bulk (8 requests of 1,000 in flight), and:
 
@@ -12,7 +14,7 @@ product's defaults), N idle observers are created in bulk (8 requests of 1,000 i
 * the time until all are Processing;
 * CPU seconds per part (broker, PostgreSQL, manager, services) over the create;
 * the broker's work over the create (``bench/broker_work.py``): reductions per kind of
-  process, its threads' busy seconds per state, the largest heap's collections.
+  process, its threads' busy seconds per state, the start queue's collections.
 
 Results: ``bench/results/create-curve-<UTC time>.json``.
 """
@@ -35,6 +37,7 @@ from bench.curve import Point
 from bench.fresh import fresh_system
 from bench.run import RESULTS, aligned, machine
 from bench.scale import SCALE_ENV, ScalePoint, Watch, _teardown
+from shared import topology
 from tools import infra
 from tools.infra.brokers import RELEASES, SERIES_ENV_VAR
 
@@ -55,19 +58,19 @@ def rate_by_tenth(began: float, accepted: list[float], per_request: int) -> list
     return rates
 
 
-async def _measure(n: int) -> dict[str, Any]:
+async def _measure(n: int, queue_type: str) -> dict[str, Any]:
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
     tag = f"bench_create_{int(time.time())}"
     system = fresh_system(rabbit, postgres, tag, f"orch-create-{n}-")
-    system.env |= SCALE_ENV
+    system.env |= SCALE_ENV | {"ORCH_QUEUE_TYPE": queue_type}
     point = Point(n, "idle", settings=dict(SCALE_ENV))
-    result: dict[str, Any] = {"n": n, "machine": machine(), "logs": str(system.workdir)}
+    result: dict[str, Any] = {"n": n, "queue_type": queue_type, "machine": machine(), "logs": str(system.workdir)}
     scale = ScalePoint(system, point, rabbit, Watch(system.procs))
     try:
         await scale.start()
         await asyncio.sleep(2)
         roots = scale.product_pids()
-        traced = broker_work.mark(rabbit)
+        traced = broker_work.mark(rabbit, (tag, topology.start_queue_name("default", 0)))  # it grows meanwhile
         cpu_before = profile.cpu_seconds(roots)
         began = time.monotonic()
         accepted = await scale.bulk_create(n, "idle", {})
@@ -86,17 +89,18 @@ async def _measure(n: int) -> dict[str, Any]:
     return result
 
 
-def run_series(series: str, n: int, out: Path) -> dict[str, Any]:
+def run_series(series: str, queue_type: str, n: int, out: Path) -> dict[str, Any]:
     env = os.environ | {SERIES_ENV_VAR: series}
-    print(f"== RabbitMQ {series}: {n:,} idle observers created", flush=True)
-    subprocess.run([sys.executable, "-m", "bench.create_curve", "--n", str(n), "--one", str(out)], env=env, check=True)
+    print(f"== RabbitMQ {series}, {queue_type} queues: {n:,} idle observers created", flush=True)
+    child = [sys.executable, "-m", "bench.create_curve", "--n", str(n), "--queue-types", queue_type, "--one", str(out)]
+    subprocess.run(child, env=env, check=True)
     result: dict[str, Any] = json.loads(out.read_text())
     out.unlink()
     return result
 
 
 def side_by_side(runs: dict[str, dict[str, Any]]) -> str:
-    heads = [f"{series} ({run['machine']['rabbitmq']})" for series, run in runs.items()]
+    heads = [f"{name} ({run['machine']['rabbitmq']})" for name, run in runs.items()]
     rows: list[tuple[str, ...]] = [("figure", *heads)]
     rows.append(("accepted /s", *(f"{r['create_rate']:,.0f}" for r in runs.values())))
     for k in range(TENTHS):
@@ -130,19 +134,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--series", default="4.3,3.10", help=f"comma-separated, of {', '.join(RELEASES)}")
     parser.add_argument("--n", type=int, default=1_000_000)
+    parser.add_argument("--queue-types", default="classic", help="comma-separated, of classic and quorum")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # a child: this series only, into this file
     args = parser.parse_args(argv)
     if args.one is not None:
         infra.up()
-        args.one.write_text(json.dumps(asyncio.run(_measure(args.n)), indent=2))
+        args.one.write_text(json.dumps(asyncio.run(_measure(args.n, args.queue_types)), indent=2))
         return 0
     started = datetime.now(UTC)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"create-curve-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     runs: dict[str, dict[str, Any]] = {}
+    types = [t.strip() for t in args.queue_types.split(",") if t.strip()]
     for series in (s.strip() for s in args.series.split(",") if s.strip()):
-        runs[series] = run_series(series, args.n, out.with_suffix(f".{series}.part"))
-        out.write_text(json.dumps({"started": started.isoformat(), "n": args.n, "runs": runs}, indent=2))
+        for queue_type in types:
+            name = series if types == ["classic"] else f"{series} {queue_type}"
+            runs[name] = run_series(series, queue_type, args.n, out.with_suffix(f".{series}.{queue_type}.part"))
+            out.write_text(json.dumps({"started": started.isoformat(), "n": args.n, "runs": runs}, indent=2))
     print(side_by_side(runs))
     print(f"\nresults written to {out}")
     return 0
