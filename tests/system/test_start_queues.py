@@ -122,7 +122,9 @@ def test_a_service_killed_moves_its_observers_once_over_several_queues(system: S
     assert_never_on_two_services(log)
 
 
-def test_one_queue_becomes_three_and_back_with_nothing_lost(system: System, tmp_path: Path) -> None:
+def test_one_queue_becomes_three_and_back_with_nothing_lost(
+    system: System, rabbit: infra.RabbitNode, vhost: str, tmp_path: Path
+) -> None:
     log = tmp_path / "ticks.log"
     manager = system.start_manager()
     system.start_service("svc-a", workers=25)  # never full: it consumes every queue throughout
@@ -133,7 +135,8 @@ def test_one_queue_becomes_three_and_back_with_nothing_lost(system: System, tmp_
     manager = system.start_manager(ORCH_START_QUEUES="3")
     ids += create(system, log, [f"three-{i}" for i in range(10)])
     wait_for(lambda: all_processing(system, ids), 30, "running over three queues")
-    wait_for(lambda: system.queue_counts(topology.start_queue_name("default", 2))[1] == 1, 30, "queue 2 consumed")
+    third = topology.start_queue_name("default", 2)
+    wait_for(lambda: listed_consumers(rabbit, vhost, third) == 1, 30, "queue 2 consumed")
 
     # Back to one: the manager publishes to the first queue only, and the services go on
     # consuming the other two, where starts of running observers are held.
@@ -143,7 +146,7 @@ def test_one_queue_becomes_three_and_back_with_nothing_lost(system: System, tmp_
     wait_for(lambda: all_processing(system, ids), 30, "running after the return to one queue")
     later = system.start_service("svc-b", workers=20)
     # The newcomer is told of the third queue too (the manager finds it still there).
-    wait_for(lambda: system.queue_counts(topology.start_queue_name("default", 2))[1] == 2, 30, "queue 2 by both")
+    wait_for(lambda: listed_consumers(rabbit, vhost, third) == 2, 30, "queue 2 by both")
 
     # svc-a dies: its starts, in all three queues, go to svc-b.
     system.procs[1].kill9()
