@@ -59,10 +59,11 @@ BROKER_TESTS = $(addprefix tests/system/,test_lifecycle.py test_ack_timeout.py t
 test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)
 
-# Placement, even load, drains and a pool over several start queues with every queue a quorum
-# queue, on the one node (a cluster's queues are quorum): a quorum queue keeps a cancelled
-# consumer's record and redelivers otherwise, and the races of consuming again differ.
-QUORUM_TESTS = $(addprefix tests/system/,test_placement.py test_balance.py test_start_queues.py)
+# Placement, even load, drains, a pool over several start queues and a start queue deleted
+# with every queue a quorum queue, on the one node (a cluster's queues are quorum): a quorum
+# queue keeps a cancelled consumer's record, redelivers otherwise, and is cancelled before
+# its record goes; the races of consuming again differ.
+QUORUM_TESTS = $(addprefix tests/system/,test_placement.py test_balance.py test_start_queues.py test_consumer_cancel.py test_queue_markers.py)
 
 test-quorum: venv infra-up
 	$(PY) -m pytest --queue-type=quorum $(PYTEST_ARGS) $(QUORUM_TESTS)

@@ -1,7 +1,7 @@
 """Questions the manager asks the broker on connections of their own, apart from its
 publishing and consuming connection (``manager/broker.py``): whether services' connections
 live (liveness), a touch of each start queue (the queue waker), which start queues exist, and
-the rebuild marker.
+the rebuild marker; and the deletion of queue markers services gone left.
 
 Each of them may close the channel it runs on (a passive declare of a queue that does not
 exist, or that another connection holds exclusively), and a slow answer to one must hold up
@@ -188,16 +188,29 @@ class BrokerProbes:
                 self._waker_channel = None
             raise BrokerUnavailable(f"cannot {what}: {e!r}") from e
 
-    async def _exists(self, queue: str) -> bool:
-        """A passive declare of ``queue`` (a call to its process): False if the broker says it
-        does not exist."""
+    async def delete_exchanges(self, names: Iterable[str]) -> None:
+        """Delete the named exchanges (one that does not exist is no error: RabbitMQ answers
+        ``exchange.delete`` of a missing exchange with delete-ok, 3.10 to 4.3)."""
+        async with self._waker_questions("delete the queue markers of services gone"):
+            channel = await self._waker_ready()
+            for name in names:
+                async with asyncio.timeout(_ANSWER_TIMEOUT_S):
+                    await channel.exchange_delete(name)
+
+    async def _waker_ready(self) -> aiormq.abc.AbstractChannel:
         if self._waker is None or self._waker.is_closed:
             self._waker = await aiormq.connect(self._url(), client_properties=_named("manager: queue waker"))
         if self._waker_channel is None or self._waker_channel.is_closed:
             self._waker_channel = await self._waker.channel()
+        return self._waker_channel
+
+    async def _exists(self, queue: str) -> bool:
+        """A passive declare of ``queue`` (a call to its process): False if the broker says it
+        does not exist."""
+        channel = await self._waker_ready()
         try:
             async with asyncio.timeout(_ANSWER_TIMEOUT_S):
-                await self._waker_channel.queue_declare(queue, passive=True)
+                await channel.queue_declare(queue, passive=True)
         except aiormq.exceptions.ChannelNotFoundEntity:
             return False
         return True

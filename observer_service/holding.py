@@ -48,6 +48,7 @@ from shared import topology
 from shared.amqp_errors import describe_close, refusal
 from shared.errors import DecodeError
 from shared.messages import ControlMessage, decode_control
+from shared.topology import marker_name
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,11 @@ class HoldingConnection:
         self._refused: dict[str, dict[str, str]] = {}  # pool -> its queues refused, and why
         # pool -> the indexes of its start queues consumed, or to be once declared or allowed
         self._indexes: dict[str, set[int]] = {}
-        self._watch_id = uuid.uuid4().hex  # names its queue markers (``queue_watch.mark``)
+        self._markers: queue_watch.Markers | None = None  # of the start queues held, once open
+        self._verdicts: list[asyncio.Task[None]] = []  # whether a cancelled consumer's queue went
+        # Markers (session, queue) of earlier sessions to delete; after the close, this one's
+        # too when its connection was lost (``queue_watch.py``): the service's next session's.
+        self.markers_left: list[tuple[str, str]] = []
 
     async def open(
         self,
@@ -127,13 +132,17 @@ class HoldingConnection:
         holds: list[tuple[str, list[int]]],
         on_refused: RefusedHandler,
         session_id: uuid.UUID | None = None,
+        markers_left: list[tuple[str, str]] | None = None,
     ) -> None:
         """Connect, take the lease, declare the control queue and consume each pool's start
-        queue on channels of the given prefetches (``holds``: pool, prefetch per channel)."""
+        queue on channels of the given prefetches (``holds``: pool, prefetch per channel);
+        delete ``markers_left`` by earlier sessions."""
         self._on_start, self._on_control, self._on_refused = on_start, on_control, on_refused
         self._settle_wakeup = asyncio.Event()
+        self.markers_left = list(markers_left or ())
         self._connection = await aio_pika.connect(url, client_properties={"connection_name": name})
         self._connection.close_callbacks.add(self._on_closed)
+        self._markers = queue_watch.Markers(self._connection, (session_id or uuid.uuid4()).hex)
         self._lease_channel = await self._channel(confirms=self._quorum)
         if self._quorum:
             await topology.declare_lease_queue(self._lease_channel)
@@ -161,6 +170,8 @@ class HoldingConnection:
             asyncio.create_task(self._settle_loop(), name="settle"),
             asyncio.create_task(self._watch_queues(), name="watch queues"),
         ]
+        if self.markers_left:
+            self._spawn(self._forget_left(), "delete earlier sessions' markers")
 
     async def _declare_control_queue(
         self, work: AbstractChannel, service_id: uuid.UUID, session_id: uuid.UUID | None
@@ -201,11 +212,15 @@ class HoldingConnection:
         # posted only once its report was confirmed, so it is owed to the broker.
         if self._connection is not None and not self._connection.is_closed:
             await self._send_settles()
-        for task in self._tasks:
+        for task in self._tasks + self._verdicts:
             task.cancel()
-        for task in self._tasks:
+        for task in self._tasks + self._verdicts:
             with contextlib.suppress(BaseException):
                 await task
+        if self._markers is not None:
+            left = self.markers_left + [(self._markers.session, queue) for queue in self._markers.marked]
+            alive = self._connection is not None and not self._connection.is_closed
+            self.markers_left = [] if alive and await self._markers.forget(self.markers_left) else left
         if self._connection is not None and not self._connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._connection.close(), 5)
@@ -260,6 +275,8 @@ class HoldingConnection:
             await declare.close()
         for prefetch in prefetches:
             await self._hold_on_new_channel(pool, queue.name, prefetch, sum(prefetches))
+        if self._markers is not None:  # after the consume, not to delay it
+            self._spawn(self._markers.mark(queue.name), f"mark {name}")
         refused.pop(name, None)
         self._to_main.post(self._on_refused, pool, next(iter(refused.values()), None))
 
@@ -291,30 +308,41 @@ class HoldingConnection:
         longer this service's to run: the session's end fences them at once, and the next
         session declares the queues again and consumes. Ending the whole session costs a
         move of the other observers too, but keeps one rule for every loss of a lease:
-        deliveries belong to a session, and a session is whole or gone. For a start queue it
-        is first asked whether the queue was deleted (``queue_watch.py``)."""
+        deliveries belong to a session, and a session is whole or gone. For a start queue,
+        whether the queue was deleted is asked beside (``queue_watch.py``): the service
+        waits for the answer (``deleted_pools``) after the fence, before its next session."""
 
         def cancelled(frame: aiormq.spec.Basic.Cancel) -> None:
-            if not self._closing:
-                self._spawn(self._cancelled(queue, pool, frame.consumer_tag), f"cancelled on {queue}")
+            if self._closing:
+                return
+            if pool is not None and self._markers is not None:
+                self._verdicts.append(asyncio.create_task(self._verdict(self._markers, queue, pool)))
+            why = "the queue was deleted, its node went down, or a quorum queue's consumer timeout fired"
+            self._fail(f"the broker cancelled the consumer of {queue} (consumer tag {frame.consumer_tag}): {why}", None)
 
         channel.on_consumer_cancel_callbacks.add(cancelled)
 
-    async def _cancelled(self, queue: str, pool: str | None, tag: str | None) -> None:
-        gone = pool is not None and self._connection is not None and await queue_watch.deleted(self._connection, queue)
-        if gone and pool is not None:
+    async def _verdict(self, markers: queue_watch.Markers, queue: str, pool: str) -> None:
+        if await markers.verdict(queue):
             self.gone_pools.add(pool)
-        why = (
-            "the queue was deleted"
-            if gone
-            else "the queue was deleted, its node went down, or a quorum queue's consumer timeout fired"
-        )
-        self._fail(f"the broker cancelled the consumer of {queue} (consumer tag {tag}): {why}", None)
+
+    async def deleted_pools(self) -> set[str]:
+        """The pools whose start queue was deleted while this session held starts from it,
+        once every cancelled consumer's queue has been asked about."""
+        for task in self._verdicts:
+            with contextlib.suppress(Exception):
+                await task
+        return set(self.gone_pools)
+
+    async def _forget_left(self) -> None:
+        assert self._connection is not None
+        if await queue_watch.delete_markers(self._connection, [marker_name(s, q) for s, q in self.markers_left]):
+            self.markers_left = []
 
     async def _watch_queues(self) -> None:
         """While the start queues are not consumed (cordoned), no cancel says one was deleted:
         ``queue_watch.while_cordoned`` asks, and a deletion ends the session."""
-        assert self._connection is not None
+        assert self._markers is not None
 
         def queues() -> list[tuple[str, str]]:
             return [
@@ -330,7 +358,7 @@ class HoldingConnection:
         def closing() -> bool:
             return self._closing
 
-        await queue_watch.while_cordoned(self._connection, self._watch_id, closing, self.starts.consuming, queues, gone)
+        await queue_watch.while_cordoned(self._markers, closing, self.starts.consuming, queues, gone)
 
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle

@@ -6,24 +6,28 @@ the manager's slow lost-start repair (131 s seen). So the service tells the mana
 starts died with the queue (``StartsGone``), and the manager publishes them again at once.
 
 That must be said only when the queue was truly deleted: a start published again while the
-first copy still exists would run twice. The broker's ``basic.cancel`` carries no reason (a
-deleted queue, a quorum queue's consumer timeout, a classic queue whose node went down), so a
-passive declare settles it: "no queue" is a deletion; a 404 that says the queue's home node
-is down is not (its messages come back with the node), nor is anything else.
+first copy still exists would run twice. Asking whether the queue exists is not enough:
+* another service that saw the deletion declares the queue again within milliseconds;
+* the broker's ``basic.cancel`` carries no reason (a deleted queue, a quorum queue's consumer
+  timeout, a classic queue whose node went down), and a quorum queue is cancelled before its
+  record goes: ``rabbit_quorum_queue:delete/4`` deletes the Raft cluster, waits up to its
+  ``DELETE_TIMEOUT`` (5 s) for the leader to stop, and only then deletes the record (and, before
+  4.3, the bindings). A passive declare right after the cancel finds the queue.
+So each session binds every start queue it holds to an auto-delete exchange of its own (a
+marker, ``orch.watch.<session>.<queue>``): deleting the queue removes the binding, and with its
+last binding the broker deletes the exchange. A marker gone is a deletion, whether or not the
+queue exists again. After a cancel the marker is watched for ``VERDICT_WITHIN_S``; a queue not
+marked yet is asked about once ("no queue" is a deletion; a 404 that says the queue's home node
+is down is not: its messages come back with the node).
 
 A service that consumes nothing (cordoned: a drain) gets no ``basic.cancel`` at all, and its
 held deliveries vanish silently (a later nack or ack of them does nothing). So while it does
-not consume, the holding connection asks about each of its pools' queues every
-``WATCH_EVERY_S``. Asking whether the queue exists is not enough: another service that saw
-the deletion declares the queue again within milliseconds, before the next question (CI saw
-it: the cordoned service's twenty starts were gone and it never said so). So the watch binds
-the queue to an auto-delete exchange of its own (a marker): deleting the queue removes the
-binding, and with its last binding the broker deletes the exchange. A marker gone is a
-deletion, whether or not the queue exists again. A queue is marked within ``MARK_WITHIN_S``
-of the cordon; a deletion in that moment is still missed if the queue is declared again
-before the mark. The marker is deleted when the watch ends;
-a process killed meanwhile leaves it bound to the queue (an empty fanout exchange, nothing
-routed through it) until the queue goes.
+not consume, its markers are asked about every ``WATCH_EVERY_S``.
+
+A session's markers go when it closes with its connection alive; those of a connection lost
+at the service's next session (``HoldingConnection.markers_left``), those of a process killed
+when the manager forgets the service (``ForgetServices``, ``manager/repairs/housekeeping.py``):
+meanwhile each is an empty fanout exchange, nothing routed through it.
 """
 
 from __future__ import annotations
@@ -32,78 +36,123 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
 
+from shared.topology import marker_name
+
 logger = logging.getLogger(__name__)
 
 WATCH_EVERY_S = 3.0
-# A cordoned service marks its queues this soon: a deletion before the marker is missed if the
-# queue is declared again meanwhile.
-MARK_WITHIN_S = 0.25
+# RabbitMQ's DELETE_TIMEOUT for a quorum queue's Raft cluster (5 s in 3.10 to 4.3), and a margin.
+VERDICT_WITHIN_S = 6.0
+_VERDICT_EVERY_S = 0.1
 # Asked within ``asyncio.timeout``, never ``wait_for``: 3.11's ``wait_for`` runs the question as
 # a task of its own, and when the session's close cancels it as the broker refuses the question,
 # aiormq turns the cancel into the refusal, which nobody retrieves: an ERROR with a traceback.
 _ASK_WITHIN_S = 5.0
 
 
+class Markers:
+    """The markers of one session's start queues, on its holding connection (its loop only)."""
+
+    def __init__(self, connection: AbstractConnection, session: str) -> None:
+        self._connection = connection
+        self.session = session
+        self.marked: set[str] = set()
+
+    async def mark(self, queue: str) -> None:
+        """Bind ``queue`` to a new marker; a failure leaves it unmarked (asked about instead)."""
+        if queue in self.marked:
+            return
+        try:
+            async with asyncio.timeout(_ASK_WITHIN_S):
+                channel = await self._connection.channel(publisher_confirms=False)
+                name = marker_name(self.session, queue)
+                exchange = await channel.declare_exchange(name, "fanout", durable=False, auto_delete=True)
+                declared = await channel.get_queue(queue, ensure=True)
+                await declared.bind(exchange)
+        except Exception:  # noqa: BLE001 - the connection is failing, or the queue is gone
+            return
+        self.marked.add(queue)
+        with contextlib.suppress(Exception):
+            await channel.close()
+
+    async def gone(self, queue: str) -> bool:
+        """Whether ``queue`` was deleted: by its marker, or, unmarked, by the queue itself
+        (then marked, unless deleted)."""
+        if queue in self.marked:
+            return await self._marker_gone(queue)
+        if await deleted(self._connection, queue):
+            return True
+        await self.mark(queue)
+        return False
+
+    async def verdict(self, queue: str) -> bool:
+        """After a ``basic.cancel`` on ``queue``: whether it was deleted, watching its marker
+        for up to ``VERDICT_WITHIN_S`` while the broker finishes the deletion."""
+        if queue not in self.marked:
+            return await deleted(self._connection, queue)
+        until = time.monotonic() + VERDICT_WITHIN_S
+        while not await self._marker_gone(queue):
+            if time.monotonic() >= until:
+                logger.info("%s was not deleted: its consumer was cancelled for another reason", queue)
+                return False
+            await asyncio.sleep(_VERDICT_EVERY_S)
+        return True
+
+    async def _marker_gone(self, queue: str) -> bool:
+        name = marker_name(self.session, queue)
+        if await _not_found(self._connection, lambda channel: channel.get_exchange(name, ensure=True)) is None:
+            return False
+        self.marked.discard(queue)
+        _say_deleted(queue)
+        return True
+
+    async def forget(self, sessions: Iterable[tuple[str, str]] = ()) -> bool:
+        """Delete this session's markers, and those named (session, queue) of earlier ones;
+        False if that failed."""
+        names = [marker_name(self.session, q) for q in self.marked] + [marker_name(s, q) for s, q in sessions]
+        self.marked.clear()
+        return await delete_markers(self._connection, names)
+
+
+async def delete_markers(connection: AbstractConnection, names: list[str]) -> bool:
+    """Delete the named markers (one already gone is no error: ``exchange.delete`` of a
+    missing exchange is answered ok); False if that failed."""
+    if not names:
+        return True
+    try:
+        async with asyncio.timeout(_ASK_WITHIN_S + len(names) / 100):
+            channel = await connection.channel(publisher_confirms=False)
+            for name in names:
+                await channel.exchange_delete(name)
+            await channel.close()
+    except Exception:  # noqa: BLE001 - the connection is failing: left for later
+        return False
+    return True
+
+
 async def while_cordoned(
-    connection: AbstractConnection,
-    watch_id: str,
+    markers: Markers,
     closing: Callable[[], bool],
     consuming: Callable[[], bool],
     queues: Callable[[], list[tuple[str, str]]],
     gone: Callable[[str, str], None],
 ) -> None:
     """Watch a holding connection's start queues (``queues``: pool, queue) while it consumes
-    none of them: each is marked within ``MARK_WITHIN_S`` of the cordon and its marker asked
-    about every ``WATCH_EVERY_S``; consuming again, the markers go. The first deletion seen
-    is told (``gone``) and ends the watch; so does the task's cancel, unmarking."""
-    marked: set[str] = set()
-    unmarkable: set[str] = set()  # the broker refused the marker: the queue is asked about
-    asked_at = 0.0
-    try:
-        while True:
-            await asyncio.sleep(MARK_WITHIN_S)
-            if closing():
-                continue
-            if consuming():
-                for queue in list(marked):
-                    await unmark(connection, watch_id, queue)
-                    marked.discard(queue)
-                unmarkable.clear()
-                continue
-            ask = time.monotonic() - asked_at >= WATCH_EVERY_S
-            for pool, queue in queues():
-                if await _gone(connection, watch_id, queue, marked, unmarkable, ask):
-                    marked.discard(queue)
-                    gone(pool, queue)
-                    return
-            if ask:
-                asked_at = time.monotonic()
-    finally:
-        if not connection.is_closed:
-            for queue in marked:
-                await unmark(connection, watch_id, queue)
-
-
-async def _gone(
-    connection: AbstractConnection, watch_id: str, queue: str, marked: set[str], unmarkable: set[str], ask: bool
-) -> bool:
-    """Whether a start queue not consumed was deleted: by its marker, or by the queue itself
-    where the broker refused a marker; an unmarked queue is marked now."""
-    if queue in marked:
-        return ask and await marker_gone(connection, watch_id, queue)
-    if queue in unmarkable:
-        return ask and await deleted(connection, queue)  # as before markers
-    # Deleted before it was marked: the queue itself is missing (unless declared again
-    # meanwhile); then the marker watches from here on.
-    if await deleted(connection, queue):
-        return True
-    (marked if await mark(connection, watch_id, queue) else unmarkable).add(queue)
-    return False
+    none of them: each is asked about every ``WATCH_EVERY_S``. The first deletion seen is
+    told (``gone``) and ends the watch."""
+    while True:
+        await asyncio.sleep(WATCH_EVERY_S)
+        if closing() or consuming():
+            continue
+        for pool, queue in queues():
+            if await markers.gone(queue):
+                gone(pool, queue)
+                return
 
 
 async def deleted(connection: AbstractConnection, queue: str) -> bool:
@@ -114,47 +163,6 @@ async def deleted(connection: AbstractConnection, queue: str) -> bool:
         return False
     _say_deleted(queue)
     return True
-
-
-def marker_name(watch_id: str, queue: str) -> str:
-    """The marker exchange of one watch of ``queue`` (``watch_id``: the holding connection's)."""
-    return f"orch.watch.{watch_id}.{queue}"
-
-
-async def mark(connection: AbstractConnection, watch_id: str, queue: str) -> bool:
-    """Bind ``queue`` to a new marker exchange; False if that failed (the queue is asked about
-    instead, as before the marker)."""
-    try:
-        async with asyncio.timeout(_ASK_WITHIN_S):
-            channel = await connection.channel(publisher_confirms=False)
-            name = marker_name(watch_id, queue)
-            exchange = await channel.declare_exchange(name, "fanout", durable=False, auto_delete=True)
-            declared = await channel.get_queue(queue, ensure=True)
-            await declared.bind(exchange)
-    except Exception:  # noqa: BLE001 - the connection is failing, or the queue is gone: asked about anyway
-        return False
-    with contextlib.suppress(Exception):
-        await channel.close()
-    return True
-
-
-async def marker_gone(connection: AbstractConnection, watch_id: str, queue: str) -> bool:
-    """True only if the broker says the marker of ``queue`` does not exist: the queue was
-    deleted since it was marked (maybe declared again since)."""
-    name = marker_name(watch_id, queue)
-    if await _not_found(connection, lambda channel: channel.get_exchange(name, ensure=True)) is None:
-        return False
-    _say_deleted(queue)
-    return True
-
-
-async def unmark(connection: AbstractConnection, watch_id: str, queue: str) -> None:
-    """Delete the marker of ``queue`` (the watch ended); nothing if it is gone already."""
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(_ASK_WITHIN_S):
-            channel = await connection.channel(publisher_confirms=False)
-            await channel.exchange_delete(marker_name(watch_id, queue))
-            await channel.close()
 
 
 async def _not_found(connection: AbstractConnection, ask: Callable[[AbstractChannel], Awaitable[object]]) -> str | None:

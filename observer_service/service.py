@@ -180,8 +180,9 @@ class ObserverService:
 
     async def _session_loop(self) -> None:
         failures = 0
+        markers_left: list[tuple[str, str]] = []  # queue markers a lost connection left
         while not self.shutdown.is_set():
-            session = Session(self.settings, self.service_id, self.lease, self.nodes.current)
+            session = Session(self.settings, self.service_id, self.lease, self.nodes.current, markers_left)
             try:
                 await session.open(
                     functools.partial(self._on_start, session=session),
@@ -191,6 +192,7 @@ class ObserverService:
                     self.placement,
                 )
             except BrokerUnavailable as e:
+                markers_left = session.markers_left
                 failures += 1
                 delay = reconnect_delay(failures)
                 self.nodes.failed()  # the next attempt tries the next node of a cluster
@@ -217,9 +219,11 @@ class ObserverService:
             if self.shutdown.is_set() and not session.closed.is_set():
                 return  # graceful stop uses this live session
             self.session = None
-            gone = self._starts_gone(session)
+            held = self._held(session)
             await self.runner.fence(session)
+            gone = self._starts_gone(session, held, await session.deleted_pools())
             await session.close(session.close_reason)
+            markers_left = session.markers_left
             if gone is not None:
                 self.outbox.put(gone)  # after the fence: no copy of them runs any more
             stale = self.outbox.discard_started(session)
@@ -269,14 +273,16 @@ class ObserverService:
         self._moved_home = True  # whatever ends the session now: it gave every start back
         session.fail("moving back to the home broker node", expected=True)
 
-    def _starts_gone(self, session: Session) -> StartsGone | None:
-        """The starts this ended session held from a start queue that was deleted: those of
-        the observers it ran, and of those still waiting to be admitted."""
-        pools = session.gone_pools
+    def _held(self, session: Session) -> list[StartObserver]:
+        """The starts ``session`` holds: those of the observers it runs, and of those still
+        waiting to be admitted."""
+        held = [r.start() for r in self.runner.running.values() if r.session is session]
+        return held + [start for d in self.inbox.waiting if d.session is session and (start := _decoded(d.body))]
+
+    def _starts_gone(self, session: Session, held: list[StartObserver], pools: set[str]) -> StartsGone | None:
+        """The starts this ended session held from a start queue that was deleted."""
         if not pools:
             return None
-        held = [r.start() for r in self.runner.running.values() if r.session is session]
-        held += [start for d in self.inbox.waiting if d.session is session and (start := _decoded(d.body))]
         ids = [start.observer_id for start in held if start.pool in pools]
         if not ids:
             return None

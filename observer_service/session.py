@@ -80,6 +80,8 @@ MAX_PREFETCH = 65_535  # prefetch_count is a 16-bit field
 # docs/design.md, "What grows with the fleet").
 HOLD_PER_CHANNEL = 4_096
 PUBLISH_HEARTBEAT_S = 60  # the publish connection's AMQP heartbeat (module docstring)
+# A verdict's marker watch and a question or two that may each take their timeout.
+_VERDICTS_WITHIN_S = 20.0
 
 
 def prefetch_chunks(workers_count: int, per_consumer: int = MAX_PREFETCH) -> list[int]:
@@ -89,7 +91,14 @@ def prefetch_chunks(workers_count: int, per_consumer: int = MAX_PREFETCH) -> lis
 
 
 class Session:
-    def __init__(self, settings: ServiceSettings, service_id: uuid.UUID, lease: Lease, url: str) -> None:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        service_id: uuid.UUID,
+        lease: Lease,
+        url: str,
+        markers_left: list[tuple[str, str]] | None = None,
+    ) -> None:
         self.settings = settings
         self.service_id = service_id
         self.url = url  # one node of the broker: both connections go to it
@@ -110,6 +119,9 @@ class Session:
         # Emits in flight at once: past it an observer's emit waits (issue 17).
         self._emit_slots = Slots(settings.emits_in_flight)
         self._tasks: list[asyncio.Task[None]] = []
+        # Queue markers of earlier sessions, deleted once open; after the close, what is left
+        # of those and of this session's (``queue_watch.py``).
+        self.markers_left = list(markers_left or ())
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -163,6 +175,7 @@ class Session:
                     holds,
                     on_refused,
                     self.id,
+                    self.markers_left,
                 )
             )
         except Exception as e:
@@ -229,6 +242,7 @@ class Session:
             if self._holding is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._thread.call(self._holding.close()), 10)
+                self.markers_left = self._holding.markers_left
             await self._thread.stop()
 
     async def stop_consuming(self) -> None:
@@ -256,10 +270,16 @@ class Session:
         except Exception as e:  # noqa: BLE001 - the channel or connection is gone
             self.fail(f"stepping aside from pool {pool} failed: {e!r}", e)
 
-    @property
-    def gone_pools(self) -> set[str]:
-        """Pools whose start queue was deleted while this session held starts from it."""
-        return set() if self._holding is None else set(self._holding.gone_pools)
+    async def deleted_pools(self) -> set[str]:
+        """Pools whose start queue was deleted while this session held starts from it, once
+        the broker has answered for each cancelled consumer (``queue_watch.VERDICT_WITHIN_S``);
+        called after the fence, before the close."""
+        if self._thread is None or self._holding is None:
+            return set()
+        try:
+            return await asyncio.wait_for(self._thread.call(self._holding.deleted_pools()), _VERDICTS_WITHIN_S)
+        except Exception:  # noqa: BLE001 - no answer: no evidence of a deletion
+            return set(self._holding.gone_pools)
 
     @property
     def placement(self) -> Placement | None:

@@ -84,6 +84,13 @@ def start_queue_index(observer_id: uuid.UUID, queues: int) -> int:
     return zlib.crc32(observer_id.bytes) % queues if queues > 1 else 0
 
 
+def marker_name(session: str, queue: str) -> str:
+    """The exchange a service's broker session ``session`` (its id, hex) binds ``queue`` to,
+    whose deletion with the queue's last binding says the queue was deleted
+    (``observer_service/queue_watch.py``)."""
+    return f"orch.watch.{session}.{queue}"
+
+
 def error_queue_name(queue: str) -> str:
     return f"{queue}.error"
 

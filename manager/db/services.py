@@ -161,6 +161,16 @@ async def stats(session: AsyncSession) -> dict[str, Any]:
     }
 
 
+async def gone_sessions(session: AsyncSession, before: datetime) -> list[tuple[uuid.UUID, list[str]]]:
+    """The last broker session and the pools of each service ``forget_gone`` would delete."""
+    result = await session.execute(
+        select(Service.session_id, Service.pools).where(
+            Service.status != ServiceStatus.ALIVE, Service.modified_at < before, Service.session_id.is_not(None)
+        )
+    )
+    return [(sid, list(pools)) for sid, pools in result.all() if sid is not None]
+
+
 async def forget_gone(session: AsyncSession, before: datetime) -> int:
     """Delete the services not alive since before ``before``; how many."""
     result = await session.execute(

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from manager.broker import BrokerLink
 from manager.db import applied, observers, services
 from manager.db.counts import fold_deltas
 from manager.db.digests import fold_digest_deltas
@@ -20,6 +22,7 @@ from manager.repairs.retention import EVERY_S as PRUNE_EVERY_S
 from manager.repairs.retention import prune_events
 from manager.state.probation import end_probations
 from manager.state.rows import ObserverRows
+from shared import topology
 
 logger = logging.getLogger(__name__)
 
@@ -92,20 +95,43 @@ class ForgetServices(Repair):
     """Forget services gone (stopped, replaced, lost) longer than ``ORCH_SERVICES_RETENTION_S``:
     on Kubernetes each pod is a service named after the pod, so every restart leaves one more
     row, which ``GET /api/services`` would list for ever. A lost one that speaks again is asked
-    to introduce itself, as any unknown service is."""
+    to introduce itself, as any unknown service is.
+
+    First the queue markers of each one's last broker session are deleted
+    (``observer_service/queue_watch.py``): a service killed leaves them, an empty exchange
+    bound to each start queue it held. Only sessions of services gone this long are named,
+    never a live one's: a marker deleted under a live session would tell it its queue went.
+    A row is forgotten only once its markers are deleted (no broker: the next pass)."""
 
     name = "forget_services"
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], retention_s: float) -> None:
+    def __init__(
+        self, sessions: async_sessionmaker[AsyncSession], broker: BrokerLink, start_queues: int, retention_s: float
+    ) -> None:
         self.sessions = sessions
+        self.broker = broker
+        self.start_queues = start_queues
         self.retention = timedelta(seconds=retention_s)
         self.period_s = min(60.0, retention_s / 4)
 
     async def run(self) -> None:
+        before = datetime.now(UTC) - self.retention
         async with self.sessions.begin() as session:
-            forgotten = await services.forget_gone(session, datetime.now(UTC) - self.retention)
+            gone = await services.gone_sessions(session, before)
+        if gone:
+            await self._delete_markers(gone)
+        async with self.sessions.begin() as session:
+            forgotten = await services.forget_gone(session, before)
         if forgotten:
             logger.info("forgot %d service(s) gone for longer than ORCH_SERVICES_RETENTION_S", forgotten)
+
+    async def _delete_markers(self, gone: list[tuple[uuid.UUID, list[str]]]) -> None:
+        probes = self.broker.probes
+        queues = {}
+        for pool in sorted({pool for _, pools in gone for pool in pools}):
+            queues[pool] = topology.start_queue_names(pool, await probes.start_queues_in_use(pool, self.start_queues))
+        names = [topology.marker_name(sid.hex, q) for sid, pools in gone for pool in pools for q in queues[pool]]
+        await probes.delete_exchanges(names)
 
 
 class FoldDeltas(Repair):

@@ -57,7 +57,7 @@ def state_side_repairs(
         EndProbations(sessions),
         ForgetApplied(sessions, lambda: heartbeats.backlog_drained),
         PruneHistory(sessions, settings.events_retention_days),
-        ForgetServices(sessions, settings.services_retention_s),
+        ForgetServices(sessions, broker, settings.start_queues, settings.services_retention_s),
         FoldDeltas(sessions),
         BalanceRound(settings, sessions, broker, context.handovers, context.placements),
     ]
