@@ -4,6 +4,7 @@ flat, and where does a series spend more?
     python -m bench.create_curve                              # 4.3 and 3.10, 1,000,000 idle
     python -m bench.create_curve --series 4.3 --n 300000
     python -m bench.create_curve --series 4.3 --queue-types classic,quorum
+    python -m bench.create_curve --series 4.3 --start-queues 1,3     # ORCH_START_QUEUES
 
 Per series and queue type (``ORCH_QUEUE_TYPE``; classic, the one node's default, unless
 asked), in a process of its own (``ORCH_RABBITMQ``: ``tools.infra`` starts that node), as
@@ -58,19 +59,26 @@ def rate_by_tenth(began: float, accepted: list[float], per_request: int) -> list
     return rates
 
 
-async def _measure(n: int, queue_type: str) -> dict[str, Any]:
+async def _measure(n: int, queue_type: str, start_queues: int) -> dict[str, Any]:
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
     tag = f"bench_create_{int(time.time())}"
     system = fresh_system(rabbit, postgres, tag, f"orch-create-{n}-")
-    system.env |= SCALE_ENV | {"ORCH_QUEUE_TYPE": queue_type}
+    system.env |= SCALE_ENV | {"ORCH_QUEUE_TYPE": queue_type, "ORCH_START_QUEUES": str(start_queues)}
     point = Point(n, "idle", settings=dict(SCALE_ENV))
-    result: dict[str, Any] = {"n": n, "queue_type": queue_type, "machine": machine(), "logs": str(system.workdir)}
+    result: dict[str, Any] = {
+        "n": n,
+        "queue_type": queue_type,
+        "start_queues": start_queues,
+        "machine": machine(),
+        "logs": str(system.workdir),
+    }
     scale = ScalePoint(system, point, rabbit, Watch(system.procs))
     try:
         await scale.start()
         await asyncio.sleep(2)
         roots = scale.product_pids()
-        traced = broker_work.mark(rabbit, (tag, topology.start_queue_name("default", 0)))  # it grows meanwhile
+        # The first start queue (of several, each holds about its share): it grows meanwhile
+        traced = broker_work.mark(rabbit, (tag, topology.start_queue_name("default", 0)))
         cpu_before = profile.cpu_seconds(roots)
         began = time.monotonic()
         accepted = await scale.bulk_create(n, "idle", {})
@@ -89,10 +97,11 @@ async def _measure(n: int, queue_type: str) -> dict[str, Any]:
     return result
 
 
-def run_series(series: str, queue_type: str, n: int, out: Path) -> dict[str, Any]:
+def run_series(series: str, queue_type: str, start_queues: int, n: int, out: Path) -> dict[str, Any]:
     env = os.environ | {SERIES_ENV_VAR: series}
-    print(f"== RabbitMQ {series}, {queue_type} queues: {n:,} idle observers created", flush=True)
-    child = [sys.executable, "-m", "bench.create_curve", "--n", str(n), "--queue-types", queue_type, "--one", str(out)]
+    print(f"== RabbitMQ {series}, {queue_type} queues x{start_queues}: {n:,} idle observers created", flush=True)
+    child = [sys.executable, "-m", "bench.create_curve", "--n", str(n), "--queue-types", queue_type]
+    child += ["--start-queues", str(start_queues), "--one", str(out)]
     subprocess.run(child, env=env, check=True)
     result: dict[str, Any] = json.loads(out.read_text())
     out.unlink()
@@ -135,22 +144,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--series", default="4.3,3.10", help=f"comma-separated, of {', '.join(RELEASES)}")
     parser.add_argument("--n", type=int, default=1_000_000)
     parser.add_argument("--queue-types", default="classic", help="comma-separated, of classic and quorum")
+    parser.add_argument("--start-queues", default="1", help="comma-separated: start queues per pool to try")
     parser.add_argument("--one", type=Path, help=argparse.SUPPRESS)  # a child: this series only, into this file
     args = parser.parse_args(argv)
     if args.one is not None:
         infra.up()
-        args.one.write_text(json.dumps(asyncio.run(_measure(args.n, args.queue_types)), indent=2))
+        result = asyncio.run(_measure(args.n, args.queue_types, int(args.start_queues)))
+        args.one.write_text(json.dumps(result, indent=2))
         return 0
     started = datetime.now(UTC)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"create-curve-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     runs: dict[str, dict[str, Any]] = {}
     types = [t.strip() for t in args.queue_types.split(",") if t.strip()]
+    layouts = [int(k) for k in args.start_queues.split(",") if k.strip()]
     for series in (s.strip() for s in args.series.split(",") if s.strip()):
         for queue_type in types:
-            name = series if types == ["classic"] else f"{series} {queue_type}"
-            runs[name] = run_series(series, queue_type, args.n, out.with_suffix(f".{series}.{queue_type}.part"))
-            out.write_text(json.dumps({"started": started.isoformat(), "n": args.n, "runs": runs}, indent=2))
+            for k in layouts:
+                name = series + ("" if types == ["classic"] else f" {queue_type}") + ("" if k == 1 else f" x{k}")
+                part = out.with_suffix(f".{series}.{queue_type}.{k}.part")
+                runs[name] = run_series(series, queue_type, k, args.n, part)
+                out.write_text(json.dumps({"started": started.isoformat(), "n": args.n, "runs": runs}, indent=2))
     print(side_by_side(runs))
     print(f"\nresults written to {out}")
     return 0
