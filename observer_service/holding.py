@@ -48,7 +48,6 @@ from shared import topology
 from shared.amqp_errors import describe_close, refusal
 from shared.errors import DecodeError
 from shared.messages import ControlMessage, decode_control
-from shared.topology import marker_name
 
 logger = logging.getLogger(__name__)
 
@@ -109,17 +108,13 @@ class HoldingConnection:
         self._settles: collections.deque[tuple[Settle, DeliveryChannel, int]] = collections.deque()
         self._settle_wakeup: asyncio.Event | None = None
         self._settling = asyncio.Lock()
-        # Pools whose start queue was deleted while this session held starts from it
-        # (``queue_watch.py``): read by the service once the session has ended.
-        self.gone_pools: set[str] = set()
         self._holds: dict[str, list[int]] = {}  # pool -> the prefetch of each channel per queue
         self._refused: dict[str, dict[str, str]] = {}  # pool -> its queues refused, and why
         # pool -> the indexes of its start queues consumed, or to be once declared or allowed
         self._indexes: dict[str, set[int]] = {}
-        self._markers: queue_watch.Markers | None = None  # of the start queues held, once open
-        self._verdicts: list[asyncio.Task[None]] = []  # whether a cancelled consumer's queue went
-        # Markers (session, queue) of earlier sessions to delete; after the close, this one's
-        # too when its connection was lost (``queue_watch.py``): the service's next session's.
+        # The start queues' markers (``queue_watch.py``), once open; what they left after the
+        # close (or, not opened, what earlier sessions left), for the service's next session.
+        self._markers: queue_watch.Markers | None = None
         self.markers_left: list[tuple[str, str]] = []
 
     async def open(
@@ -142,7 +137,7 @@ class HoldingConnection:
         self.markers_left = list(markers_left or ())
         self._connection = await aio_pika.connect(url, client_properties={"connection_name": name})
         self._connection.close_callbacks.add(self._on_closed)
-        self._markers = queue_watch.Markers(self._connection, (session_id or uuid.uuid4()).hex)
+        self._markers = queue_watch.Markers(self._connection, (session_id or uuid.uuid4()).hex, self.markers_left)
         self._lease_channel = await self._channel(confirms=self._quorum)
         if self._quorum:
             await topology.declare_lease_queue(self._lease_channel)
@@ -171,7 +166,7 @@ class HoldingConnection:
             asyncio.create_task(self._watch_queues(), name="watch queues"),
         ]
         if self.markers_left:
-            self._spawn(self._forget_left(), "delete earlier sessions' markers")
+            self._spawn(self._markers.forget_left(), "delete earlier sessions' markers")
 
     async def _declare_control_queue(
         self, work: AbstractChannel, service_id: uuid.UUID, session_id: uuid.UUID | None
@@ -212,15 +207,13 @@ class HoldingConnection:
         # posted only once its report was confirmed, so it is owed to the broker.
         if self._connection is not None and not self._connection.is_closed:
             await self._send_settles()
-        for task in self._tasks + self._verdicts:
+        for task in self._tasks:
             task.cancel()
-        for task in self._tasks + self._verdicts:
+        for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
         if self._markers is not None:
-            left = self.markers_left + [(self._markers.session, queue) for queue in self._markers.marked]
-            alive = self._connection is not None and not self._connection.is_closed
-            self.markers_left = [] if alive and await self._markers.forget(self.markers_left) else left
+            self.markers_left = await self._markers.close()
         if self._connection is not None and not self._connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._connection.close(), 5)
@@ -316,33 +309,27 @@ class HoldingConnection:
             if self._closing:
                 return
             if pool is not None and self._markers is not None:
-                self._verdicts.append(asyncio.create_task(self._verdict(self._markers, queue, pool)))
+                self._markers.cancelled(pool, queue)
             why = "the queue was deleted, its node went down, or a quorum queue's consumer timeout fired"
             self._fail(f"the broker cancelled the consumer of {queue} (consumer tag {frame.consumer_tag}): {why}", None)
 
         channel.on_consumer_cancel_callbacks.add(cancelled)
 
-    async def _verdict(self, markers: queue_watch.Markers, queue: str, pool: str) -> None:
-        if await markers.verdict(queue):
-            self.gone_pools.add(pool)
-
     async def deleted_pools(self) -> set[str]:
         """The pools whose start queue was deleted while this session held starts from it,
-        once every cancelled consumer's queue has been asked about."""
-        for task in self._verdicts:
-            with contextlib.suppress(Exception):
-                await task
-        return set(self.gone_pools)
+        once every cancelled consumer's queue has been judged (``queue_watch.Markers``)."""
+        return set() if self._markers is None else await self._markers.deleted_pools()
 
-    async def _forget_left(self) -> None:
-        assert self._connection is not None
-        if await queue_watch.delete_markers(self._connection, [marker_name(s, q) for s, q in self.markers_left]):
-            self.markers_left = []
+    @property
+    def gone_pools(self) -> set[str]:
+        """The pools judged so far (any thread)."""
+        return set() if self._markers is None else set(self._markers.gone_pools)
 
     async def _watch_queues(self) -> None:
         """While the start queues are not consumed (cordoned), no cancel says one was deleted:
         ``queue_watch.while_cordoned`` asks, and a deletion ends the session."""
         assert self._markers is not None
+        markers = self._markers
 
         def queues() -> list[tuple[str, str]]:
             return [
@@ -352,13 +339,13 @@ class HoldingConnection:
             ]
 
         def gone(pool: str, queue: str) -> None:
-            self.gone_pools.add(pool)
+            markers.gone_pools.add(pool)
             self._fail(f"the start queue {queue} was deleted while this service consumed nothing", None)
 
         def closing() -> bool:
             return self._closing
 
-        await queue_watch.while_cordoned(self._markers, closing, self.starts.consuming, queues, gone)
+        await queue_watch.while_cordoned(markers, closing, self.starts.consuming, queues, gone)
 
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle

@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 import aiormq
 from aio_pika.abc import AbstractChannel, AbstractConnection
@@ -56,12 +56,31 @@ _ASK_WITHIN_S = 5.0
 
 
 class Markers:
-    """The markers of one session's start queues, on its holding connection (its loop only)."""
+    """The markers of one session's start queues, on its holding connection (its loop only),
+    and the verdicts on its cancelled consumers."""
 
-    def __init__(self, connection: AbstractConnection, session: str) -> None:
+    def __init__(self, connection: AbstractConnection, session: str, left: list[tuple[str, str]]) -> None:
         self._connection = connection
         self.session = session
         self.marked: set[str] = set()
+        self.left = list(left)  # (session, queue): earlier sessions' markers not deleted yet
+        self.gone_pools: set[str] = set()  # pools whose start queue was deleted, as judged
+        self._verdicts: list[asyncio.Task[None]] = []
+
+    def cancelled(self, pool: str, queue: str) -> None:
+        """The broker cancelled a consumer of ``queue``: judge, beside, whether it was deleted."""
+        self._verdicts.append(asyncio.create_task(self._judge(pool, queue), name=f"verdict on {queue}"))
+
+    async def _judge(self, pool: str, queue: str) -> None:
+        if await self.verdict(queue):
+            self.gone_pools.add(pool)
+
+    async def deleted_pools(self) -> set[str]:
+        """``gone_pools`` once every cancelled consumer's queue has been judged."""
+        for task in self._verdicts:
+            with contextlib.suppress(Exception):
+                await task
+        return set(self.gone_pools)
 
     async def mark(self, queue: str) -> None:
         """Bind ``queue`` to a new marker; a failure leaves it unmarked (asked about instead)."""
@@ -111,15 +130,29 @@ class Markers:
         _say_deleted(queue)
         return True
 
-    async def forget(self, sessions: Iterable[tuple[str, str]] = ()) -> bool:
-        """Delete this session's markers, and those named (session, queue) of earlier ones;
-        False if that failed."""
-        names = [marker_name(self.session, q) for q in self.marked] + [marker_name(s, q) for s, q in sessions]
+    async def forget_left(self) -> None:
+        """Delete the markers earlier sessions left (at this session's open)."""
+        if await _delete_markers(self._connection, [marker_name(s, q) for s, q in self.left]):
+            self.left = []
+
+    async def close(self) -> list[tuple[str, str]]:
+        """End the verdicts and delete every marker while the connection lives; returns the
+        markers left (session, queue), for the service's next session to delete."""
+        for task in self._verdicts:
+            task.cancel()
+        for task in self._verdicts:
+            with contextlib.suppress(BaseException):
+                await task
+        left = self.left + [(self.session, queue) for queue in self.marked]
+        names = [marker_name(s, q) for s, q in left]
+        if not self._connection.is_closed and await _delete_markers(self._connection, names):
+            left = []
         self.marked.clear()
-        return await delete_markers(self._connection, names)
+        self.left = left
+        return left
 
 
-async def delete_markers(connection: AbstractConnection, names: list[str]) -> bool:
+async def _delete_markers(connection: AbstractConnection, names: list[str]) -> bool:
     """Delete the named markers (one already gone is no error: ``exchange.delete`` of a
     missing exchange is answered ok); False if that failed."""
     if not names:

@@ -279,7 +279,7 @@ class Session:
         try:
             return await asyncio.wait_for(self._thread.call(self._holding.deleted_pools()), _VERDICTS_WITHIN_S)
         except Exception:  # noqa: BLE001 - no answer: no evidence of a deletion
-            return set(self._holding.gone_pools)
+            return self._holding.gone_pools
 
     @property
     def placement(self) -> Placement | None:
