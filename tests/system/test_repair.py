@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -82,18 +83,24 @@ def test_a_steady_fleet_sends_digests_that_match_not_inventories(system: System)
 
 
 def drop_state_messages(system: System, message_type: str) -> int:
-    """Take every message out of the state queue and put back all but ``message_type``."""
+    """Take every message out of the state queue and put back all but ``message_type``. Taken
+    by a consumer, not ``basic.get``: a quorum state queue (single active consumer) refuses
+    a get (RESOURCE_LOCKED), and with the manager down this consumer is the active one."""
 
     async def filter_queue(channel: aio_pika.abc.AbstractChannel) -> int:
+        await channel.set_qos(prefetch_count=1)  # nothing past the ones waiting now is taken
         queue = await channel.declare_queue(topology.STATE_QUEUE, passive=True)
         kept: list[bytes] = []
         dropped = 0
-        while (message := await queue.get(fail=False)) is not None:
-            if json.loads(message.body).get("type") == message_type:
-                dropped += 1
-            else:
-                kept.append(message.body)
-            await message.ack()
+        waiting = queue.declaration_result.message_count or 0  # heartbeats keep coming: only these
+        async with queue.iterator() as messages:
+            for _ in range(waiting):
+                message = await asyncio.wait_for(messages.__anext__(), 10.0)
+                if json.loads(message.body).get("type") == message_type:
+                    dropped += 1
+                else:
+                    kept.append(message.body)
+                await message.ack()
         for body in kept:
             await channel.default_exchange.publish(topology.persistent(body), routing_key=topology.STATE_QUEUE)
         return dropped
