@@ -50,15 +50,17 @@ test-unit: venv
 # The tests of the broker's semantics, which CI runs on every supported RabbitMQ besides the
 # default (docs/broker-versions.md): the core flow, the consumer timeout, fencing, failover
 # and SIGTERM handoff, broker restart, broker data lost, chaos, a cancelled consumer, and the
-# start channel (aiormq's internals against the broker), consumer priorities and records.
+# start channel (aiormq's internals against the broker), consumer priorities and records, and
+# start queues past ORCH_START_QUEUES emptied and deleted.
+LOWERED = test_start_queues.py::test_lowered_start_queues_are_emptied_into_the_ones_kept_and_deleted_with_nothing_run_twice
 BROKER_TESTS = $(addprefix tests/system/,test_lifecycle.py test_ack_timeout.py test_fencing.py \
 	test_failover.py test_broker_restart.py \
 	test_reliability.py::test_the_broker_rebuilt_from_the_database test_chaos.py \
 	test_consumer_cancel.py test_start_channel.py test_brokers.py test_consumer_priority.py test_consumer_records.py \
-	test_queue_markers.py)
+	test_queue_markers.py $(LOWERED))
 # ...and again on quorum queues: how a quorum queue's deletion reaches its consumers differs
-# by series (before 4.3 its bindings go last).
-BROKER_QUORUM_TESTS = $(addprefix tests/system/,test_consumer_cancel.py)
+# by series (before 4.3 its bindings go last), and so do its counts of consumers.
+BROKER_QUORUM_TESTS = $(addprefix tests/system/,test_consumer_cancel.py $(LOWERED))
 
 test-broker: venv infra-up
 	$(PY) -m pytest $(PYTEST_ARGS) $(BROKER_TESTS)

@@ -169,6 +169,37 @@ class BrokerProbes:
                 count += 1
         return count
 
+    async def start_queue_use(self, pool: str, index: int) -> tuple[int, int] | None:
+        """Starts ready in a pool's start queue ``index``, and its consumers (on a quorum queue,
+        also the cancelled ones that still hold deliveries); None if it does not exist."""
+        name = topology.start_queue_name(pool, index)
+        async with self._waker_questions(f"ask how {name} is used"):
+            channel = await self._waker_ready()
+            try:
+                async with asyncio.timeout(_ANSWER_TIMEOUT_S):
+                    ok = await channel.queue_declare(name, passive=True)
+            except aiormq.exceptions.ChannelNotFoundEntity:
+                return None
+            return ok.message_count or 0, ok.consumer_count or 0
+
+    async def delete_start_queue(self, pool: str, index: int) -> bool:
+        """Delete a pool's start queue ``index``, found empty and unused by the caller
+        (``manager/balance/retire.py``); False if the broker refused. A classic queue is
+        deleted only if the broker finds it so too (``if-unused``, ``if-empty``); a quorum
+        queue refuses both flags ("not supported by quorum queues", ``rabbit_quorum_queue:delete/4``,
+        3.10 to 4.3), so the caller's finding is all there is."""
+        name = topology.start_queue_name(pool, index)
+        guarded = self.settings.queue_type == "classic"
+        async with self._waker_questions(f"delete {name}"):
+            channel = await self._waker_ready()
+            try:
+                async with asyncio.timeout(_ANSWER_TIMEOUT_S):
+                    await channel.queue_delete(name, if_unused=guarded, if_empty=guarded)
+            except aiormq.exceptions.ChannelPreconditionFailed as e:
+                logger.info("%s not deleted: %s", name, e)
+                return False
+        return True
+
     async def start_queue_exists(self, pool: str, index: int) -> bool:
         async with self._waker_questions(f"ask for start queue {index} of pool {pool}"):
             return await self._exists(topology.start_queue_name(pool, index))

@@ -105,6 +105,17 @@ HANDOVERS = Counter(
     ["reason"],
     registry=STATE_REGISTRY,
 )
+STARTS_RETIRED = Counter(
+    "orch_starts_retired",
+    "Starts the balancer asked services to move off start queues past ORCH_START_QUEUES (each published again "
+    "to its queue under it)",
+    registry=STATE_REGISTRY,
+)
+HELD_PAST_START_QUEUES = Gauge(
+    "orch_starts_held_past_start_queues",
+    "Starts the services' heartbeats say they hold from start queues past ORCH_START_QUEUES, still to be moved",
+    registry=STATE_REGISTRY,
+)
 FLEET_IMBALANCE = Gauge(
     "orch_fleet_imbalance",
     "The largest deviation of a service's observers from its fair share of its pool, as a fraction of that share",

@@ -51,6 +51,7 @@ from shared.messages import ControlMessage, decode_control
 
 logger = logging.getLogger(__name__)
 
+_ACK_TAKEN_WITHIN_S = 10.0  # the round trip after acks (``ack_taken``); a broker this slow is failing
 NOT_DECLARED_RETRY_S = 1.0  # a pool's start queue past the first, not declared by the manager yet
 
 # The channel a start delivery came on: settling it needs that channel and the delivery tag.
@@ -220,13 +221,33 @@ class HoldingConnection:
 
     async def place(self, placement: Placement) -> None:
         """Consume under ``placement``: a pool's start queues it names that are not consumed
-        yet are asked for (the first declared) and consumed first. Fewer than consumed leaves
-        them all consumed: starts may still wait in a queue the manager no longer publishes to."""
+        yet are asked for (the first declared) and consumed first. Told fewer than it consumes,
+        it stops consuming each queue past them from which it holds nothing (the manager tells
+        fewer only once they are empty, to delete them: ``manager/balance/retire.py``); one it
+        still holds starts from stays consumed, and its starts are moved (``retire.py``)."""
         await self.starts.place(placement)
         for pool, prefetches in self._holds.items():
             for index in range(placement.start_queues):
                 if index not in self._indexes.get(pool, set()):
                     await self._hold_queue(pool, index, prefetches)
+            for index in sorted(self._indexes.get(pool, set())):
+                if index >= placement.start_queues:
+                    await self._let_go(pool, index)
+
+    async def _let_go(self, pool: str, index: int) -> None:
+        """Stop consuming the pool's start queue ``index`` if this session holds nothing from it."""
+        queue = topology.start_queue_name(pool, index)
+        channels = await self.starts.release(pool, queue)
+        if channels is None:
+            return
+        self._indexes[pool].discard(index)
+        for channel in channels:
+            channel.close_callbacks.discard(self._on_closed)  # the session lives on
+            with contextlib.suppress(Exception):
+                await channel.close()
+        if self._markers is not None:
+            await self._markers.unmark(queue)
+        logger.info("no longer consuming %s: past the start queues the manager keeps", queue)
 
     async def _hold_queue(self, pool: str, index: int, prefetches: list[int]) -> None:
         """Declare the pool's start queue ``index`` and consume it. A declare the broker refuses
@@ -267,7 +288,7 @@ class HoldingConnection:
         with contextlib.suppress(Exception):
             await declare.close()
         for prefetch in prefetches:
-            await self._hold_on_new_channel(pool, queue.name, prefetch, sum(prefetches))
+            await self._hold_on_new_channel(pool, queue.name, index, prefetch, sum(prefetches))
         if self._markers is not None:  # after the consume, not to delay it
             self._spawn(self._markers.mark(queue.name), f"mark {name}")
         refused.pop(name, None)
@@ -282,17 +303,21 @@ class HoldingConnection:
 
     async def _hold_later(self, pool: str, index: int, prefetches: list[int], after_s: float) -> None:
         await asyncio.sleep(after_s)
+        if index >= self.starts.placement.start_queues:
+            self._indexes[pool].discard(index)  # no longer asked for (deleted, past the setting)
+            return
         try:
             await self._hold_queue(pool, index, prefetches)
         except Exception as e:  # noqa: BLE001 - the session is broken: end it like any loss
             self._fail(f"consuming pool {pool} failed: {e!r}", e)
 
-    async def _hold_on_new_channel(self, pool: str, queue: str, prefetch: int, workers: int) -> None:
+    async def _hold_on_new_channel(self, pool: str, queue: str, index: int, prefetch: int, workers: int) -> None:
         channel = await self._channel()
         raw = as_start_channel(await channel.get_underlay_channel(), self._on_start_delivery)
         self._watch_cancels(raw, queue, pool)
         # Sets the prefetch, and the tag on a quorum queue: start_consumers.py
-        await self.starts.hold(channel, raw, pool, queue, prefetch, workers, takes_up_records=takes_up_records(raw))
+        records = takes_up_records(raw)
+        await self.starts.hold(channel, raw, pool, queue, prefetch, workers, index=index, takes_up_records=records)
 
     def _watch_cancels(self, channel: aiormq.abc.AbstractChannel, queue: str, pool: str | None = None) -> None:
         """A consumer the broker cancels (its queue deleted, the queue's node gone, a quorum
@@ -418,6 +443,22 @@ class HoldingConnection:
             await self._settle_wakeup.wait()
             self._settle_wakeup.clear()
             await self._send_settles()
+
+    async def ack_taken(self, deliveries: list[tuple[DeliveryChannel, int]]) -> bool:
+        """Ack these deliveries, and say whether the broker has taken every ack: a settle has
+        no answer, but a channel handles its frames in order, so a round trip on each channel
+        after its acks (a passive declare) returns only once they were handled. False if a
+        channel failed meanwhile: whether its acks were taken is unknown."""
+        for channel, tag in deliveries:
+            self.settle("ack", channel, tag)
+        await self._send_settles()
+        try:
+            for channel in {id(channel): channel for channel, _ in deliveries}.values():
+                async with asyncio.timeout(_ACK_TAKEN_WITHIN_S):
+                    await channel.exchange_declare(exchange=topology.EVENTS_EXCHANGE, passive=True)
+        except Exception:  # noqa: BLE001 - the channel or the connection is gone
+            return False
+        return True
 
     async def _send_settles(self) -> None:
         async with self._settling:

@@ -99,6 +99,15 @@ class Markers:
         with contextlib.suppress(Exception):
             await channel.close()
 
+    async def unmark(self, queue: str) -> None:
+        """Delete ``queue``'s marker: this session no longer consumes it (it is past the start
+        queues the manager keeps, and will be deleted). Left for the next session on failure."""
+        if queue not in self.marked:
+            return
+        self.marked.discard(queue)
+        if not await _delete_markers(self._connection, [marker_name(self.session, queue)]):
+            self.left.append((self.session, queue))
+
     async def gone(self, queue: str) -> bool:
         """Whether ``queue`` was deleted: by its marker, or, unmarked, by the queue itself
         (then marked, unless deleted)."""

@@ -104,6 +104,7 @@ class Reports:
             cordoned=placement.cordoned,
             pool_priorities=dict(placement.pools),
             start_queues=placement.start_queues,
+            queue_held=session.queue_held(),
         )
         self.outbox.put(heartbeat)
 

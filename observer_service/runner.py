@@ -202,7 +202,7 @@ class Runner:
                 # A targeted stop is about one delivery this service no longer holds; remembering
                 # it could later throw away a legitimate start of the observer.
                 self.stop_memory.remember(observer_id, lives[i])
-        await self._end(ending)
+        await self.end(ending)
         if not ending:
             return
         # Report first, ack once the broker confirmed the reports: acked first, a crash in
@@ -236,7 +236,7 @@ class Runner:
         ]
         for running in ending:
             running.ended_by = "handed over"
-        await self._end(ending)
+        await self.end(ending)
         by_session: dict[Session, list[uuid.UUID]] = {}
         for running in ending:
             by_session.setdefault(running.session, []).append(running.observer_id)
@@ -288,7 +288,7 @@ class Runner:
         handed = list(self.running.values())
         for running in handed:
             running.ended_by = "handoff"
-        await self._end(handed)
+        await self.end(handed)
         return [r.observer_id for r in handed]
 
     def inventory(self, session: Session) -> list[uuid.UUID]:
@@ -302,7 +302,7 @@ class Runner:
 
     # --- internals ---------------------------------------------------------------------
 
-    async def _end(self, ending: list[Running]) -> None:
+    async def end(self, ending: list[Running]) -> None:
         """Cancel the tasks and wait one bounded grace for all of them to finish."""
         tasks = set()
         for running in ending:

@@ -29,6 +29,7 @@ from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.refusals import Refusals
 from observer_service.reports import Reports
+from observer_service.retire import retire
 from observer_service.runner import Runner
 from observer_service.session import Session
 from observer_service.start_consumers import Placement
@@ -45,6 +46,7 @@ from shared.messages import (
     InventoryRequest,
     IsolateObservers,
     ObserversHandedOver,
+    RetireStarts,
     ServiceStopped,
     SetPlacement,
     SetStartQueues,
@@ -341,6 +343,10 @@ class ObserverService:
             case SetStartQueues():
                 queues = max(self.placement.start_queues, command.start_queues)
                 self._place(dataclasses.replace(self.placement, start_queues=queues))
+            case RetireStarts():
+                session = self.session
+                if session is not None:
+                    self.runner.spawn(self._retire(session, command))
             case InventoryRequest():
                 self.reports.inventory()
             case IsolateObservers():
@@ -365,6 +371,12 @@ class ObserverService:
         pool until its services' heartbeats confirm their placements (``manager/balance``)."""
         await session.place(placement)
         self.reports.heartbeat()
+
+    async def _retire(self, session: Session, ask: RetireStarts) -> None:
+        """Move starts off start queues past ``ORCH_START_QUEUES`` (``retire.py``), then say
+        at once what is left: the balancer asks again from the next heartbeat."""
+        if await retire(self.runner, self.outbox, self.service_id, session, ask):
+            self.reports.heartbeat()
 
     def _introduce(self, *, name_taken: bool) -> None:
         """Our ServiceBorn never reached the manager's database (or the database was restored

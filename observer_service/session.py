@@ -310,6 +310,27 @@ class Session:
             raise BrokerUnavailable("the channel of this delivery is closed: it went back to the queue")
         self._to_hold.post(self._holding.settle, operation, channel, tag)
 
+    async def ack_taken(self, deliveries: list[tuple[DeliveryChannel, int]]) -> bool | None:
+        """Ack these deliveries and wait until the broker has taken the acks (True). None: not
+        acked, the session is ending and the broker takes them back; False: acked, but whether
+        the broker took the acks is not known (``HoldingConnection.ack_taken``)."""
+        if self._held_back or self._thread is None or self._holding is None or self.closed.is_set():
+            return None
+        try:
+            return await self._thread.call(self._holding.ack_taken(deliveries))
+        except Exception:  # noqa: BLE001 - the holding thread is gone with the session
+            return False
+
+    def queue_held(self) -> list[int]:
+        """The starts held from each start queue index, over every pool; empty while every
+        queue consumed is the first of its pool (``ServiceHeartbeat.queue_held``)."""
+        counts = [] if self._holding is None else self._holding.starts.held_by_index()
+        return counts if len(counts) > 1 else []
+
+    def queue_index(self, channel: DeliveryChannel) -> int | None:
+        """Which of its pool's start queues a delivery on ``channel`` came from (None: not known)."""
+        return None if self._holding is None else self._holding.starts.index_of(channel)
+
     async def requeue_held(self) -> None:
         """Give every held delivery back to the broker at once, by closing the channels that
         hold them: the broker requeues a closed channel's unacked deliveries as one batch.

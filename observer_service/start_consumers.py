@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -87,6 +88,7 @@ class _Consumer:
     pool: str
     queue: str
     size: int  # the most this channel may hold
+    index: int = 0  # which of the pool's start queues ``queue`` is
     tag: str | None = None  # None while not consuming
     unsettled: int = 0  # deliveries on this channel not acked, nacked or rejected yet
     last_tag: int = 0  # the highest delivery tag seen on the channel
@@ -128,6 +130,7 @@ class StartConsumers:
         size: int,
         workers: int,
         *,
+        index: int = 0,
         takes_up_records: bool = False,
     ) -> None:
         """Consume ``queue``, a start queue of ``pool``, on a channel of its own holding at most
@@ -135,7 +138,7 @@ class StartConsumers:
         of its own each time if the queue takes up a cancelled consumer's record (a quorum queue
         of RabbitMQ 4 on: ``start_channel.takes_up_records``)."""
         async with self._changing:
-            consumer = _Consumer(channel, raw, pool, queue, size)
+            consumer = _Consumer(channel, raw, pool, queue, size, index)
             if self._quorum and takes_up_records:
                 consumer.own_tag = f"orch-start {queue}"
             self._consumers[id(raw)] = consumer
@@ -148,6 +151,43 @@ class StartConsumers:
     def queues(self, pool: str) -> list[str]:
         """The start queues of ``pool`` consumed."""
         return sorted(self._queues.get(pool, ()))
+
+    def held_by_index(self) -> list[int]:
+        """The deliveries held from each start queue index, over every pool (any thread: the
+        consumers are copied in one step)."""
+        counts = [0]
+        for consumer in list(self._consumers.values()):
+            counts.extend([0] * (consumer.index + 1 - len(counts)))
+            counts[consumer.index] += consumer.unsettled
+        return counts
+
+    async def release(self, pool: str, queue: str) -> list[AbstractChannel] | None:
+        """Stop consuming ``queue`` of ``pool`` if its channels hold nothing, and forget them:
+        the channels, for the caller to close. None: they hold deliveries (or one came before
+        the cancels were answered), and the queue stays consumed."""
+        async with self._changing:
+            consumers = [c for c in self._pools.get(pool, []) if c.queue == queue]
+            if not consumers or any(c.unsettled for c in consumers):
+                return None
+            for consumer in consumers:
+                await self._cancel(consumer)
+            if any(c.unsettled for c in consumers):
+                for consumer in consumers:
+                    if self.consuming():
+                        await self._consume(consumer)
+                return None
+            for consumer in consumers:
+                del self._consumers[id(consumer.raw)]
+                self._pools[pool].remove(consumer)
+                self._set_cut(consumer, False)
+            self._queues[pool].discard(queue)
+            return [c.channel for c in consumers]
+
+    def index_of(self, raw: object) -> int | None:
+        """Which of its pool's start queues the channel ``raw`` consumes (None: not a start
+        channel of this session, or closed). Safe from any thread: one dict lookup."""
+        consumer = self._consumers.get(id(raw))
+        return None if consumer is None else consumer.index
 
     # --- called for each delivery and each settle, on the holding loop ----------------------
 
@@ -230,10 +270,12 @@ class StartConsumers:
     async def place(self, placement: Placement) -> None:
         """Consume again under ``placement`` if it changed."""
         async with self._changing:
-            if placement == self.placement:
-                return
+            # How many queues to consume is the holding connection's (``HoldingConnection.place``):
+            # a change of it alone takes nothing from the consumers' priorities or cordon.
+            same = dataclasses.replace(placement, start_queues=self.placement.start_queues) == self.placement
             self.placement = placement
-            await self._consume_again()
+            if not same:
+                await self._consume_again()
 
     async def step_aside(self, pool: str, for_s: float) -> None:
         """Consume ``pool``'s queues at ``ASIDE`` until ``for_s`` from now (a later call extends

@@ -160,6 +160,21 @@ class SetStartQueues(Message):
     start_queues: int = Field(ge=1, le=64)  # shared.settings.MAX_START_QUEUES (it imports this)
 
 
+class RetireStarts(Message):
+    """Move at most ``count`` of the starts this service holds, in session ``session_id``,
+    from start queues past the first ``keep`` of a pool (``ORCH_START_QUEUES`` was lowered;
+    docs/design.md, "A pool over several start queues"): each observer is ended, its delivery
+    acked, and ``StartsGone`` tells the manager, which publishes it again to its queue under
+    ``keep``. The balancer sends it, within its moves per second, to the services whose
+    heartbeats say they hold starts from such a queue (``ServiceHeartbeat.queue_held``)."""
+
+    type: Literal["RetireStarts"] = "RetireStarts"
+    service_id: uuid.UUID
+    session_id: uuid.UUID
+    keep: int = Field(ge=1, le=64)  # shared.settings.MAX_START_QUEUES (it imports this)
+    count: int = Field(ge=1)
+
+
 class InventoryRequest(Message):
     """Ask services (all, or the one named) to send their inventory now."""
 
@@ -214,6 +229,13 @@ class ServiceHeartbeat(Message):
     cordoned: bool = False
     pool_priorities: dict[str, int] = Field(default_factory=dict)
     start_queues: int = 1
+    # How many starts it holds from each start queue index (summed over its pools), while it
+    # consumes more than one: the balancer retires the queues past ``ORCH_START_QUEUES``
+    # from it (``RetireStarts``). Left out when empty, so a manager older than it takes the rest.
+    queue_held: list[int] = Field(default_factory=list)
+
+    def encode(self) -> bytes:
+        return self.model_dump_json(exclude=None if self.queue_held else {"queue_held"}).encode()
 
 
 class ServiceStopped(Message):
@@ -301,17 +323,22 @@ class StartsDeclined(Message):
 
 
 class StartsGone(Message):
-    """The start queue of ``pools`` was deleted while this service held these starts from it
-    in session ``session_id`` (``observer_service/queue_watch.py``): the broker dropped them
-    with the queue, and the service has stopped the observers. The manager publishes again
-    those it still knows on this service in this session (no copy is left anywhere), or ends a
-    stop that was under way."""
+    """The broker holds no copy any more of these starts, which this service held from a
+    start queue of ``pools`` in session ``session_id``, and the service has stopped the
+    observers: the queue was deleted (``observer_service/queue_watch.py``; ``retired`` False),
+    or it is past ``ORCH_START_QUEUES`` and the service acked them off it (``RetireStarts``;
+    ``retired`` True). The manager publishes again those it still knows on this service in
+    this session (no copy is left anywhere), or ends a stop that was under way."""
 
     type: Literal["StartsGone"] = "StartsGone"
     service_id: uuid.UUID
     session_id: uuid.UUID
     pools: list[str]
     observer_ids: list[uuid.UUID] = Field(min_length=1)
+    retired: bool = False
+
+    def encode(self) -> bytes:
+        return self.model_dump_json(exclude=None if self.retired else {"retired"}).encode()
 
 
 class ObserversDescribed(Message):
@@ -448,6 +475,7 @@ ControlMessage = Annotated[
     StopObservers
     | SetPlacement
     | SetStartQueues
+    | RetireStarts
     | InventoryRequest
     | IsolateObservers
     | IntroduceRequest

@@ -374,7 +374,8 @@ class ManagerSettings(CommonSettings):
         le=MAX_START_QUEUES,
         description="start queues per pool, so that its creates, redeliveries and acks run on several "
         "(on a cluster, their leaders on different nodes); an observer's starts always go to the same one, and "
-        "the services consume them all; lowered later, the queues past it stay consumed, so nothing is lost "
+        "the services consume them all; lowered later, the queues past it stay consumed until their starts are moved "
+        "into the first ones (within ORCH_BALANCE_MOVES_PER_S), then are deleted, so nothing is lost "
         '(docs/design.md, "A pool over several start queues")',
     )
     restop_after_s: float = Field(

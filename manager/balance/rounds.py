@@ -17,7 +17,8 @@ loop runs it after the repairs (``manager/repairs/loop.py``), on the leader only
   flapping, or a service that never confirms, would otherwise hold it still.
 * The round's budget (``ORCH_BALANCE_MOVES_PER_S`` times the period) is spent on what is
   asked to move, drains first: a planned move of observers that cannot go (pinned, of a kind
-  no taker runs) takes nothing from the others.
+  no taker runs) takes nothing from the others. What is left moves starts off the start
+  queues past ``ORCH_START_QUEUES`` once it was lowered (``retire.py``).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from manager.balance import fleet as fleet_rows
 from manager.balance import plan as planning
 from manager.balance.handovers import Handovers
 from manager.balance.plan import Placed
+from manager.balance.retire import QueueHeld, Retirement
 from manager.broker import BrokerLink
 from manager.metrics import FLEET_IMBALANCE, HANDOVERS
 from shared.errors import BrokerUnavailable
-from shared.messages import STOPS_PER_MESSAGE, SetPlacement, StopObservers
+from shared.messages import STOPS_PER_MESSAGE, RetireStarts, SetPlacement, StopObservers
 from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
@@ -78,6 +80,7 @@ class BalanceRound:
         broker: BrokerLink,
         handovers: Handovers,
         placements: dict[uuid.UUID, tuple[Placed, int]],
+        queue_held: dict[uuid.UUID, QueueHeld] | None = None,
     ) -> None:
         self.sessions = sessions
         self.broker = broker
@@ -89,17 +92,20 @@ class BalanceRound:
         self._sent: dict[uuid.UUID, tuple[tuple[Placed, int], float]] = {}  # placement, start queues; when
         self._refused: set[str] = set()  # services a command could not reach, said once
         self._settle = Settle()
-        # Start queues each service is told to consume: ``ORCH_START_QUEUES``, or more while a
-        # larger setting's queues exist (starts may wait in them), asked every minute.
-        self.configured_queues = self.start_queues = settings.start_queues
+        # Start queues each service is told to consume: ``ORCH_START_QUEUES``, or all that exist
+        # (asked every minute: ``in_use``) while those past it are emptied (``retire.py``).
+        self.configured_queues = self.start_queues = self.in_use = settings.start_queues
         self._queues_asked_at = -math.inf
+        self.retirement = Retirement({} if queue_held is None else queue_held, placements, broker)
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
             fleet, notes = await fleet_rows.members(session, self.handovers.busy())
         decided = planning.plan(fleet, self.tolerance)
         FLEET_IMBALANCE.set(decided.imbalance)
-        await self._ask_start_queues({pool for m in fleet for pool in m.pools})
+        pools = {pool for m in fleet for pool in m.pools}
+        await self._ask_start_queues(pools)
+        self.start_queues = await self.retirement.told(fleet, pools, self.configured_queues, self.in_use)
         placed = await self._place(fleet, decided)
         changed = {i: note for i, note in decided.drain_notes.items() if notes.get(i) != note}
         if changed:
@@ -122,6 +128,12 @@ class BalanceRound:
             budget -= asked
             if asked and move.reason == "drain":
                 landing.add(move.pool)
+        # Last, with what is left: emptying the queues past ORCH_START_QUEUES can wait.
+        await self.retirement.round(fleet, self.configured_queues, budget, self._publish)
+        if self.start_queues < self.in_use and await self.retirement.delete_emptied(
+            fleet, pools, self.configured_queues, self.in_use
+        ):
+            self.in_use = self.broker.start_queues_in_use = self.configured_queues
 
     async def _ask_start_queues(self, pools: set[str]) -> None:
         """Declare the pools' start queues before any service is told of them (the manager
@@ -138,14 +150,16 @@ class BalanceRound:
         except BrokerUnavailable:
             return  # asked again next round
         self._queues_asked_at = time.monotonic()
-        if max(counts) != self.start_queues:
+        if max(counts) != self.in_use:
             logger.info(
                 "start queues per pool: services consume %d (ORCH_START_QUEUES=%d%s)",
                 max(counts),
                 self.configured_queues,
-                "; the queues past it keep being consumed" if max(counts) > self.configured_queues else "",
+                "; the queues past it stay consumed until their starts are moved into the first ones, then deleted"
+                if max(counts) > self.configured_queues
+                else "",
             )
-        self.start_queues = self.broker.start_queues_in_use = max(counts)
+        self.in_use = self.broker.start_queues_in_use = max(counts)
 
     async def _place(self, fleet: list[planning.Member], decided: planning.Plan) -> set[uuid.UUID]:
         """Send each placement that changed, or that heartbeats still contradict after a
@@ -181,7 +195,7 @@ class BalanceRound:
         sent = self._sent.get(service_id)
         return sent is None or self.placements.get(service_id, sent[0]) == sent[0]
 
-    async def _publish(self, message: SetPlacement | StopObservers, name: str) -> bool:
+    async def _publish(self, message: SetPlacement | StopObservers | RetireStarts, name: str) -> bool:
         """Send a command to one service. One the broker refuses (its control queue is on a
         node that is down, until its next session) stops neither the round nor the others."""
         try:

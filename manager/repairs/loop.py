@@ -59,7 +59,7 @@ def state_side_repairs(
         PruneHistory(sessions, settings.events_retention_days),
         ForgetServices(sessions, broker, settings.start_queues, settings.services_retention_s),
         FoldDeltas(sessions),
-        BalanceRound(settings, sessions, broker, context.handovers, context.placements),
+        BalanceRound(settings, sessions, broker, context.handovers, context.placements, context.queue_held),
     ]
 
 

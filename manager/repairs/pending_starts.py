@@ -7,9 +7,10 @@ leaves it. The API process may be publishing a start right now that this (other)
 cannot see, so a pending start is left alone until it is ``ORCH_PENDING_START_AFTER_S`` old;
 a start published twice anyway is absorbed by the rules.
 
-A start queue deleted under a service took the starts it held: the ``starts_gone`` rule makes
-their rows Created and pending, and names them to the gone-start repair, which publishes them
-at its next pass. Both run in the repair loop after the broker rebuild, never beside it: a
+A start queue deleted under a service took the starts it held, and a service moving starts
+off a queue past ``ORCH_START_QUEUES`` acked them (``manager/balance/retire.py``): the
+``starts_gone`` rule makes their rows Created and pending, and names them to the gone-start
+repair, which publishes them at its next pass. Both run in the repair loop after the broker rebuild, never beside it: a
 row the rebuild published is no longer pending, and is skipped.
 """
 
@@ -70,5 +71,7 @@ class GoneStarts(Repair):
             rows = await observers.pending_without_service(session, asked)
         if rows:
             await self.starts.publish_pending([start_message(obs) for obs in rows])
-            logger.warning("published again %d start(s) that went with a deleted start queue", len(rows))
+            # A warning comes from the services when a queue is deleted; moves off a queue
+            # past ORCH_START_QUEUES are the operator's wish, counted by the balancer.
+            logger.info("published again %d start(s) the broker no longer held (StartsGone)", len(rows))
         self.gone.difference_update(asked)

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from manager.balance.handovers import Handovers
 from manager.balance.plan import Placed
+from manager.balance.retire import QueueHeld
 from manager.db.models import ObserverStatus, ServiceStatus
 from manager.state.declines import Declines
 from manager.state.follow_ups import FollowUps
@@ -67,6 +68,9 @@ class StateContext:
         # (``manager/balance/rounds.py``).
         self.handovers = Handovers()
         self.placements: dict[uuid.UUID, tuple[Placed, int]] = {}
+        # The starts each service's last heartbeat said it holds from each start queue index
+        # (``manager/balance/retire.py``).
+        self.queue_held: dict[uuid.UUID, QueueHeld] = {}
         # The starts services declined (they cannot run them), held or on their way.
         self.declines = Declines()
         # Observers whose start went with a deleted start queue, pending, for the gone-start

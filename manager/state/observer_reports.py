@@ -139,7 +139,8 @@ async def handed_over(ctx: StateContext, session: AsyncSession, m: ObserversHand
 
 async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, now: datetime, out: FollowUps) -> None:
     """A start queue was deleted while ``m.service_id`` held these starts from it in
-    ``m.session_id``: the broker dropped them, and that service stopped the observers before
+    ``m.session_id``, or that service acked them off a queue past ``ORCH_START_QUEUES``
+    (``m.retired``): the broker holds no copy, and that service stopped the observers before
     it said so. No copy is left anywhere: a live one waits on no service, pending, and the
     gone-start repair publishes its start again (``manager/repairs/pending_starts.py``); a
     stop under way is done.
@@ -164,7 +165,10 @@ async def starts_gone(ctx: StateContext, session: AsyncSession, m: StartsGone, n
             rows.event(obs.id, EventType.STOPPED, now, service_id=m.service_id, detail=detail)
             continue
         obs.status = S.CREATED
-        detail = f"its start went with the deleted start queue of pool {', '.join(m.pools)}: published again"
+        if m.retired:
+            detail = f"moved off a start queue of pool {', '.join(m.pools)} past ORCH_START_QUEUES: published again"
+        else:
+            detail = f"its start went with the deleted start queue of pool {', '.join(m.pools)}: published again"
         rows.event(obs.id, EventType.RELEASED, now, from_service_id=m.service_id, detail=detail)
         again.append(obs.id)
     if again:

@@ -12,6 +12,7 @@ from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from manager.balance.retire import QueueHeld
 from manager.db import observers
 from manager.db.digests import held_digest
 from manager.db.models import EventType, Observer, ServiceStatus
@@ -56,6 +57,8 @@ async def heartbeat(
     services = ctx.services_of(session)
     placed = (m.priority, m.cordoned, tuple(sorted(m.pool_priorities.items())))
     ctx.placements[m.service_id] = (placed, m.start_queues)
+    if m.queue_held or m.service_id in ctx.queue_held:
+        ctx.queue_held[m.service_id] = QueueHeld(m.session_id, tuple(m.queue_held), time.monotonic())
     if not await services.touch(m.service_id, now, m.running, m.session_id, m.loop_lag_ms, m.refused):
         await ctx.introduce_if_unknown(session, m.service_id, out)
 

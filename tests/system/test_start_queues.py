@@ -153,3 +153,48 @@ def test_one_queue_becomes_three_and_back_with_nothing_lost(
     wait_for(lambda: running_on(system) == {"svc-b": 20}, 60, "all twenty moved to svc-b")
     assert later.alive()
     assert_never_on_two_services(log)
+
+
+def held_in(rabbit: infra.RabbitNode, vhost: str, queues: list[str]) -> dict[str, int]:
+    """The starts each of ``queues`` that exists holds, waiting or delivered and not acked."""
+    out = rabbit.ctl("list_queues", "-p", vhost, "-q", "--no-table-headers", "name", "messages")
+    counts = {name: int(count) for name, count in (line.split() for line in out.splitlines() if line.strip())}
+    return {q: counts[q] for q in queues if q in counts}
+
+
+def test_lowered_start_queues_are_emptied_into_the_ones_kept_and_deleted_with_nothing_run_twice(
+    system: System, rabbit: infra.RabbitNode, vhost: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "ticks.log"
+    system.env["ORCH_BALANCE_MOVES_PER_S"] = "20"  # a few rounds: moves of several services in turn
+    manager = system.start_manager(ORCH_START_QUEUES="3")
+    victim = system.start_service("svc-a", workers=30)
+    taker = system.start_service("svc-b", workers=30)
+    ids = create(system, log, [f"low-{i}" for i in range(30)])
+    wait_for(lambda: all_processing(system, ids), 30, "running over three queues")
+    names = topology.start_queue_names("default", 3)
+    past = [names[index] for i in ids if (index := topology.start_queue_index(uuid.UUID(i), 3))]
+    assert past
+    # A quorum queue's counts are the leader's, published at its tick (seconds): waited for.
+    wait_for(lambda: sorted(held_in(rabbit, vhost, names[1:]).values()) == sorted(Counter(past).values()), 30, "held")
+
+    # Lowered to one: the services move every start off the two queues past it into the
+    # first, stop consuming those two, and the manager deletes them.
+    manager.terminate()
+    system.start_manager()
+    wait_for(
+        lambda: held_in(rabbit, vhost, names) == {names[0]: 30}, 120, "all thirty in the first queue, the others gone"
+    )
+    wait_for(lambda: all_processing(system, ids), 30, "all Processing after the moves")
+    moved = [i for i in ids if topology.start_queue_index(uuid.UUID(i), 3)]
+    for observer_id in moved:
+        details = [e.get("detail") or "" for e in system.get(f"/api/observers/{observer_id}/events").json()]
+        assert any("past ORCH_START_QUEUES" in d for d in details), (observer_id, details)
+    assert not listed_consumers(rabbit, vhost, names[1]) and not listed_consumers(rabbit, vhost, names[2])
+    assert all(service.text().count("broker session open") == 1 for service in (victim, taker))
+
+    # Nothing was lost on the way, and nothing ran twice: a service's death moves all thirty once.
+    victim.kill9()
+    wait_for(lambda: running_on(system) == {"svc-b": 30}, 60, "all thirty on svc-b")
+    wait_for(lambda: held_in(rabbit, vhost, names) == {names[0]: 30}, 30, "all thirty still in the first queue")
+    assert_never_on_two_services(log)
