@@ -378,6 +378,12 @@ class ManagerSettings(CommonSettings):
         "into the first ones (within ORCH_BALANCE_MOVES_PER_S), then are deleted, so nothing is lost "
         '(docs/design.md, "A pool over several start queues")',
     )
+    start_queue_delete_after_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="a start queue past ORCH_START_QUEUES (lowered) is deleted once it has been empty and "
+        "consumed by no service this long: a manager not restarted with the new setting yet still publishes to it",
+    )
     restop_after_s: float = Field(
         default=10.0, gt=0, description="a stop still OnDeleting after this is broadcast again"
     )

@@ -16,10 +16,12 @@ of the balancer, none before the one above it holds:
    stops consuming the queues past it from which it holds nothing.
 3. **Delete.** Once every live service's heartbeat says it consumes that many and holds
    nothing past them, and each queue has neither a start nor a consumer (on a quorum queue
-   that count includes a cancelled consumer still holding deliveries), it is deleted, the
-   last first (the queues are numbered without gaps). Until then anything that turns up in
-   one (a service's death hands back what it still held) makes the services consume the
-   queues again, and its starts are moved.
+   that count includes a cancelled consumer still holding deliveries), and that has held for
+   ``ORCH_START_QUEUE_DELETE_AFTER_S`` (a manager not restarted with the lowered setting yet
+   still publishes to them), they are deleted, the last first (the queues are numbered
+   without gaps). Until then anything that turns up in one (a start such a manager
+   published, or one a service's death handed back) makes the services consume the queues
+   again, and its starts are moved.
 """
 
 from __future__ import annotations
@@ -57,12 +59,15 @@ class Retirement:
         queue_held: dict[uuid.UUID, QueueHeld],
         placements: dict[uuid.UUID, tuple[Placed, int]],
         broker: BrokerLink | None = None,
+        delete_after_s: float = 0.0,
     ) -> None:
         # The state side's, from the heartbeats (``StateContext``).
         self.queue_held = queue_held
         self.placements = placements
         self.broker = broker  # its probes ask about and delete the start queues
         self._asked: dict[uuid.UUID, float] = {}  # service: ``heard_at`` of the heartbeat it was asked from
+        self.delete_after_s = delete_after_s  # ``ORCH_START_QUEUE_DELETE_AFTER_S``
+        self._unused_since: float | None = None  # since when step 3's conditions have held
 
     def _past(self, fleet: list[planning.Member], keep: int) -> dict[uuid.UUID, int]:
         """Each live service's starts held from queues past the first ``keep``, by its last heartbeat."""
@@ -89,15 +94,27 @@ class Retirement:
             return in_use
         return keep
 
-    async def delete_emptied(self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int) -> bool:
-        """Delete the queues past the first ``keep`` of each pool once nothing is left in them
-        and no service consumes them (step 3); whether none is left."""
+    async def delete_emptied(
+        self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int, now: float
+    ) -> bool:
+        """Delete the queues past the first ``keep`` of each pool once nothing has been left in
+        them and no service has consumed them for ``delete_after_s`` up to ``now`` (monotonic
+        seconds; step 3); whether none is left."""
         if self.broker is None:
             return False
+        if not await self._unused(fleet, pools, keep, in_use):
+            self._unused_since = None
+            return False
+        if self._unused_since is None:
+            self._unused_since = now
+            logger.info(
+                "start queues past ORCH_START_QUEUES=%d are empty and unconsumed: deleted in %gs unless a start comes",
+                keep,
+                self.delete_after_s,
+            )
+        if now - self._unused_since < self.delete_after_s:
+            return False
         probes = self.broker.probes
-        past = self._past(fleet, keep)
-        if any(past.values()) or any(self.placements.get(m.id, (None, 0))[1] != keep for m in fleet):
-            return False  # a service still holds or consumes them, or has not said so yet
         try:
             for pool in sorted(pools):
                 for index in reversed(range(keep, in_use)):
@@ -105,10 +122,29 @@ class Retirement:
                     if use is None:
                         continue
                     if use != (0, 0) or not await probes.delete_start_queue(pool, index):
+                        self._unused_since = None
                         return False
                     logger.info(
                         "deleted start queue %d of pool %s: emptied, past ORCH_START_QUEUES=%d", index, pool, keep
                     )
+        except BrokerUnavailable:
+            return False
+        self._unused_since = None
+        return True
+
+    async def _unused(self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int) -> bool:
+        """Whether no live service holds or consumes a queue past the first ``keep`` of each
+        pool, as their heartbeats say, and the broker finds none of them holding a start or
+        consumed."""
+        assert self.broker is not None
+        if any(self._past(fleet, keep).values()) or any(self.placements.get(m.id, (None, 0))[1] != keep for m in fleet):
+            return False  # a service still holds or consumes them, or has not said so yet
+        try:
+            for pool in sorted(pools):
+                for index in range(keep, in_use):
+                    use = await self.broker.probes.start_queue_use(pool, index)
+                    if use is not None and use != (0, 0):
+                        return False
         except BrokerUnavailable:
             return False
         return True

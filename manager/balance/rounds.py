@@ -96,7 +96,9 @@ class BalanceRound:
         # (asked every minute: ``in_use``) while those past it are emptied (``retire.py``).
         self.configured_queues = self.start_queues = self.in_use = settings.start_queues
         self._queues_asked_at = -math.inf
-        self.retirement = Retirement({} if queue_held is None else queue_held, placements, broker)
+        self.retirement = Retirement(
+            {} if queue_held is None else queue_held, placements, broker, settings.start_queue_delete_after_s
+        )
 
     async def run(self) -> None:
         async with self.sessions.begin() as session:
@@ -131,7 +133,7 @@ class BalanceRound:
         # Last, with what is left: emptying the queues past ORCH_START_QUEUES can wait.
         await self.retirement.round(fleet, self.configured_queues, budget, self._publish)
         if self.start_queues < self.in_use and await self.retirement.delete_emptied(
-            fleet, pools, self.configured_queues, self.in_use
+            fleet, pools, self.configured_queues, self.in_use, time.monotonic()
         ):
             self.in_use = self.broker.start_queues_in_use = self.configured_queues
 

@@ -167,6 +167,7 @@ def test_lowered_start_queues_are_emptied_into_the_ones_kept_and_deleted_with_no
 ) -> None:
     log = tmp_path / "ticks.log"
     system.env["ORCH_BALANCE_MOVES_PER_S"] = "20"  # a few rounds: moves of several services in turn
+    system.env["ORCH_START_QUEUE_DELETE_AFTER_S"] = "2"
     manager = system.start_manager(ORCH_START_QUEUES="3")
     victim = system.start_service("svc-a", workers=30)
     taker = system.start_service("svc-b", workers=30)

@@ -110,13 +110,13 @@ async def test_emptied_queues_are_deleted_last_first_only_once_every_service_con
     placements: dict[uuid.UUID, Any] = {a.id: ((1, False, ()), 1), b.id: ((1, False, ()), 3)}
     probes = _Probes({0: (0, 2), 1: (0, 0), 2: (0, 0)})
     retirement = Retirement(held, placements, _broker(probes))
-    assert not await retirement.delete_emptied([a, b], {"p"}, keep=1, in_use=3)  # b consumes three
+    assert not await retirement.delete_emptied([a, b], {"p"}, keep=1, in_use=3, now=0.0)  # b consumes three
     placements[b.id] = ((1, False, ()), 1)
     probes.use[1] = (0, 1)  # a consumer left on queue 1
-    assert not await retirement.delete_emptied([a, b], {"p"}, keep=1, in_use=3)
-    assert probes.deleted == [2]
+    assert not await retirement.delete_emptied([a, b], {"p"}, keep=1, in_use=3, now=0.0)
+    assert probes.deleted == []
     probes.use[1] = (0, 0)
-    assert await retirement.delete_emptied([a, b], {"p"}, keep=1, in_use=3)
+    assert await retirement.delete_emptied([a, b], {"p"}, keep=1, in_use=3, now=0.0)
     assert probes.deleted == [2, 1] and list(probes.use) == [0]
 
 
@@ -126,10 +126,10 @@ async def test_nothing_is_deleted_while_a_service_holds_a_start_past_the_setting
     placements: dict[uuid.UUID, Any] = {a.id: ((1, False, ()), 1)}
     probes = _Probes({0: (0, 1), 1: (0, 0)})
     retirement = Retirement(held, placements, _broker(probes))
-    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2)
+    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=0.0)
     held[a.id] = QueueHeld(SESSION, (6,), heard_at=2.0)
     probes.refuse = True
-    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2)
+    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=0.0)
     assert probes.deleted == []
 
 
@@ -152,3 +152,20 @@ def test_starts_gone_says_retired_only_when_they_were(retired: bool) -> None:
 def test_retire_starts_round_trips_on_the_control_stream() -> None:
     ask = RetireStarts(service_id=uuid.uuid4(), session_id=SESSION, keep=2, count=250)
     assert decode_control(ask.encode()) == ask
+
+
+async def test_emptied_queues_are_deleted_only_once_they_stayed_empty_and_unconsumed_for_the_grace() -> None:
+    a = _member("a")
+    placements: dict[uuid.UUID, Any] = {a.id: ((1, False, ()), 1)}
+    probes = _Probes({0: (0, 1), 1: (0, 0)})
+    retirement = Retirement({}, placements, _broker(probes), delete_after_s=60.0)
+    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=0.0)
+    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=30.0)
+    probes.use[1] = (1, 0)  # a manager with the old setting published to it: the wait starts again
+    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=40.0)
+    probes.use[1] = (0, 0)
+    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=50.0)
+    assert not await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=100.0)
+    assert probes.deleted == []
+    assert await retirement.delete_emptied([a], {"p"}, keep=1, in_use=2, now=110.0)
+    assert probes.deleted == [1]
