@@ -82,7 +82,9 @@ class Retirement:
     async def told(self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int) -> int:
         """How many start queues of each pool the services are to consume: all ``in_use``
         while any past the first ``keep`` holds a start, ready or held (step 2)."""
-        if in_use <= keep or any(self._past(fleet, keep).values()) or self.broker is None:
+        if in_use <= keep or self.broker is None or any(m.id not in self.placements for m in fleet):
+            return in_use  # nothing past the setting, or a service not heard from yet (a manager's start)
+        if any(self._past(fleet, keep).values()):
             return in_use
         try:
             for pool in sorted(pools):

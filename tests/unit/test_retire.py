@@ -93,8 +93,13 @@ def _broker(probes: _Probes) -> BrokerLink:
 async def test_the_queues_past_the_setting_stay_consumed_while_a_start_is_held_from_them_or_waits_in_them() -> None:
     a = _member("a")
     held = {a.id: QueueHeld(SESSION, (5, 1), heard_at=1.0)}
+    placements: dict[uuid.UUID, Any] = {}
     probes = _Probes({0: (0, 1), 1: (0, 1), 2: (0, 1)})
-    retirement = Retirement(held, {}, _broker(probes))
+    retirement = Retirement(held, placements, _broker(probes))
+    held[a.id] = QueueHeld(SESSION, (6, 0), heard_at=1.0)
+    assert await retirement.told([a], {"p"}, keep=1, in_use=3) == 3  # not heard from since this manager started
+    placements[a.id] = ((1, False, ()), 3)
+    held[a.id] = QueueHeld(SESSION, (5, 1), heard_at=1.0)
     assert await retirement.told([a], {"p"}, keep=1, in_use=3) == 3  # held
     held[a.id] = QueueHeld(SESSION, (6, 0), heard_at=2.0)
     probes.use[2] = (1, 1)
