@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.system.test_fencing import assert_never_on_two_services
+from tests.system.test_placement import priorities
 from tools import infra
 from tools.harness import System, metric, probe_args, wait_for
 
@@ -208,7 +209,7 @@ def test_a_drain_without_room_elsewhere_says_so_and_loses_nothing(system: System
     assert back.status_code == 200 and not back.json()["draining"] and back.json()["drain_note"] is None
 
 
-def test_new_creates_go_to_the_emptiest_service_first(system: System) -> None:
+def test_new_creates_go_to_the_emptiest_service_first(system: System, rabbit: infra.RabbitNode, vhost: str) -> None:
     # Given a service running 20 observers and one that just joined, with moves off: only the
     # placement (consumer priorities) acts
     system.env["ORCH_BALANCE_MOVES_PER_S"] = "0"
@@ -218,6 +219,9 @@ def test_new_creates_go_to_the_emptiest_service_first(system: System) -> None:
     wait_for(lambda: loads(system) == {"full": 20}, 30, "20 Processing on the first service")
     system.start_service("empty", workers=100)
     empty_id = next(s["id"] for s in system.services() if s["name"] == "empty")
+    # Its priority applied (the broker has two): before, a create lands on either by turns, so
+    # one landing on the new service proved nothing (it once did, and the next went to "full").
+    wait_for(lambda: len(set(priorities(rabbit, vhost))) == 2, 30, "the placements applied")
 
     # Once the new one takes starts first (its priority is applied within a round or two) ...
     def lands_on_empty() -> bool:
