@@ -53,6 +53,27 @@ class QueueHeld:
     heard_at: float  # ``time.monotonic`` when it was applied
 
 
+@dataclass(frozen=True)
+class Look:
+    """One balance round's view of the queues past the first ``keep`` of each pool, taken
+    once (``Retirement.look``) for all three steps: what each live service's last heartbeat
+    says it holds from them, and, once none holds any, what the broker says of each."""
+
+    keep: int
+    in_use: int
+    pools: tuple[str, ...]
+    held: dict[uuid.UUID, QueueHeld]  # live services' last heartbeats
+    past: dict[uuid.UUID, int]  # starts each holds past ``keep``
+    consume_kept: bool  # every live service's placement heartbeat says it consumes ``keep`` queues
+    # (ready, consumers) of each queue past ``keep`` (None: it does not exist); None when not
+    # asked (a start held past them, a service not heard from) or the broker did not answer.
+    uses: tuple[tuple[int, int] | None, ...] | None
+
+    @property
+    def held_past(self) -> bool:
+        return any(self.past.values())
+
+
 class Retirement:
     def __init__(
         self,
@@ -69,57 +90,71 @@ class Retirement:
         self.delete_after_s = delete_after_s  # ``ORCH_START_QUEUE_DELETE_AFTER_S``
         self._unused_since: float | None = None  # since when step 3's conditions have held
 
-    def _past(self, fleet: list[planning.Member], keep: int) -> dict[uuid.UUID, int]:
-        """Each live service's starts held from queues past the first ``keep``, by its last heartbeat."""
+    async def look(self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int) -> Look:
+        """This round's ``Look``; the services gone are forgotten."""
         alive = {m.id for m in fleet}
         for gone in [i for i in self.queue_held if i not in alive]:
             del self.queue_held[gone]
         self._asked = {i: at for i, at in self._asked.items() if i in alive}
-        past = {i: sum(held.counts[keep:]) for i, held in self.queue_held.items()}
+        held = dict(self.queue_held)
+        past = {i: sum(h.counts[keep:]) for i, h in held.items()}
         HELD_PAST_START_QUEUES.set(sum(past.values()))
-        return past
+        heard = [self.placements.get(m.id) for m in fleet]
+        uses = None
+        # A service not heard from since this manager started may hold starts past them.
+        if in_use > keep and self.broker is not None and None not in heard and not any(past.values()):
+            uses = await self._ask(sorted(pools), range(keep, in_use))
+        return Look(
+            keep=keep,
+            in_use=in_use,
+            pools=tuple(sorted(pools)),
+            held=held,
+            past=past,
+            consume_kept=all(p is not None and p[1] == keep for p in heard),
+            uses=uses,
+        )
 
-    async def told(self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int) -> int:
-        """How many start queues of each pool the services are to consume: all ``in_use``
-        while any past the first ``keep`` holds a start, ready or held (step 2)."""
-        if in_use <= keep or self.broker is None or any(m.id not in self.placements for m in fleet):
-            return in_use  # nothing past the setting, or a service not heard from yet (a manager's start)
-        if any(self._past(fleet, keep).values()):
-            return in_use
+    async def _ask(self, pools: list[str], indexes: range) -> tuple[tuple[int, int] | None, ...] | None:
+        assert self.broker is not None
         try:
-            for pool in sorted(pools):
-                for index in range(keep, in_use):
-                    use = await self.broker.probes.start_queue_use(pool, index)
-                    if use is not None and use[0] > 0:
-                        return in_use
+            return tuple([await self.broker.probes.start_queue_use(pool, i) for pool in pools for i in indexes])
         except BrokerUnavailable:
-            return in_use
-        return keep
+            return None
 
-    async def delete_emptied(
-        self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int, now: float
-    ) -> bool:
+    def told(self, look: Look) -> int:
+        """How many start queues of each pool the services are to consume: all ``in_use``
+        while any past the first ``keep`` holds a start, ready or held (step 2), or a service
+        has not said yet what it holds (a manager's start)."""
+        if look.in_use <= look.keep:
+            return look.in_use
+        if look.uses is None or any(use is not None and use[0] > 0 for use in look.uses):
+            return look.in_use
+        return look.keep
+
+    async def delete_emptied(self, look: Look, now: float) -> bool:
         """Delete the queues past the first ``keep`` of each pool once nothing has been left in
         them and no service has consumed them for ``delete_after_s`` up to ``now`` (monotonic
         seconds; step 3); whether none is left."""
         if self.broker is None:
             return False
-        if not await self._unused(fleet, pools, keep, in_use):
+        if not self._unused(look):
             self._unused_since = None
             return False
         if self._unused_since is None:
             self._unused_since = now
             logger.info(
                 "start queues past ORCH_START_QUEUES=%d are empty and unconsumed: deleted in %gs unless a start comes",
-                keep,
+                look.keep,
                 self.delete_after_s,
             )
         if now - self._unused_since < self.delete_after_s:
             return False
         probes = self.broker.probes
         try:
-            for pool in sorted(pools):
-                for index in reversed(range(keep, in_use)):
+            for pool in look.pools:
+                for index in reversed(range(look.keep, look.in_use)):
+                    # Asked again at the moment of deleting: a quorum queue refuses the
+                    # broker's own if-unused/if-empty check (``BrokerProbes.delete_start_queue``).
                     use = await probes.start_queue_use(pool, index)
                     if use is None:
                         continue
@@ -127,57 +162,49 @@ class Retirement:
                         self._unused_since = None
                         return False
                     logger.info(
-                        "deleted start queue %d of pool %s: emptied, past ORCH_START_QUEUES=%d", index, pool, keep
+                        "deleted start queue %d of pool %s: emptied, past ORCH_START_QUEUES=%d", index, pool, look.keep
                     )
         except BrokerUnavailable:
             return False
         self._unused_since = None
         return True
 
-    async def _unused(self, fleet: list[planning.Member], pools: set[str], keep: int, in_use: int) -> bool:
+    @staticmethod
+    def _unused(look: Look) -> bool:
         """Whether no live service holds or consumes a queue past the first ``keep`` of each
-        pool, as their heartbeats say, and the broker finds none of them holding a start or
+        pool, as their heartbeats say, and the broker found none of them holding a start or
         consumed."""
-        assert self.broker is not None
-        if any(self._past(fleet, keep).values()) or any(self.placements.get(m.id, (None, 0))[1] != keep for m in fleet):
-            return False  # a service still holds or consumes them, or has not said so yet
-        try:
-            for pool in sorted(pools):
-                for index in range(keep, in_use):
-                    use = await self.broker.probes.start_queue_use(pool, index)
-                    if use is not None and use != (0, 0):
-                        return False
-        except BrokerUnavailable:
+        if look.held_past or not look.consume_kept or look.uses is None:
             return False
-        return True
+        return all(use is None or use == (0, 0) for use in look.uses)
 
     async def round(
         self,
         fleet: list[planning.Member],
-        keep: int,
+        look: Look,
         budget: int,
         publish: Callable[[RetireStarts, str], Awaitable[bool]],
     ) -> int:
         """Ask the services holding starts from queues past the first ``keep`` to move at most
         ``budget`` of them (step 1); how many were asked."""
-        past = self._past(fleet, keep)
         asked = 0
         for m in fleet:
-            held = self.queue_held.get(m.id)
-            if budget - asked <= 0 or held is None or held.session_id is None or past[m.id] <= 0:
+            held = look.held.get(m.id)
+            if budget - asked <= 0 or held is None or held.session_id is None or look.past[m.id] <= 0:
                 continue
             if self._asked.get(m.id) == held.heard_at:
                 continue  # moving what it was asked for; its next heartbeat says what is left
-            count = min(past[m.id], budget - asked)
-            if await publish(RetireStarts(service_id=m.id, session_id=held.session_id, keep=keep, count=count), m.name):
+            count = min(look.past[m.id], budget - asked)
+            ask = RetireStarts(service_id=m.id, session_id=held.session_id, keep=look.keep, count=count)
+            if await publish(ask, m.name):
                 self._asked[m.id] = held.heard_at
                 asked += count
                 logger.info(
                     "start queues past %d: %s moves %d of the %d start(s) it holds from them",
-                    keep,
+                    look.keep,
                     m.name,
                     count,
-                    past[m.id],
+                    look.past[m.id],
                 )
         STARTS_RETIRED.inc(asked)
         return asked

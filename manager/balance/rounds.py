@@ -107,7 +107,8 @@ class BalanceRound:
         FLEET_IMBALANCE.set(decided.imbalance)
         pools = {pool for m in fleet for pool in m.pools}
         await self._ask_start_queues(pools)
-        self.start_queues = await self.retirement.told(fleet, pools, self.configured_queues, self.in_use)
+        look = await self.retirement.look(fleet, pools, self.configured_queues, self.in_use)
+        self.start_queues = self.retirement.told(look)
         placed = await self._place(fleet, decided)
         changed = {i: note for i, note in decided.drain_notes.items() if notes.get(i) != note}
         if changed:
@@ -131,10 +132,8 @@ class BalanceRound:
             if asked and move.reason == "drain":
                 landing.add(move.pool)
         # Last, with what is left: emptying the queues past ORCH_START_QUEUES can wait.
-        await self.retirement.round(fleet, self.configured_queues, budget, self._publish)
-        if self.start_queues < self.in_use and await self.retirement.delete_emptied(
-            fleet, pools, self.configured_queues, self.in_use, time.monotonic()
-        ):
+        await self.retirement.round(fleet, look, budget, self._publish)
+        if self.start_queues < self.in_use and await self.retirement.delete_emptied(look, time.monotonic()):
             self.in_use = self.broker.start_queues_in_use = self.configured_queues
 
     async def _ask_start_queues(self, pools: set[str]) -> None:
