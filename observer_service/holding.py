@@ -18,21 +18,19 @@ process (SIGSTOP, swapped out) still freezes both threads, and the lease still l
 
 Every method here runs on the holding loop, except where it says "any thread". What crosses
 to the main loop goes through its ``Mailbox``, in order: start deliveries, control
-commands, and the session's failure. What comes back is settles (``settle``: posted in
-order, sent by one task, never awaited by the caller) and ``LoopThread.call`` for opening,
-closing and handing starts back.
+commands, and the session's failure. What comes back is settles (``settle_queue.py``) and
+``LoopThread.call`` for opening, closing and handing starts back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import aio_pika
 import aiormq
@@ -42,6 +40,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractIncomingMe
 from observer_service import metrics, queue_watch
 from observer_service.lease import Lease, keep
 from observer_service.loop_thread import Mailbox
+from observer_service.settle_queue import DeliveryChannel, SettleQueue
 from observer_service.start_channel import as_start_channel, takes_up_records
 from observer_service.start_consumers import Placement, StartConsumers
 from shared import topology
@@ -51,11 +50,8 @@ from shared.messages import ControlMessage, decode_control
 
 logger = logging.getLogger(__name__)
 
-_ACK_TAKEN_WITHIN_S = 10.0  # the round trip after acks (``ack_taken``); a broker this slow is failing
 NOT_DECLARED_RETRY_S = 1.0  # a pool's start queue past the first, not declared by the manager yet
 
-# The channel a start delivery came on: settling it needs that channel and the delivery tag.
-DeliveryChannel = aiormq.abc.AbstractChannel
 # A start delivery, as the runner keeps it: the body, its channel, the delivery tag, whether
 # the broker redelivered it, and whether it came to a consumer stepped aside (every other one
 # was full, or could not run it: ``start_consumers.py``), its AMQP headers (a trace's
@@ -69,7 +65,6 @@ FailHandler = Callable[[str, BaseException | None], None]
 # Called on the main loop with a pool and what the broker refuses about its start queue (in
 # a line naming what to change), or None once it consumes that pool.
 RefusedHandler = Callable[[str, str | None], None]
-Settle = Literal["ack", "requeue", "reject"]
 
 
 class HoldingConnection:
@@ -105,10 +100,7 @@ class HoldingConnection:
         self._tasks: list[asyncio.Task[None]] = []
         self._handing_back: set[asyncio.Task[None]] = set()
         self._closing = False
-        # Settles posted by the main loop, sent in order by ``_settle_loop``.
-        self._settles: collections.deque[tuple[Settle, DeliveryChannel, int]] = collections.deque()
-        self._settle_wakeup: asyncio.Event | None = None
-        self._settling = asyncio.Lock()
+        self.settles = SettleQueue(self.starts.settled)  # posted by the main loop
         self._holds: dict[str, list[int]] = {}  # pool -> the prefetch of each channel per queue
         self._refused: dict[str, dict[str, str]] = {}  # pool -> its queues refused, and why
         # pool -> the indexes of its start queues consumed, or to be once declared or allowed
@@ -134,7 +126,6 @@ class HoldingConnection:
         queue on channels of the given prefetches (``holds``: pool, prefetch per channel);
         delete ``markers_left`` by earlier sessions."""
         self._on_start, self._on_control, self._on_refused = on_start, on_control, on_refused
-        self._settle_wakeup = asyncio.Event()
         self.markers_left = list(markers_left or ())
         self._connection = await aio_pika.connect(url, client_properties={"connection_name": name})
         self._connection.close_callbacks.add(self._on_closed)
@@ -163,7 +154,7 @@ class HoldingConnection:
                 await self._hold_queue(pool, index, prefetches)
         self._tasks += [
             asyncio.create_task(self._lease_loop(), name="lease"),
-            asyncio.create_task(self._settle_loop(), name="settle"),
+            asyncio.create_task(self.settles.run(), name="settle"),
             asyncio.create_task(self._watch_queues(), name="watch queues"),
         ]
         if self.markers_left:
@@ -207,7 +198,7 @@ class HoldingConnection:
         # Settles posted before the close still go out if the connection lives: each was
         # posted only once its report was confirmed, so it is owed to the broker.
         if self._connection is not None and not self._connection.is_closed:
-            await self._send_settles()
+            await self.settles.send()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -375,7 +366,7 @@ class HoldingConnection:
     async def requeue_held(self) -> None:
         """Close the start channels (``Session.requeue_held`` says why), after sending every settle
         posted before: an ack of a stopped observer must not be turned into a requeue."""
-        await self._send_settles()
+        await self.settles.send()
 
         def on_purpose(channel: AbstractChannel) -> None:
             channel.close_callbacks.discard(self._on_closed)  # the session lives on
@@ -412,7 +403,7 @@ class HoldingConnection:
         metrics.STARTS_PAST_WORKERS.inc()
         with contextlib.suppress(Exception):
             await self.starts.pause(channel)
-        self.settle("requeue", channel, tag)
+        self.settles.post("requeue", channel, tag)
 
     async def _on_control_message(self, message: AbstractIncomingMessage) -> None:
         """Decoded here, acked here (a malformed one is dead-lettered, and the consumer goes
@@ -428,51 +419,6 @@ class HoldingConnection:
             await message.ack()
         assert self._on_control is not None
         self._to_main.post(self._on_control, command)
-
-    # --- settles: from the main loop -------------------------------------------------------
-
-    def settle(self, operation: Settle, channel: DeliveryChannel, tag: int) -> None:
-        """Queue a settle (called on the holding loop, through its mailbox)."""
-        self._settles.append((operation, channel, tag))
-        if self._settle_wakeup is not None:
-            self._settle_wakeup.set()
-
-    async def _settle_loop(self) -> None:
-        assert self._settle_wakeup is not None
-        while True:
-            await self._settle_wakeup.wait()
-            self._settle_wakeup.clear()
-            await self._send_settles()
-
-    async def ack_taken(self, deliveries: list[tuple[DeliveryChannel, int]]) -> bool:
-        """Ack these deliveries, and say whether the broker has taken every ack: a settle has
-        no answer, but a channel handles its frames in order, so a round trip on each channel
-        after its acks (a passive declare) returns only once they were handled. False if a
-        channel failed meanwhile: whether its acks were taken is unknown."""
-        for channel, tag in deliveries:
-            self.settle("ack", channel, tag)
-        await self._send_settles()
-        try:
-            for channel in {id(channel): channel for channel, _ in deliveries}.values():
-                async with asyncio.timeout(_ACK_TAKEN_WITHIN_S):
-                    await channel.exchange_declare(exchange=topology.EVENTS_EXCHANGE, passive=True)
-        except Exception:  # noqa: BLE001 - the channel or the connection is gone
-            return False
-        return True
-
-    async def _send_settles(self) -> None:
-        async with self._settling:
-            while self._settles:
-                operation, channel, tag = self._settles.popleft()
-                # A closed channel's deliveries are the broker's again: nothing to settle.
-                with contextlib.suppress(Exception):
-                    if operation == "ack":
-                        await channel.basic_ack(tag, wait=False)
-                    elif operation == "requeue":
-                        await channel.basic_nack(tag, requeue=True, wait=False)
-                    else:
-                        await channel.basic_reject(tag, requeue=False, wait=False)
-                self.starts.settled(channel, tag)  # its slot is free again (start_consumers.py)
 
     # --- lease -------------------------------------------------------------------------
 

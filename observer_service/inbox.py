@@ -24,9 +24,9 @@ from typing import Any
 
 from observer_service import metrics
 from observer_service.gc_policy import GcPolicy
-from observer_service.holding import DeliveryChannel
 from observer_service.outbox import Outbox
 from observer_service.session import Session
+from observer_service.settle_queue import DeliveryChannel
 
 # Starts admitted between yields to the event loop.
 _YIELD_EVERY = 100

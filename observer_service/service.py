@@ -23,7 +23,6 @@ from typing import Any
 
 from observer_service import health, home_node, metrics
 from observer_service.capacity import sized
-from observer_service.holding import DeliveryChannel
 from observer_service.inbox import Delivery, Inbox
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
@@ -32,6 +31,7 @@ from observer_service.reports import Reports
 from observer_service.retire import retire
 from observer_service.runner import Runner
 from observer_service.session import Session
+from observer_service.settle_queue import DeliveryChannel
 from observer_service.start_consumers import Placement
 from observer_service.watchdog import GcPauses, LoopWatchdog
 from shared.backoff import backoff_delay

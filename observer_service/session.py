@@ -38,17 +38,11 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from observer_service import metrics
 from observer_service.emits import EventPublisher, Slots
-from observer_service.holding import (
-    ControlHandler,
-    DeliveryChannel,
-    HoldingConnection,
-    RefusedHandler,
-    Settle,
-    StartHandler,
-)
+from observer_service.holding import ControlHandler, HoldingConnection, RefusedHandler, StartHandler
 from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, Report, StartedReport, pack
+from observer_service.settle_queue import DeliveryChannel, Settle
 from observer_service.start_consumers import Placement
 from shared import topology, tracing
 from shared.amqp_errors import describe_close, describe_connect_failure, refusal
@@ -308,16 +302,16 @@ class Session:
         # broker's again: settling it is an error (``settle`` ignores it).
         if self._held_back or channel.is_closed or self._to_hold is None or self._holding is None:
             raise BrokerUnavailable("the channel of this delivery is closed: it went back to the queue")
-        self._to_hold.post(self._holding.settle, operation, channel, tag)
+        self._to_hold.post(self._holding.settles.post, operation, channel, tag)
 
     async def ack_taken(self, deliveries: list[tuple[DeliveryChannel, int]]) -> bool | None:
         """Ack these deliveries and wait until the broker has taken the acks (True). None: not
         acked, the session is ending and the broker takes them back; False: acked, but whether
-        the broker took the acks is not known (``HoldingConnection.ack_taken``)."""
+        the broker took the acks is not known (``SettleQueue.ack_taken``)."""
         if self._held_back or self._thread is None or self._holding is None or self.closed.is_set():
             return None
         try:
-            return await self._thread.call(self._holding.ack_taken(deliveries))
+            return await self._thread.call(self._holding.settles.ack_taken(deliveries))
         except Exception:  # noqa: BLE001 - the holding thread is gone with the session
             return False
 

@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Awaitable
 from typing import Any
 
-from observer_service.holding import DeliveryChannel
 from observer_service.session import Session
+from observer_service.settle_queue import DeliveryChannel
 
 
 async def until_confirmed(confirmed: asyncio.Future[bool], sessions: set[Session]) -> bool:

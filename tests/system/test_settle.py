@@ -16,11 +16,11 @@ import pytest
 from aio_pika.abc import AbstractChannel
 
 from observer_service import session as session_module
-from observer_service.holding import DeliveryChannel
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.session import Session
 from observer_service.settle import settle
+from observer_service.settle_queue import DeliveryChannel
 from observer_service.start_consumers import Placement
 from shared import topology
 from shared.messages import ControlMessage
