@@ -35,6 +35,9 @@ latest start as ``orch_service_last_start_timestamp_seconds`` says, so the poll 
 nothing), and a node cut off at most 30 s (``node_cut_s``) until the manager's view agrees.
 The node kill is also timed until the manager's view agrees (``node_kill_s``), which comes
 after the observers run.
+Beside it, once per run, the raw broker's part (``bench/node_death_raw.py``: a third of N
+held on a node killed, taken by consumers on the other two, nothing of the product running),
+scaled to the count each deployment moved (``node_kill_raw_s``): the floor under the 3 s.
 The other figures are judged against one node's. On the cluster, each start queue's leader
 and the reductions of its process during the create and the node kill show whether the work
 of a pool over several queues is spread (``bench/leader_work.py``): on one 2-core machine
@@ -58,7 +61,7 @@ import aio_pika
 import asyncpg
 import httpx
 
-from bench import leader_work
+from bench import leader_work, node_death_raw
 from bench.broker_memory import broker_memory_kib
 from bench.fresh import busiest_host, create_idle, fresh_system, held_by
 from bench.scale import RESULTS, SCALE_ENV
@@ -92,6 +95,9 @@ class Deployment:
     node_kill_s: float | None = None
     node_kill_running_s: float | None = None
     node_kill_moved: int | None = None
+    # The raw broker's part of the node kill at ``node_kill_moved`` (``bench/node_death_raw.py``,
+    # measured once per run at a third of the size, scaled at its hand-on rate).
+    node_kill_raw_s: float | None = None
     node_cut_s: float | None = None
     node_cut_moved: int | None = None
     # Cluster only: each start queue's leader and its work (``bench/leader_work.py``) during
@@ -502,6 +508,15 @@ def main(argv: list[str] | None = None) -> int:
             postgres.drop_database(tag)
         results["deployments"] = [asdict(d) for d in deployments]
         out.write_text(json.dumps(results, indent=2))
+    clustered = [d for d in deployments if d.node_kill_moved]
+    if clustered:
+        raw = asyncio.run(node_death_raw.measure(nodes, max(1, args.size // 3)))
+        for d in clustered:
+            assert d.node_kill_moved is not None
+            d.node_kill_raw_s = raw["first_s"] + d.node_kill_moved / raw["hand_on_per_s"]
+        results["node_kill_raw"] = raw
+        results["deployments"] = [asdict(d) for d in deployments]
+        out.write_text(json.dumps(results, indent=2))
     if deployments:
         print_deployments(deployments)
     if args.only not in ("deployments", "cluster"):
@@ -535,6 +550,7 @@ def print_deployments(deployments: list[Deployment]) -> None:
     row("failover after a service kill (s)", [d.service_kill_s for d in deployments])
     node_death = f"<= {NODE_DEATH_TARGET_S:.0f}"
     row("node kill -> running (s)", [d.node_kill_running_s for d in deployments], node_death)
+    row("  the raw broker, as many (s)", [d.node_kill_raw_s for d in deployments])
     row("node kill -> manager agrees (s)", [d.node_kill_s for d in deployments])
     partitioned = f"<= {PARTITION_TARGET_S:.0f}"
     row("failover after a node cut off (s)", [d.node_cut_s for d in deployments], partitioned)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -83,15 +84,19 @@ async def measure(nodes: list[infra.RabbitNode], held: int) -> dict[str, float]:
             connections.append(await _consumer(node.url, queue, held, taker))
         await asyncio.sleep(1)
         began = time.monotonic()
+        logging.disable(logging.ERROR)  # the holder's connection dies with its node: that is the point
         nodes[2].kill()
         await asyncio.wait_for(all_taken.wait(), _WITHIN_S)
         ended = time.monotonic()
         first_at = min(t.first_at for t in takers if t.first_at is not None)
-        await (await admin.channel()).queue_delete(queue)
     finally:
-        for connection in connections[1:]:
-            await connection.close()
+        for connection in connections:
+            with contextlib.suppress(Exception):
+                await connection.close()
+        with contextlib.suppress(Exception):
+            await (await admin.channel()).queue_delete(queue)
         await admin.close()
+        logging.disable(logging.NOTSET)
         await asyncio.to_thread(nodes[2].start)
     return {
         "held": held,
@@ -106,7 +111,6 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     options = parser.parse_args()
-    logging.disable(logging.ERROR)  # the holder's connection dies with its node: that is the point
     nodes = infra.broker_cluster(3)
     print(f"{'held':>7} {'first taken':>12} {'all taken':>10} {'hand-on':>10}")
     runs = []
