@@ -64,7 +64,8 @@ import httpx
 from bench import leader_work, node_death_raw
 from bench.broker_memory import broker_memory_kib
 from bench.fresh import busiest_host, create_idle, fresh_system, held_by
-from bench.scale import RESULTS, SCALE_ENV
+from bench.results_file import results_path, write_results
+from bench.scale import SCALE_ENV
 from bench.scenarios import BULK, LAST_START, RUNNING
 from shared import topology
 from tools import infra
@@ -472,8 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     infra.up()
     single, postgres, nodes = infra.rabbit_node(), infra.postgres_node(), infra.broker_cluster(3)
     started = datetime.now(UTC)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"cluster-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = results_path("cluster", started)
     results: dict[str, object] = {
         "started": started.isoformat(),
         "size": args.size,
@@ -507,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
             broker.delete_vhost(tag, timeout=600)
             postgres.drop_database(tag)
         results["deployments"] = [asdict(d) for d in deployments]
-        out.write_text(json.dumps(results, indent=2))
+        write_results(out, results)
     clustered = [d for d in deployments if d.node_kill_moved]
     if clustered:
         raw = asyncio.run(node_death_raw.measure(nodes, max(1, args.size // 3)))
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             d.node_kill_raw_s = raw["first_s"] + d.node_kill_moved / raw["hand_on_per_s"]
         results["node_kill_raw"] = raw
         results["deployments"] = [asdict(d) for d in deployments]
-        out.write_text(json.dumps(results, indent=2))
+        write_results(out, results)
     if deployments:
         print_deployments(deployments)
     if args.only not in ("deployments", "cluster"):
@@ -527,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             nodes[0].delete_vhost(tag, timeout=600)
         results["failovers"] = asdict(done)
-        out.write_text(json.dumps(results, indent=2))
+        write_results(out, results)
         print_failovers(done)
     print(f"results written to {out}")
     return 0

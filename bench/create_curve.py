@@ -36,7 +36,8 @@ from typing import Any
 from bench import broker_work, profile
 from bench.curve import Point
 from bench.fresh import fresh_system
-from bench.run import RESULTS, aligned, machine
+from bench.results_file import results_path, write_results
+from bench.run import aligned, machine
 from bench.scale import SCALE_ENV, ScalePoint, Watch, _teardown
 from shared import topology
 from tools import infra
@@ -150,11 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         infra.up()
         result = asyncio.run(_measure(args.n, args.queue_types, int(args.start_queues)))
-        args.one.write_text(json.dumps(result, indent=2))
+        write_results(args.one, result)
         return 0
     started = datetime.now(UTC)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"create-curve-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = results_path("create-curve", started)
     runs: dict[str, dict[str, Any]] = {}
     types = [t.strip() for t in args.queue_types.split(",") if t.strip()]
     layouts = [int(k) for k in args.start_queues.split(",") if k.strip()]
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 name = series + ("" if types == ["classic"] else f" {queue_type}") + ("" if k == 1 else f" x{k}")
                 part = out.with_suffix(f".{series}.{queue_type}.{k}.part")
                 runs[name] = run_series(series, queue_type, k, args.n, part)
-                out.write_text(json.dumps({"started": started.isoformat(), "n": args.n, "runs": runs}, indent=2))
+                write_results(out, {"started": started.isoformat(), "n": args.n, "runs": runs})
     print(side_by_side(runs))
     print(f"\nresults written to {out}")
     return 0

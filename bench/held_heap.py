@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +31,12 @@ import aiormq
 from aiormq import spec
 
 from bench.raw import default_amqp_url
+from bench.results_file import results_path, write_results
 from shared import topology
 from shared.messages import StartObserver
 from tools.infra.rabbitmq import RabbitNode
 from tools.infra.stack import rabbit_node
 
-RESULTS = Path(__file__).resolve().parent / "results"
 _HELD_WITHIN_S = 300.0
 
 # The queue process's live state and heap, in bytes, after a full collection.
@@ -136,9 +134,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{shape:<38} {row['body_bytes']:>5}B {row['state_bytes_per_held']:>14.0f}B {row['heap_mib']:>10.1f} MiB",
             flush=True,
         )
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"held-heap-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    path.write_text(json.dumps({"rabbitmq": version, "queue_type": "classic", "rows": rows}, indent=2) + "\n")
+    path = results_path("held-heap")
+    write_results(path, {"rabbitmq": version, "queue_type": "classic", "rows": rows})
     print(f"written to {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     return 0
 

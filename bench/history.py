@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.run import RESULTS
+from bench.results_file import RESULTS
 from bench.scenarios import Figure
 
 _RUN_FILE = re.compile(r"(\d{8}T\d{6}Z)\.json")

@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import sys
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aio_pika
@@ -43,9 +40,9 @@ import aio_pika
 from bench import profile
 from bench.broker_work import busy_seconds
 from bench.raw import _Fleet, _publish_batched, _start_message, default_amqp_url
+from bench.results_file import results_path, write_results
 from tools.infra.stack import rabbit_node
 
-RESULTS = Path(__file__).resolve().parent / "results"
 SETTLE_S = 20.0
 # One minute of microstate accounting, summed per (thread type, activity), in microseconds.
 _MSACC = (
@@ -165,9 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.keep_awake,
         )
     )
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"idle-floor-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = results_path("idle-floor")
+    write_results(path, result)
     print(f"broker CPU s per idle minute holding {args.n:,}: {result['cpu_s_per_min']}; written to {path}")
     return 0
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 import uuid
@@ -31,7 +30,7 @@ import aio_pika
 import httpx
 
 from bench.fresh import fresh_system
-from bench.scale import RESULTS
+from bench.results_file import results_path, write_results
 from shared import topology
 from tools import infra
 from tools.harness import System
@@ -91,8 +90,8 @@ def main() -> None:
     }
     for key, figures in summary.items():
         print(f"{key:<12} median {figures['median']:.2f} s   runs {figures['runs']}")
-    out = RESULTS / f"manager-start-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps({"started": started.isoformat(), "runs": args.runs, "figures": summary}, indent=2))
+    out = results_path("manager-start", started)
+    write_results(out, {"started": started.isoformat(), "runs": args.runs, "figures": summary})
     print(f"results written to {out}")
 
 

@@ -20,19 +20,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import aio_pika
 
+from bench.results_file import results_path, write_results
 from tools import infra
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TIMEOUT_MS = 2000  # the product's x-consumer-disconnected-timeout (shared/topology.py)
 _WITHIN_S = 120.0
 
@@ -121,9 +118,8 @@ def main() -> None:
             f"{run['held']:>7,} {run['first_s']:>11.2f}s {run['all_s']:>9.2f}s {run['hand_on_per_s']:>8,.0f}/s",
             flush=True,
         )
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"node-death-raw-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    path.write_text(json.dumps({"timeout_ms": TIMEOUT_MS, "runs": runs}, indent=2) + "\n")
+    path = results_path("node-death-raw")
+    write_results(path, {"timeout_ms": TIMEOUT_MS, "runs": runs})
     print(f"written to {path}")
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ import asyncpg
 
 from bench.cluster import all_processing
 from bench.fresh import create_idle, fresh_system
-from bench.run import RESULTS
+from bench.results_file import results_path, write_results
 from bench.scale import SCALE_ENV
 from tools import infra
 
@@ -85,9 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     for key, value in figures.items():
         print(f"{key:<20} {value}")
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"pod-sizing-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps({"started": started.isoformat(), **figures}, indent=2))
+    out = results_path("pod-sizing", started)
+    write_results(out, {"started": started.isoformat(), **figures})
     print(f"results written to {out}")
     return 0
 

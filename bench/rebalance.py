@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import re
 import statistics
 import sys
@@ -33,7 +32,8 @@ import asyncpg
 
 from bench.cluster import until
 from bench.fresh import create_idle, fresh_system
-from bench.scale import RESULTS, SCALE_ENV
+from bench.results_file import results_path, write_results
+from bench.scale import SCALE_ENV
 from bench.scenarios import BULK
 from tools import infra
 from tools.harness import System, metric
@@ -127,9 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         system.stop_all()
         rabbit.delete_vhost(tag, timeout=600)
         postgres.drop_database(tag)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"rebalance-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps({"started": started.isoformat(), "size": args.size, **result}, indent=2))
+    out = results_path("rebalance", started)
+    write_results(out, {"started": started.isoformat(), "size": args.size, **result})
     print_result(result, args.size)
     print(f"results written to {out}")
     return 0

@@ -26,10 +26,9 @@ from typing import Any
 
 from bench import profile
 from bench.fresh import fresh_system
+from bench.results_file import RESULTS
 from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench, Figure
 from tools import infra
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def machine() -> dict[str, Any]:

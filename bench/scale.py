@@ -57,6 +57,7 @@ from bench.curve import Point
 from bench.deaths import Killed, close_ledger, open_ledger
 from bench.fresh import busiest_host, fresh_system, held_by
 from bench.raw import arun_raw
+from bench.results_file import RESULTS, results_path
 from bench.scenarios import BENCH_ENV, BULK, latencies_ms, percentile, rss_kib
 from shared.settings import ManagerSettings, ServiceSettings
 from tools import infra
@@ -68,7 +69,6 @@ WORKLOADS: dict[str, tuple[str, dict[str, Any]]] = {
     "emitting": ("ticker", {"interval_s": 60}),
 }
 STEADY_S = 60
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def product_defaults() -> dict[str, str]:
@@ -437,8 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     infra.up()
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
     started = datetime.now(UTC)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"scale-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = results_path("scale", started)
     profile_dir = RESULTS / f"profile-{started.strftime('%Y%m%dT%H%M%SZ')}" if args.profile else None
     points: list[Point] = []
     logs: dict[str, str] = {}

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -34,7 +33,8 @@ import asyncpg
 import httpx
 
 from bench.fresh import create_idle, fresh_system
-from bench.scale import RESULTS, SCALE_ENV
+from bench.results_file import results_path, write_results
+from bench.scale import SCALE_ENV
 from manager.db.schedule import DUE_STARTS_SQL, DUE_STOPS_SQL, NEXT_DUE
 from tools import infra
 from tools.harness import System, wait_for
@@ -239,9 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     for what, plan in (("due-start", figures.start_plan), ("due-stop", figures.stop_plan), ("next", figures.next_plan)):
         print(f"\n{what} plan:\n{plan}")
     table = report(figures)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"schedule-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
-    out.write_text(json.dumps({"figures": asdict(figures), "table": table}, indent=2))
+    out = results_path("schedule")
+    write_results(out, {"figures": asdict(figures), "table": table})
     print(f"results written to {out}")
     return 0
 

@@ -35,7 +35,6 @@ Results: ``bench/results/state-apply-<UTC time>.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -49,7 +48,7 @@ import uvloop
 
 from bench import profile
 from bench.fresh import ON_HOST, fresh_system
-from bench.scale import RESULTS
+from bench.results_file import results_path, write_results
 from manager.db.engine import make_engine, make_sessionmaker
 from manager.state.consumer import StateConsumer
 from manager.state.probation import ProbationPolicy
@@ -172,10 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         runs[0].transactions,
     )
     print("median:", row(median))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"state-apply-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = results_path("state-apply", started)
     document = {"started": started.isoformat(), "args": vars(args), "runs": [asdict(r) for r in runs]}
-    out.write_text(json.dumps(document | {"median": asdict(median)}, indent=2))
+    write_results(out, document | {"median": asdict(median)})
     print(f"results written to {out}")
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -37,7 +36,8 @@ import httpx
 
 from bench import profile
 from bench.fresh import create_idle, fresh_system, held_by
-from bench.scale import RESULTS, SCALE_ENV
+from bench.results_file import results_path, write_results
+from bench.scale import SCALE_ENV
 from bench.scenarios import BULK
 from tools import infra
 from tools.harness import System, free_port
@@ -156,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     infra.up()
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
     started = datetime.now(UTC)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"takeover-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = results_path("takeover", started)
     results: list[Takeover] = []
     for _ in range(args.runs):
         for load in (int(k) for k in args.load.split(",") if k.strip()):
@@ -172,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 rabbit.delete_vhost(tag, timeout=600)
                 postgres.drop_database(tag)
             print(row(results[-1]), flush=True)
-            out.write_text(json.dumps({"started": started.isoformat(), "runs": [asdict(r) for r in results]}, indent=2))
+            write_results(out, {"started": started.isoformat(), "runs": [asdict(r) for r in results]})
     print(f"results written to {out}")
     return 0
 

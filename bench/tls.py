@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,8 @@ from pathlib import Path
 
 from bench.cluster import create, service_kill
 from bench.fresh import fresh_system
-from bench.run import RESULTS, aligned
+from bench.results_file import results_path, write_results
+from bench.run import aligned
 from bench.scale import SCALE_ENV
 from tools import infra
 from tools.pki import Pki, make_pki, tls_nodes
@@ -94,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         tls = statistics.median(r[key] for r in runs["tls"])
         rows.append((label, fmt.format(plain), fmt.format(tls), f"{tls / plain:.2f}"))
     print(f"\nN = {args.n:,}, {args.rounds} round(s)\n" + aligned(rows))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"tls-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
-    out.write_text(json.dumps({"started": started.isoformat(), "n": args.n, "runs": runs}, indent=2))
+    out = results_path("tls", started)
+    write_results(out, {"started": started.isoformat(), "n": args.n, "runs": runs})
     print(f"results written to {out}")
     return 0
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import statistics
@@ -41,7 +40,8 @@ from pathlib import Path
 from bench import profile
 from bench.cluster import create
 from bench.fresh import fresh_system
-from bench.run import RESULTS, aligned
+from bench.results_file import RESULTS, write_results
+from bench.run import aligned
 from bench.scale import SCALE_ENV
 from tools import infra
 from tools.harness import Proc
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "met": verdicts,
     }
-    out.write_text(json.dumps(document, indent=2))
+    write_results(out, document)
     print(f"results written to {out}")
     return 0
 

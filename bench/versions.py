@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench.run import RESULTS, aligned
+from bench.results_file import RESULTS, results_path, write_results
+from bench.run import aligned
 from bench.scenarios import Figure
 from tools.infra.brokers import RELEASES, SERIES_ENV_VAR
 
@@ -74,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     runs = {s: json.loads(path.read_text()) for s, path in files.items()}
     print()
     print(side_by_side(runs))
-    out = RESULTS / f"versions-{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = results_path("versions", started)
     with_files = {s: {"file": files[s].name} | runs[s] for s in runs}
     document = {"started": started.isoformat(), "n": args.n, "runs": with_files}
-    out.write_text(json.dumps(document, indent=2))
+    write_results(out, document)
     print(f"\nresults written to {out}")
     return 0
 
