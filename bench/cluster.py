@@ -36,8 +36,11 @@ nothing), and a node cut off at most 30 s (``node_cut_s``) until the manager's v
 The node kill is also timed until the manager's view agrees (``node_kill_s``), which comes
 after the observers run.
 Beside it, once per run, the raw broker's part (``bench/node_death_raw.py``: a third of N
-held on a node killed, taken by consumers on the other two, nothing of the product running),
-scaled to the count each deployment moved (``node_kill_raw_s``): the floor under the 3 s.
+held on a node killed, taken by two consumers in processes of their own on the other two,
+nothing of the product running), scaled to the count each deployment moved
+(``node_kill_raw_s``); and the cores each part used over each hand-on (``node_kill_cores``,
+``bench/cpu_timeline.py``), which show who was busy: after the 2 s timer, the consumers'
+parsing, not the broker (docs/design.md, "What the second after T is made of").
 The other figures are judged against one node's. On the cluster, each start queue's leader
 and the reductions of its process during the create and the node kill show whether the work
 of a pool over several queues is spread (``bench/leader_work.py``): on one 2-core machine
@@ -56,6 +59,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 import asyncpg
@@ -63,6 +67,7 @@ import httpx
 
 from bench import leader_work, node_death_raw
 from bench.broker_memory import broker_memory_kib
+from bench.cpu_timeline import CpuTimeline
 from bench.fresh import busiest_host, create_idle, fresh_system, held_by
 from bench.results_file import results_path, write_results
 from bench.scale import SCALE_ENV
@@ -99,6 +104,8 @@ class Deployment:
     # The raw broker's part of the node kill at ``node_kill_moved`` (``bench/node_death_raw.py``,
     # measured once per run at a third of the size, scaled at its hand-on rate).
     node_kill_raw_s: float | None = None
+    # The cores each part used from the broker's timer to the last start (``bench/cpu_timeline.py``).
+    node_kill_cores: dict[str, Any] = field(default_factory=dict)
     node_cut_s: float | None = None
     node_cut_moved: int | None = None
     # Cluster only: each start queue's leader and its work (``bench/leader_work.py``) during
@@ -242,11 +249,14 @@ async def service_kill(system: System, services: list[Proc], ports: dict[str, in
 
 async def node_kill(
     system: System, nodes: list[infra.RabbitNode], ports: dict[str, int], size: int
-) -> tuple[float, float, int]:
+) -> tuple[float, float, int, dict[str, Any]]:
     """Seconds from the ``kill -9`` of the node of the busiest service that is not on the
     manager's node until every observer runs again (the services' own count), and until no
-    observer is held by that service's old broker session and all are Processing."""
+    observer is held by that service's old broker session and all are Processing; how many
+    that service held, and the cores each part used over the hand-on (from the broker's
+    timer to the last start)."""
     db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
+    timeline, sampling = CpuTimeline(), None
     try:
         name, session, held = await db.fetchrow(
             "SELECT s.name, s.session_id, count(*) FROM observers o JOIN services s ON s.id = o.service_id "
@@ -257,6 +267,8 @@ async def node_kill(
         on_session = await db.fetchval("SELECT count(*) FROM observers WHERE host_session_id = $1", session)
         assert on_session == held, f"{name}'s session {session} holds {on_session} of its {held} observers"
         print(f"  killing {node.node}, where {name} holds {held:,}", flush=True)
+        sampling = asyncio.create_task(timeline.run())
+        await asyncio.sleep(0.2)
         killed_at, began = time.time(), time.monotonic()
         node.kill()
 
@@ -270,9 +282,13 @@ async def node_kill(
         await handed_on(db, session, size)
         seconds = time.monotonic() - began
     finally:
+        if sampling is not None:
+            sampling.cancel()
         await db.close()
     await asyncio.to_thread(node.start)
-    return running_s, seconds, int(held)
+    hand_on = (began + node_death_raw.TIMEOUT_MS / 1000, began + running_s)
+    cores = timeline.cores(*hand_on) | {"each service": timeline.busiest(*hand_on, "services")}
+    return running_s, seconds, int(held), cores
 
 
 async def node_cut(system: System, services: list[Proc], nodes: list[infra.RabbitNode], size: int) -> tuple[float, int]:
@@ -364,7 +380,7 @@ def run_deployment(
         before = leaders()
         killed = asyncio.run(node_kill(system, nodes, ports, size))
         result.leader_work["node_kill"] = leader_work.work(before, leaders())
-        result.node_kill_running_s, result.node_kill_s, result.node_kill_moved = killed
+        result.node_kill_running_s, result.node_kill_s, result.node_kill_moved, result.node_kill_cores = killed
         print(
             f"  {result.name}: node kill {result.node_kill_running_s:.1f} s until running, "
             f"{result.node_kill_s:.1f} s until the manager agrees ({result.node_kill_moved:,})",
@@ -518,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         results["deployments"] = [asdict(d) for d in deployments]
         write_results(out, results)
     if deployments:
-        print_deployments(deployments)
+        print_deployments(deployments, results.get("node_kill_raw"))
     if args.only not in ("deployments", "cluster"):
         tag = f"bench_failovers_{int(time.time())}"
         nodes[0].add_vhost(tag)
@@ -533,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def print_deployments(deployments: list[Deployment]) -> None:
+def print_deployments(deployments: list[Deployment], raw: Any = None) -> None:
     def head(d: Deployment) -> str:
         if not d.name.startswith("3-node"):
             return "one node"
@@ -554,6 +570,11 @@ def print_deployments(deployments: list[Deployment]) -> None:
     row("node kill -> manager agrees (s)", [d.node_kill_s for d in deployments])
     partitioned = f"<= {PARTITION_TARGET_S:.0f}"
     row("failover after a node cut off (s)", [d.node_cut_s for d in deployments], partitioned)
+    if raw:
+        print(f"  the raw broker, cores over its hand-on: {node_death_raw.cores_line(raw['hand_on_cores'])}")
+    for d in deployments:
+        if d.node_kill_cores:
+            print(f"  {d.name}, cores over the node kill's hand-on: {node_death_raw.cores_line(d.node_kill_cores)}")
     for d in deployments:
         for phase, queues in d.leader_work.items():
             for queue, done in sorted(queues.items()):

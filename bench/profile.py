@@ -135,8 +135,10 @@ def _group(cmdline: str) -> str | None:
 def cpu_seconds(roots: set[int] | None = None) -> dict[tuple[str, int], float]:
     """CPU seconds (user + system) used so far by each live process of each part; with
     ``roots``, only those processes and their children (another checkout's servers and
-    tests on the same machine are left out)."""
-    used: dict[tuple[str, int], float] = {}
+    tests on the same machine are left out). A process of no part counts with its parent's
+    (a service's observer processes, a bench's consumers in processes of their own)."""
+    groups: dict[int, str | None] = {}
+    found: dict[int, tuple[int, list[str]]] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -145,13 +147,17 @@ def cpu_seconds(roots: set[int] | None = None) -> dict[tuple[str, int], float]:
             stat = (proc / "stat").read_text()
         except OSError:
             continue  # gone meanwhile
-        group = _group(cmdline)
+        fields = stat.rpartition(")")[2].split()
+        groups[int(proc.name)] = _group(cmdline)
+        found[int(proc.name)] = (int(fields[1]), fields)
+    used: dict[tuple[str, int], float] = {}
+    for pid, (ppid, fields) in found.items():
+        group = groups[pid] or groups.get(ppid)
         if group is None:
             continue
-        fields = stat.rpartition(")")[2].split()
-        if roots is not None and int(proc.name) not in roots and int(fields[1]) not in roots:
+        if roots is not None and pid not in roots and ppid not in roots:
             continue
-        used[(group, int(proc.name))] = stat_cpu_seconds(fields)
+        used[(group, pid)] = stat_cpu_seconds(fields)
     return used
 
 
