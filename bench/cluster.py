@@ -27,6 +27,7 @@ failover is the same, and 1,000 failovers of real services would take hours on 2
     python -m bench.cluster --size 3000 --failovers 100
     python -m bench.cluster --only failovers     # the memory and the failovers alone
     python -m bench.cluster --only cluster --size 100000   # the cluster, 1 and 3 start queues
+    python -m bench.cluster --only cluster --start-queues 1 --profile   # py-spy the node kill's hand-on
 
 Prints the figures side by side and writes ``bench/results/cluster-<time>.json``. Two targets,
 issue 65's: a node's death costs at most 3 s until every observer runs again
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -65,11 +67,11 @@ import aio_pika
 import asyncpg
 import httpx
 
-from bench import leader_work, node_death_raw
+from bench import leader_work, node_death_raw, profile
 from bench.broker_memory import broker_memory_kib
 from bench.cpu_timeline import CpuTimeline
 from bench.fresh import busiest_host, create_idle, fresh_system, held_by
-from bench.results_file import results_path, write_results
+from bench.results_file import RESULTS, results_path, stamp, write_results
 from bench.scale import SCALE_ENV
 from bench.scenarios import BULK, LAST_START, RUNNING
 from shared import topology
@@ -248,7 +250,11 @@ async def service_kill(system: System, services: list[Proc], ports: dict[str, in
 
 
 async def node_kill(
-    system: System, nodes: list[infra.RabbitNode], ports: dict[str, int], size: int
+    system: System,
+    nodes: list[infra.RabbitNode],
+    ports: dict[str, int],
+    size: int,
+    profiled: tuple[Path, dict[str, int]] | None = None,
 ) -> tuple[float, float, int, dict[str, Any]]:
     """Seconds from the ``kill -9`` of the node of the busiest service that is not on the
     manager's node until every observer runs again (the services' own count), and until no
@@ -277,7 +283,8 @@ async def node_kill(
             return count < size if fewer else count >= size
 
         await until(lambda: running(fewer=True))  # its service fenced them: its sockets closed at once
-        await until(lambda: running(fewer=False))  # the hand-on needs seconds: the dip is seen
+        with profile.profiled(profiled[0], "node-kill", profiled[1]) if profiled else contextlib.nullcontext():
+            await until(lambda: running(fewer=False))  # the hand-on needs seconds: the dip is seen
         running_s = (await running_by_their_count(ports))[1] - killed_at
         await handed_on(db, session, size)
         seconds = time.monotonic() - began
@@ -350,7 +357,12 @@ def _start(system: System, name: str, size: int, ports: dict[str, int]) -> Proc:
 
 
 def run_deployment(
-    system: System, nodes: list[infra.RabbitNode], size: int, vhost: str, start_queues: int = 1
+    system: System,
+    nodes: list[infra.RabbitNode],
+    size: int,
+    vhost: str,
+    start_queues: int = 1,
+    profile_dir: Path | None = None,
 ) -> Deployment:
     name = ("3-node cluster" if nodes else "one node") + (f", {start_queues} start queues" if start_queues > 1 else "")
     result = Deployment(name, start_queues)
@@ -378,7 +390,8 @@ def run_deployment(
             f"  {result.name}: each service runs {asyncio.run(evened(system, size))} before the node kill", flush=True
         )
         before = leaders()
-        killed = asyncio.run(node_kill(system, nodes, ports, size))
+        profiled = (profile_dir, {s.name: s.popen.pid for s in services}) if profile_dir else None
+        killed = asyncio.run(node_kill(system, nodes, ports, size, profiled))
         result.leader_work["node_kill"] = leader_work.work(before, leaders())
         result.node_kill_running_s, result.node_kill_s, result.node_kill_moved, result.node_kill_cores = killed
         print(
@@ -485,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--start-queues", type=int, default=3, help="the cluster again with this many start queues per pool (1: not)"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy the services over the node kill's hand-on (bench/profile.py); its figures are not to be quoted",
+    )
     args = parser.parse_args(argv)
     infra.up()
     single, postgres, nodes = infra.rabbit_node(), infra.postgres_node(), infra.broker_cluster(3)
@@ -514,7 +532,10 @@ def main(argv: list[str] | None = None) -> int:
                 "ORCH_AMQP_RETURN_HOME_AFTER_S": "0",
             }
         try:
-            deployments.append(run_deployment(system, nodes if on_cluster else [], args.size, tag, start_queues))
+            profile_dir = RESULTS / f"profile-cluster-{stamp(started)}" if args.profile else None
+            deployments.append(
+                run_deployment(system, nodes if on_cluster else [], args.size, tag, start_queues, profile_dir)
+            )
         finally:
             system.stop_all()
             for node in nodes:
