@@ -60,9 +60,9 @@ async def _consumer(url: str, queue: str, prefetch: int, on_message: Any) -> aio
 
 
 def _take(url: str, queue: str, prefetch: int, taken: Any, times: Any, ready: Any) -> None:
-    """A taker in a process of its own, as each service is: one Python consumer parsing
-    15,000 deliveries a second uses a whole core, so two in one process timed this process,
-    not the broker. ``taken`` is shared by the takers; ``times`` gets its first and last
+    """A taker in a process of its own, as each service is: one Python consumer taking
+    14,000 deliveries a second uses most of a core (the broker a fifth), so two in one process
+    timed that process, not the broker. ``taken`` is shared by the takers; ``times`` gets its first and last
     delivery's ``time.monotonic`` (one clock for every process of the machine)."""
 
     async def on_message(_message: aio_pika.abc.AbstractIncomingMessage) -> None:
