@@ -69,7 +69,7 @@ import httpx
 
 from bench import leader_work, node_death_raw, profile
 from bench.broker_memory import broker_memory_kib
-from bench.cpu_timeline import CpuTimeline
+from bench.cpu_timeline import CpuTimeline, cores_line
 from bench.fresh import busiest_host, create_idle, fresh_system, held_by
 from bench.results_file import RESULTS, results_path, stamp, write_results
 from bench.scale import SCALE_ENV
@@ -514,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": {"node_kill_running_s": NODE_DEATH_TARGET_S, "node_cut_s": PARTITION_TARGET_S},
     }
     deployments = []
+    profile_dir = RESULTS / f"profile-cluster-{stamp(started)}" if args.profile else None
     layouts = [(False, 1), (True, 1)] + ([(True, args.start_queues)] if args.start_queues > 1 else [])
     if args.only == "cluster":
         layouts = layouts[1:]
@@ -532,7 +533,6 @@ def main(argv: list[str] | None = None) -> int:
                 "ORCH_AMQP_RETURN_HOME_AFTER_S": "0",
             }
         try:
-            profile_dir = RESULTS / f"profile-cluster-{stamp(started)}" if args.profile else None
             deployments.append(
                 run_deployment(system, nodes if on_cluster else [], args.size, tag, start_queues, profile_dir)
             )
@@ -592,10 +592,10 @@ def print_deployments(deployments: list[Deployment], raw: Any = None) -> None:
     partitioned = f"<= {PARTITION_TARGET_S:.0f}"
     row("failover after a node cut off (s)", [d.node_cut_s for d in deployments], partitioned)
     if raw:
-        print(f"  the raw broker, cores over its hand-on: {node_death_raw.cores_line(raw['hand_on_cores'])}")
+        print(f"  the raw broker, cores over its hand-on: {cores_line(raw['hand_on_cores'])}")
     for d in deployments:
         if d.node_kill_cores:
-            print(f"  {d.name}, cores over the node kill's hand-on: {node_death_raw.cores_line(d.node_kill_cores)}")
+            print(f"  {d.name}, cores over the node kill's hand-on: {cores_line(d.node_kill_cores)}")
     for d in deployments:
         for phase, queues in d.leader_work.items():
             for queue, done in sorted(queues.items()):

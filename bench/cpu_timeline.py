@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 from bench import profile
 
@@ -73,3 +74,11 @@ class CpuTimeline:
         window, (_, first), (_, last) = span
         each = [last[key] - first.get(key, 0.0) for key in last if key[0] == part]
         return sorted((round(seconds / window, 2) for seconds in each), reverse=True)
+
+
+def cores_line(cores: dict[str, Any]) -> str:
+    """``CpuTimeline.cores`` as one line: each part's cores, then the machine's total (and
+    each service's, where they were counted)."""
+    parts = {part: used for part, used in cores.items() if isinstance(used, float) and part != "window_s"}
+    line = ", ".join(f"{part} {used:.2f}" for part, used in parts.items()) + f"; all {sum(parts.values()):.2f}"
+    return line + (f" (each service: {cores['each service']})" if cores.get("each service") else "")

@@ -30,7 +30,7 @@ from typing import Any
 
 import aio_pika
 
-from bench.cpu_timeline import CpuTimeline
+from bench.cpu_timeline import CpuTimeline, cores_line
 from bench.results_file import results_path, write_results
 from tools import infra
 
@@ -144,14 +144,6 @@ async def measure(nodes: list[infra.RabbitNode], held: int, takers_count: int = 
         "hand_on_per_s": round(held / max(ended - first_at, 1e-6)),
         "hand_on_cores": timeline.cores(first_at, ended),
     }
-
-
-def cores_line(cores: dict[str, Any]) -> str:
-    """``CpuTimeline.cores`` as one line: each part's cores, then the machine's total (and
-    each service's, where they were counted)."""
-    parts = {part: used for part, used in cores.items() if isinstance(used, float) and part != "window_s"}
-    line = ", ".join(f"{part} {used:.2f}" for part, used in parts.items()) + f"; all {sum(parts.values()):.2f}"
-    return line + (f" (each service: {cores['each service']})" if cores.get("each service") else "")
 
 
 def main() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from bench import profile
 from bench.fresh import fresh_system
-from bench.results_file import RESULTS
+from bench.results_file import RESULTS, stamp
 from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench, Figure
 from tools import infra
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = system.workdir
     started = datetime.now(UTC)
     try:
-        profile_dir = RESULTS / f"profile-{started.strftime('%Y%m%dT%H%M%SZ')}" if args.profile else None
+        profile_dir = RESULTS / f"profile-{stamp(started)}" if args.profile else None
         bench = Bench(system, n=n, scale=scale, quick=args.quick, only=only, profile_dir=profile_dir)
         figures = asyncio.run(bench.run_all())
     except BaseException:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         if figure.note:
             print(f"  {figure.scenario} / {figure.name}: {figure.note}")
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"{started.strftime('%Y%m%dT%H%M%SZ')}{'-quick' if args.quick else ''}.json"
+    out = RESULTS / f"{stamp(started)}{'-quick' if args.quick else ''}.json"
     out.write_text(
         json.dumps(
             {

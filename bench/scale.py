@@ -57,7 +57,7 @@ from bench.curve import Point
 from bench.deaths import Killed, close_ledger, open_ledger
 from bench.fresh import busiest_host, fresh_system, held_by
 from bench.raw import arun_raw
-from bench.results_file import RESULTS, results_path
+from bench.results_file import RESULTS, results_path, stamp
 from bench.scenarios import BENCH_ENV, BULK, latencies_ms, percentile, rss_kib
 from shared.settings import ManagerSettings, ServiceSettings
 from tools import infra
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     rabbit, postgres = infra.rabbit_node(), infra.postgres_node()
     started = datetime.now(UTC)
     out = results_path("scale", started)
-    profile_dir = RESULTS / f"profile-{started.strftime('%Y%m%dT%H%M%SZ')}" if args.profile else None
+    profile_dir = RESULTS / f"profile-{stamp(started)}" if args.profile else None
     points: list[Point] = []
     logs: dict[str, str] = {}
     for workload in workloads:

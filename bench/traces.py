@@ -40,7 +40,7 @@ from pathlib import Path
 from bench import profile
 from bench.cluster import create
 from bench.fresh import fresh_system
-from bench.results_file import RESULTS, write_results
+from bench.results_file import RESULTS, results_path, stamp, write_results
 from bench.run import aligned
 from bench.scale import SCALE_ENV
 from tools import infra
@@ -131,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     infra.up()
     started = datetime.now(UTC)
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    profile_dir = RESULTS / f"profile-traces-{stamp}" if args.profile else None
+    profile_dir = RESULTS / f"profile-traces-{stamp(started)}" if args.profile else None
     profiled = set(args.profile.split(",")) - {""}
     if profiled - set(MODES):
         parser.error(f"--profile takes modes among {', '.join(MODES)}")
@@ -158,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu = statistics.median(r["cpu_s"] for r in runs[mode]) / off_cpu
         rows.append((mode, f"{per_s:,.0f}", f"{spans:,.0f}", f"{slower:.3f}", f"{cpu:.3f}", target))
     print(f"\nN = {args.n:,}, {args.rounds} round(s), ratio {args.ratio:g}, modes alternated in each\n" + aligned(rows))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"traces-{stamp}.json"
+    out = results_path("traces", started)
     document = {
         "started": started.isoformat(),
         "n": args.n,
