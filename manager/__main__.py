@@ -35,6 +35,9 @@ def main() -> None:
 
     if tracing.setup("orchestrator-manager"):
         tracing.instrument_asyncpg()
+    from shared import amqp_frames
+
+    amqp_frames.install()
     if child is not None:
         logger.info("state process started (pid %s) before the settings were read", child.pid)
     elif settings.state_process:

@@ -47,7 +47,7 @@ from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from manager.state.scheduler import Scheduler
 from manager.state.supervisor import METRICS_FD_ENV, PARENT_PID_ENV
-from shared import topology, tracing
+from shared import amqp_frames, topology, tracing
 from shared.event_loop import loop_factory
 from shared.linux import die_with_parent
 from shared.logs import configure_logging
@@ -154,6 +154,7 @@ def main() -> None:
         _serve_metrics(socket.socket(fileno=int(fd)))
     if tracing.setup("orchestrator-manager"):
         tracing.instrument_asyncpg()
+    amqp_frames.install()
     with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
         try:
             runner.run(_run_until_signalled(settings))

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from observer_service.service import ObserverService
-from shared import tracing
+from shared import amqp_frames, tracing
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
 from shared.settings import get_service_settings, settings_or_exit
@@ -16,6 +16,7 @@ def main() -> None:
     settings = settings_or_exit(get_service_settings)
     configure_logging(settings.log_level, f"service:{settings.service_name}", settings.log_format)
     tracing.setup("orchestrator-service")
+    amqp_frames.install()
     try:
         with asyncio.Runner(loop_factory=loop_factory(settings.event_loop)) as runner:
             runner.run(ObserverService(settings).run())
