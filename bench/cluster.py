@@ -606,7 +606,8 @@ def print_deployments(deployments: list[Deployment], raw: Any = None) -> None:
         for phase, queues in d.leader_work.items():
             for queue, done in sorted(queues.items()):
                 since = " (since its election)" if done["elected"] else ""
-                print(f"  {d.name}, {phase}: {queue} led by {done['node']}: {done['reductions']:,} reductions{since}")
+                work = f"{done['reductions']:,} reductions{since}; {leader_work.batch_line(done)}"
+                print(f"  {d.name}, {phase}: {queue} led by {done['node']}: {work}")
 
 
 def print_failovers(done: Failovers) -> None:

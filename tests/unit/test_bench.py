@@ -1,9 +1,10 @@
-"""The benches' pure parts (``bench.idle_floor``, ``bench.broker_work``, ``bench.scale``): how
+"""The benches' pure parts (``bench.idle_floor``, ``bench.broker_work``, ``bench.leader_work``,
+``bench.scale``): how
 they read the broker's counters, and that the cost curve runs the product at its defaults."""
 
 from __future__ import annotations
 
-from bench import broker_work
+from bench import broker_work, leader_work
 from bench.broker_work import busy_seconds
 from bench.scale import SCALE_ENV
 from bench.scenarios import BENCH_ENV
@@ -37,6 +38,40 @@ def test_broker_work_reads_reductions_collections_thread_states_and_the_traced_h
         {"process": "thread states (s)", "scheduler emulator": 45.65, "dirty_cpu_scheduler gc": 33.36},
         {"process": "collections of rabbit_prequeue:init/1", "minor": 15, "major": 7, "seconds": 32.708},
     ]
+
+
+def test_leader_work_reads_each_leader_and_counts_ra_counters_only_for_a_leader_that_stayed() -> None:
+    printed = """[{<<"orch.start.default">>,'orch-2a7038-c1@localhost',18914,[2,0,12,12]},
+ {<<"orch.start.default.1">>,'orch-2a7038-c2@localhost',19449,
+  [30,4,9,7]},
+ {<<"orch.start.default.2">>,'orch-2a7038-c3@localhost',500,[]}]"""
+    before = leader_work.parse(printed)
+    assert before["orch.start.default.1"] == leader_work.Leader(
+        "orch-2a7038-c2@localhost",
+        19449,
+        {"commands": 30, "command_flushes": 4, "rpcs_sent": 9, "msgs_sent": 7},
+    )
+    assert before["orch.start.default.2"].counters == {}
+    after = leader_work.parse(
+        """[{<<"orch.start.default">>,'orch-2a7038-c1@localhost',20914,[42,10,52,22]},
+ {<<"orch.start.default.1">>,'orch-2a7038-c1@localhost',700,[5,1,3,3]}]"""
+    )
+    done = leader_work.work(before, after)
+    assert done["orch.start.default"] == {
+        "node": "orch-2a7038-c1@localhost",
+        "reductions": 2000,
+        "commands": 40,
+        "command_flushes": 10,
+        "rpcs_sent": 40,
+        "msgs_sent": 10,
+        "elected": False,
+    }
+    # Its leader moved: the reductions count from the election, the counters not at all.
+    assert done["orch.start.default.1"] == {"node": "orch-2a7038-c1@localhost", "reductions": 700, "elected": True}
+    assert leader_work.batch_line(done["orch.start.default"]) == (
+        "40 commands in 10 batches (4.0 per batch), 40 rpcs, 10 msgs sent"
+    )
+    assert leader_work.batch_line(done["orch.start.default.1"]) == "no Ra counters"
 
 
 def test_the_cost_curve_runs_the_product_at_its_default_settings() -> None:
