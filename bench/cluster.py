@@ -14,14 +14,8 @@ with quorum queues, service i starting at node i; the cluster again with the poo
 * ``node cut`` (cluster only): the same with the node of the busiest service (never the
   manager's) cut off from the other two (``tools/infra/partition.py``), then healed.
 
-Then, on the cluster: each node's memory per start held in a quorum start queue (50,000 of
-them held by one consumer, read by the broker after a garbage collection: ``bench/broker_memory.py``); and
-``failovers``: on a start queue declared as the product declares it (quorum), H starts
-are taken and held as services hold them (prefetch, ``HELD_FOR_GOOD``) by a connection that
-then closes, F times, each time from the next node; reported: the starts left and
-dead-lettered (the delivery limit), and each node's data folder before and after, so a user
-can size disks. The holders are bare connections, not services: the broker's work per
-failover is the same, and 1,000 failovers of real services would take hours on 2 cores.
+Then, on the cluster, the broker's half (``bench/cluster_failovers.py``): each node's memory
+per start held in a quorum start queue, and its disk after F failovers of H held starts.
 
     python -m bench.cluster                      # N = 30,000; 1,000 failovers of 1,000 starts
     python -m bench.cluster --size 3000 --failovers 100
@@ -54,7 +48,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -63,12 +56,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aio_pika
 import asyncpg
 import httpx
 
 from bench import leader_work, node_death_raw, profile
-from bench.broker_memory import broker_memory_kib
+from bench.cluster_failovers import failovers, print_failovers
 from bench.cpu_timeline import CpuTimeline, cores_line
 from bench.fresh import busiest_host, create_idle, fresh_system, held_by
 from bench.results_file import RESULTS, results_path, stamp, write_results
@@ -83,13 +75,13 @@ CONSUMES = "orch_service_start_consumes_total"
 _POLL_S = 0.25
 _EVEN_WITHIN = 0.15  # of a service's third: the balancer stops within ORCH_BALANCE_TOLERANCE (0.1)
 _EVEN_WITHIN_S = 240.0  # 10,000 handed to a service started empty at 250/s take 40 s
+_SETTLED_S = 3.0  # the same counts this long: the balancer (a round a second) has stopped
 # Issue 65: a node's kill -9 until every observer of its services runs again.
 NODE_DEATH_TARGET_S = 3.0
 # And a node cut off from the others until the majority runs its services' observers.
 PARTITION_TARGET_S = 30.0
 _ON_SESSION = "SELECT EXISTS (SELECT FROM observers WHERE host_session_id = $1)"
 # Enough starts for each node's memory per start to stand above the noise of its baseline.
-_MEMORY_STARTS = 50_000
 
 
 @dataclass
@@ -115,23 +107,6 @@ class Deployment:
     leader_work: dict[str, dict[str, dict[str, object]]] = field(default_factory=dict)
 
 
-@dataclass
-class Failovers:
-    holders: int
-    held: int
-    left: int = 0
-    dead_lettered: int = 0
-    seconds: float = 0.0
-    kib_per_start: dict[str, float] = field(default_factory=dict)  # each node's memory per held start
-    disk_kib_per_start: dict[str, float] = field(default_factory=dict)  # and its data folder's growth
-    node_bytes_before: dict[str, int] = field(default_factory=dict)
-    node_bytes_after: dict[str, int] = field(default_factory=dict)
-
-
-def folder_bytes(path: Path) -> int:
-    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
-
-
 async def until(check: Callable[[], Awaitable[bool]]) -> None:
     while True:
         if await check():
@@ -148,9 +123,10 @@ async def all_processing(db: asyncpg.Connection, size: int) -> None:
 
 async def evened(system: System, size: int, services: int = 3) -> list[int]:
     """Wait (at most ``_EVEN_WITHIN_S``) until each live service runs its third of the fleet,
-    within ``_EVEN_WITHIN`` of it (the balancer evens to ``ORCH_BALANCE_TOLERANCE``, 10 %), so
-    a node's death costs the share issue 65 names, a third, not whatever the step before left
-    (a service killed and started again, empty); the counts, as the broker's fleet had them."""
+    within ``_EVEN_WITHIN`` of it (the balancer evens to ``ORCH_BALANCE_TOLERANCE``, 10 %), and
+    the counts have not moved for ``_SETTLED_S``, so a node's death costs the share issue 65
+    names, a third, not whatever the step before left (a service killed and started again,
+    empty), and no hand-over is in flight at it; the counts, as the broker's fleet had them."""
     db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
     try:
         fair = size / services
@@ -162,9 +138,16 @@ async def evened(system: System, size: int, services: int = 3) -> list[int]:
             )
             return sorted((int(r["n"]) for r in rows), reverse=True)
 
+        seen: dict[str, Any] = {"counts": None, "since": 0.0}
+
         async def even() -> bool:
+            # Even, and the same counts for _SETTLED_S: the balancer has stopped moving, so no
+            # hand-over is under way when the node is killed.
             now = await counts()
-            return len(now) == services and all(abs(n - fair) <= _EVEN_WITHIN * fair for n in now)
+            if now != seen["counts"]:
+                seen.update(counts=now, since=time.monotonic())
+            fair_each = len(now) == services and all(abs(n - fair) <= _EVEN_WITHIN * fair for n in now)
+            return fair_each and time.monotonic() - seen["since"] >= _SETTLED_S
 
         try:
             async with asyncio.timeout(_EVEN_WITHIN_S):
@@ -415,82 +398,6 @@ async def _all_led(leaders: Callable[[], dict[str, leader_work.Leader]], count: 
     return len(await asyncio.to_thread(leaders)) == count
 
 
-async def hold(url: str, queue: str, count: int, timeout_s: float) -> aio_pika.abc.AbstractConnection:
-    """A connection holding ``count`` starts of ``queue``, taken as a service takes them
-    (prefetch, ``HELD_FOR_GOOD``, no ack)."""
-    connection = await aio_pika.connect(url)
-    channel = await connection.channel()
-    await channel.set_qos(prefetch_count=count)
-    got = 0
-    all_held = asyncio.get_running_loop().create_future()
-
-    async def take(_message: aio_pika.abc.AbstractIncomingMessage) -> None:
-        nonlocal got
-        got += 1
-        if got == count and not all_held.done():
-            all_held.set_result(None)
-
-    await (await channel.get_queue(queue, ensure=False)).consume(take, arguments=topology.HELD_FOR_GOOD)
-    await asyncio.wait_for(all_held, timeout_s)
-    return connection
-
-
-async def publish(channel: aio_pika.abc.AbstractChannel, queue: str, count: int) -> None:
-    """``count`` persistent starts, a thousand confirms awaited at a time."""
-    for first in range(0, count, 1000):
-        await asyncio.gather(
-            *(
-                channel.default_exchange.publish(topology.persistent(f'{{"n": {i}}}'.encode()), routing_key=queue)
-                for i in range(first, min(count, first + 1000))
-            )
-        )
-
-
-async def memory_per_start(
-    channel: aio_pika.abc.AbstractChannel, nodes: list[infra.RabbitNode], url: str, count: int
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Each node's memory and data folder (KiB) per start held in a quorum start queue, from
-    ``count`` held by one consumer as a service holds them."""
-    queue = await topology.declare_start_queue(channel, "memory", "quorum")
-    before = {n.node: broker_memory_kib(n) for n in nodes}
-    disk_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
-    await publish(channel, queue.name, count)
-    holder = await hold(url, queue.name, count, 300)
-    try:
-        after = {n.node: broker_memory_kib(n) for n in nodes}
-        disk_after = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
-    finally:
-        await holder.close()
-    await queue.delete(if_unused=False, if_empty=False)
-    memory = {node: (after[node] - before[node]) / count for node in before}
-    disk = {node: (disk_after[node] - disk_before[node]) / 1024 / count for node in before}
-    return memory, disk
-
-
-async def failovers(nodes: list[infra.RabbitNode], vhost: str, held: int, count: int) -> Failovers:
-    result = Failovers(holders=count, held=held)
-    urls = [node.url_for(vhost) for node in nodes]
-    connection = await aio_pika.connect(urls[0])
-    async with connection:
-        channel = await connection.channel(publisher_confirms=True)
-        await topology.declare_common(channel, "quorum")
-        result.kib_per_start, result.disk_kib_per_start = await memory_per_start(
-            channel, nodes, urls[1], _MEMORY_STARTS
-        )
-        queue = await topology.declare_start_queue(channel, "default", "quorum")
-        await publish(channel, queue.name, held)
-        result.node_bytes_before = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
-        began = time.monotonic()
-        for i in range(count):
-            await (await hold(urls[i % len(urls)], queue.name, held, 60)).close()
-        result.seconds = time.monotonic() - began
-        result.node_bytes_after = {n.node: folder_bytes(n.mnesia_base) for n in nodes}
-        error = await channel.get_queue(topology.error_queue_name(queue.name), ensure=False)
-        result.left = (await queue.declare()).message_count or 0
-        result.dead_lettered = (await error.declare()).message_count or 0
-    return result
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=30_000)
@@ -608,19 +515,6 @@ def print_deployments(deployments: list[Deployment], raw: Any = None) -> None:
                 since = " (since its election)" if done["elected"] else ""
                 work = f"{done['reductions']:,} reductions{since}; {leader_work.batch_line(done)}"
                 print(f"  {d.name}, {phase}: {queue} led by {done['node']}: {work}")
-
-
-def print_failovers(done: Failovers) -> None:
-    print(
-        f"\n{done.holders:,} failovers of {done.held:,} held starts in {done.seconds:.0f} s: "
-        f"{done.left:,} left, {done.dead_lettered:,} dead-lettered"
-    )
-    for node, before in done.node_bytes_before.items():
-        after = done.node_bytes_after[node]
-        print(
-            f"  {node}: data {before / 2**20:,.1f} MiB before, {after / 2**20:,.1f} MiB after; "
-            f"per held start: memory {done.kib_per_start[node]:.2f} KiB, data {done.disk_kib_per_start[node]:.2f} KiB"
-        )
 
 
 if __name__ == "__main__":
