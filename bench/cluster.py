@@ -72,6 +72,7 @@ from tools.harness import Proc, System, free_port
 from tools.infra import partition
 
 CONSUMES = "orch_service_start_consumes_total"
+HANDOVERS = "orch_handovers_total{"
 _POLL_S = 0.25
 _EVEN_WITHIN = 0.15  # of a service's third: the balancer stops within ORCH_BALANCE_TOLERANCE (0.1)
 _EVEN_WITHIN_S = 240.0  # 10,000 handed to a service started empty at 250/s take 40 s
@@ -100,6 +101,9 @@ class Deployment:
     node_kill_raw_s: float | None = None
     # The cores each part used from the broker's timer to the last start (``bench/cpu_timeline.py``).
     node_kill_cores: dict[str, Any] = field(default_factory=dict)
+    # Hand-overs the balancer asked for from the kill until the manager agreed: each is one
+    # more interruption, on top of the failover, for an observer that was running.
+    node_kill_handovers: int | None = None
     node_cut_s: float | None = None
     node_cut_moved: int | None = None
     # Cluster only: each start queue's leader and its work (``bench/leader_work.py``) during
@@ -181,6 +185,15 @@ async def create(system: System, size: int) -> float:
         await db.close()
 
 
+async def handovers(system: System) -> int:
+    """The hand-overs the manager's balancer has asked for so far, for any reason
+    (``orch_handovers_total`` on the API's ``/metrics``)."""
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(system.base_url + "/metrics")).text
+    # rpartition: a label value may hold a space (reason="even load").
+    return int(sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(HANDOVERS)))
+
+
 async def service_metrics(ports: dict[str, int]) -> list[tuple[str, float]]:
     """Every sample of the services at these metrics ports (a service that does not answer:
     none of its own)."""
@@ -238,12 +251,12 @@ async def node_kill(
     ports: dict[str, int],
     size: int,
     profiled: tuple[Path, dict[str, int]] | None = None,
-) -> tuple[float, float, int, dict[str, Any]]:
+) -> tuple[float, float, int, dict[str, Any], int]:
     """Seconds from the ``kill -9`` of the node of the busiest service that is not on the
     manager's node until every observer runs again (the services' own count), and until no
     observer is held by that service's old broker session and all are Processing; how many
-    that service held, and the cores each part used over the hand-on (from the broker's
-    timer to the last start)."""
+    that service held, the cores each part used over the hand-on (from the broker's timer
+    to the last start), and the hand-overs the balancer asked for meanwhile."""
     db = await asyncpg.connect(system.database_url.replace("+asyncpg", ""))
     timeline, sampling = CpuTimeline(), None
     try:
@@ -257,6 +270,7 @@ async def node_kill(
         assert on_session == held, f"{name}'s session {session} holds {on_session} of its {held} observers"
         print(f"  killing {node.node}, where {name} holds {held:,}", flush=True)
         sampling = asyncio.create_task(timeline.run())
+        handovers_before = await handovers(system)
         await asyncio.sleep(0.2)
         killed_at, began = time.time(), time.monotonic()
         node.kill()
@@ -277,6 +291,7 @@ async def node_kill(
         running_s = (await running_by_their_count(ports))[1] - killed_at
         await handed_on(db, session, size)
         seconds = time.monotonic() - began
+        moved_by_balancer = await handovers(system) - handovers_before
     finally:
         if sampling is not None:
             sampling.cancel()
@@ -284,7 +299,7 @@ async def node_kill(
     await asyncio.to_thread(node.start)
     hand_on = (began + node_death_raw.TIMEOUT_MS / 1000, began + running_s)
     cores = timeline.cores(*hand_on) | {"each service": timeline.busiest(*hand_on, "services")}
-    return running_s, seconds, int(held), cores
+    return running_s, seconds, int(held), cores, moved_by_balancer
 
 
 async def node_cut(system: System, services: list[Proc], nodes: list[infra.RabbitNode], size: int) -> tuple[float, int]:
@@ -382,10 +397,12 @@ def run_deployment(
         profiled = (profile_dir, {s.name: s.popen.pid for s in services}) if profile_dir else None
         killed = asyncio.run(node_kill(system, nodes, ports, size, profiled))
         result.leader_work["node_kill"] = leader_work.work(before, leaders())
-        result.node_kill_running_s, result.node_kill_s, result.node_kill_moved, result.node_kill_cores = killed
+        result.node_kill_running_s, result.node_kill_s, result.node_kill_moved = killed[:3]
+        result.node_kill_cores, result.node_kill_handovers = killed[3:]
         print(
             f"  {result.name}: node kill {result.node_kill_running_s:.1f} s until running, "
-            f"{result.node_kill_s:.1f} s until the manager agrees ({result.node_kill_moved:,})",
+            f"{result.node_kill_s:.1f} s until the manager agrees ({result.node_kill_moved:,}; "
+            f"{result.node_kill_handovers:,} hand-overs asked meanwhile)",
             flush=True,
         )
         print(f"  {result.name}: each service runs {asyncio.run(evened(system, size))} before the cut", flush=True)
