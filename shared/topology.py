@@ -63,6 +63,9 @@ HELD_FOR_GOOD: dict[str, Any] = {"x-consumer-timeout": 315_360_000_000}
 # the starts of a dead node may move"). Known from 4.3.0; 4.0 and 3.10 ignore it.
 HAND_ON_AFTER_MS = 2000
 HAND_ON_ARGUMENT = "x-consumer-disconnected-timeout"
+# The longest a queue holds a start for an ended session on RabbitMQ's defaults, twice over:
+# a cut is seen after up to 1.25 net_ticktime (75 s), then consumer_disconnected_timeout (60 s).
+BROKER_HOLDS_AT_MOST_S = 300.0
 # Quorum queues this process found declared before that argument: a redeclare that adds it
 # is refused (an argument must be repeated exactly), so they are redeclared as they are.
 _DECLARED_WITHOUT_HAND_ON: set[str] = set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -67,6 +68,23 @@ async def _running_by_pool(session: AsyncSession, ids: list[uuid.UUID]) -> dict[
         if service_id is not None:
             found.setdefault(service_id, {})[pool] = int(count)
     return found
+
+
+async def awaiting_broker(session: AsyncSession, since: datetime) -> set[str]:
+    """The pools with an observer whose start the broker holds for an ended session, marked
+    after ``since`` (``awaiting_broker_since``: a node died or was cut off while its service
+    held it; few at once, read through their partial index, migration 0018)."""
+    query = (
+        select(Observer.pool)
+        .where(
+            Observer.awaiting_broker_since.is_not(None),
+            Observer.awaiting_broker_since > since,
+            Observer.status == ObserverStatus.CREATED,
+            Observer.service_id.is_(None),
+        )
+        .distinct()
+    )
+    return set((await session.execute(query)).scalars())
 
 
 async def movable(session: AsyncSession, move: Move) -> list[tuple[uuid.UUID, uuid.UUID | None]]:

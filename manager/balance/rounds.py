@@ -28,6 +28,7 @@ import math
 import time
 import uuid
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -41,6 +42,7 @@ from manager.metrics import FLEET_IMBALANCE, HANDOVERS
 from shared.errors import BrokerUnavailable
 from shared.messages import STOPS_PER_MESSAGE, RetireStarts, SetPlacement, StopObservers
 from shared.settings import ManagerSettings
+from shared.topology import BROKER_HOLDS_AT_MOST_S
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,9 @@ _RESEND_AFTER_S = 10.0  # a placement a service's heartbeats do not confirm is s
 # A pool waits at most this many rounds running for its placements to settle: seconds on the
 # default period, enough for joins and a drain in consecutive rounds (docs/design.md).
 SETTLE_ROUNDS = 5
+# A pool with a start the broker holds for a dead session is not evened (``run``), for at
+# most this long from the row's mark: past it the lost-start repair publishes it again.
+_AWAITING_AT_MOST = timedelta(seconds=BROKER_HOLDS_AT_MOST_S)
 _ASK_QUEUES_EVERY_S = 60.0  # how often the start queues a larger ORCH_START_QUEUES left are asked for
 
 
@@ -103,6 +108,7 @@ class BalanceRound:
     async def run(self) -> None:
         async with self.sessions.begin() as session:
             fleet, notes = await fleet_rows.members(session, self.handovers.busy())
+            awaiting = await fleet_rows.awaiting_broker(session, datetime.now(UTC) - _AWAITING_AT_MOST)
         decided = planning.plan(fleet, self.tolerance)
         FLEET_IMBALANCE.set(decided.imbalance)
         pools = {pool for m in fleet for pool in m.pools}
@@ -122,6 +128,11 @@ class BalanceRound:
         # evened: the plan counts none of what is on its way to the takers, and the broker
         # gives it to the emptiest first, so evening now overshoots and moves them back later.
         landing = {pool for m in fleet if m.draining and m.busy for pool in m.pools}
+        # Nor a pool whose starts the broker holds for a dead session: after a node's death its
+        # service comes back empty, and its starts return to it (the emptiest, priority 2)
+        # once the queue lets the session go; evening before that moves observers that run
+        # fine on the others, a second interruption on top of the failover.
+        landing |= awaiting
         for move in decided.moves:  # drains first
             if budget <= 0:
                 break

@@ -40,13 +40,11 @@ from manager.start_messages import start_message
 from manager.start_publisher import StartPublisher
 from manager.state.declines import Declines
 from shared.messages import DECLINED_HOLD_S
+from shared.topology import BROKER_HOLDS_AT_MOST_S
 
 logger = logging.getLogger(__name__)
 
 _LIMIT = 10_000
-# The longest a queue holds a start for an ended session on RabbitMQ's defaults, twice over:
-# a cut is seen after up to 1.25 net_ticktime (75 s), then consumer_disconnected_timeout (60 s).
-BROKER_HOLDS_AT_MOST_S = 300.0
 _MAX_DOUBLINGS = 6
 S = ObserverStatus
 

@@ -69,6 +69,12 @@ class _Round:
         async def set_drain_notes(session: object, notes: object) -> None:
             return None
 
+        self.awaiting: set[str] = set()
+
+        async def awaiting_broker(session: object, since: object) -> set[str]:
+            return set(self.awaiting)
+
+        monkeypatch.setattr(fleet_rows, "awaiting_broker", awaiting_broker)
         monkeypatch.setattr(fleet_rows, "members", members)
         monkeypatch.setattr(fleet_rows, "movable", movable)
         monkeypatch.setattr(fleet_rows, "set_drain_notes", set_drain_notes)
@@ -131,3 +137,31 @@ async def test_a_service_that_never_confirms_holds_its_pool_only_a_while(monkeyp
     rounds.placements.update({m.id: (("stale",), 1) for m in rounds.fleet})
     asked = [await rounds.run() for _ in range(SETTLE_ROUNDS + 1)]
     assert asked == [{}] * SETTLE_ROUNDS + [{"leaving": 50}]
+
+
+async def test_a_pool_whose_starts_the_broker_holds_for_a_dead_session_is_not_evened(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As bench-cluster met it: a node's death fences its service, which comes back empty;
+    # its starts return to it once the queue lets the old session go (2 s). A round in
+    # between saw it at 0 and asked the others for 250 hand-overs of observers running fine.
+    rounds = _Round(monkeypatch, [_member("a", 60), _member("b", 60), _member("emptied", 0)])
+    rounds.awaiting = {"default"}
+    assert await rounds.run() == {}  # the placements are new
+    rounds.confirm()
+    assert await rounds.run() == {}
+    assert await rounds.run() == {}
+
+    # Once no start waits in the broker, the pool is evened again.
+    rounds.awaiting.clear()
+    assert await rounds.run() == {"a": 20, "b": 20}
+
+
+async def test_a_drain_is_made_while_the_broker_holds_starts_for_a_dead_session(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rounds = _Round(monkeypatch, [_member("a", 60, draining=True), _member("b", 60), _member("emptied", 0)])
+    rounds.awaiting = {"default"}
+    assert await rounds.run() == {}  # the placements are new
+    rounds.confirm()
+    assert await rounds.run() == {"a": 60}  # an operator asked for it; b hands nothing over
