@@ -15,6 +15,9 @@ loop runs it after the repairs (``manager/repairs/loop.py``), on the leader only
   its consume. The other pools move as usual, and a pool held ``SETTLE_ROUNDS`` rounds
   running moves the next whatever is unsettled in it then (``Settle``): drains and uncordons
   flapping, or a service that never confirms, would otherwise hold it still.
+* A pool is not evened while a drain's hand-overs land, nor while the broker holds one of its
+  starts for an ended session (after a node's death, until the queue hands it on); drains
+  still move.
 * The round's budget (``ORCH_BALANCE_MOVES_PER_S`` times the period) is spent on what is
   asked to move, drains first: a planned move of observers that cannot go (pinned, of a kind
   no taker runs) takes nothing from the others. What is left moves starts off the start
