@@ -190,25 +190,32 @@ async def handovers(system: System) -> int:
     (``orch_handovers_total`` on the API's ``/metrics``)."""
     async with httpx.AsyncClient(timeout=10) as http:
         text = (await http.get(system.base_url + "/metrics")).text
-    # rpartition: a label value may hold a space (reason="even load").
-    return int(sum(float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(HANDOVERS)))
+    return int(sum(value for name, value in samples(text) if name.startswith(HANDOVERS)))
+
+
+def samples(text: str) -> list[tuple[str, float]]:
+    """The samples of a Prometheus text page, each its name with labels and its value; split
+    at the last space, since a label value may hold one (reason="even load")."""
+    found = []
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name and not line.startswith("#"):
+            found.append((name, float(value)))
+    return found
 
 
 async def service_metrics(ports: dict[str, int]) -> list[tuple[str, float]]:
     """Every sample of the services at these metrics ports (a service that does not answer:
     none of its own)."""
-    samples = []
+    found: list[tuple[str, float]] = []
     async with httpx.AsyncClient(timeout=5) as http:
         for port in ports.values():
             try:
                 text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
             except httpx.HTTPError:
                 continue
-            for line in text.splitlines():
-                name, _, value = line.partition(" ")
-                if value and not name.startswith("#"):
-                    samples.append((name, float(value)))
-    return samples
+            found.extend(samples(text))
+    return found
 
 
 async def running_by_their_count(ports: dict[str, int]) -> tuple[float, float]:
