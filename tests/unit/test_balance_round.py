@@ -165,3 +165,30 @@ async def test_a_drain_is_made_while_the_broker_holds_starts_for_a_dead_session(
     assert await rounds.run() == {}  # the placements are new
     rounds.confirm()
     assert await rounds.run() == {"a": 60}  # an operator asked for it; b hands nothing over
+
+
+async def test_only_the_pool_whose_starts_the_broker_holds_waits_in_a_fleet_of_different_sizes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Services of 100 and 300 workers in pool "default", and two of 100 in pool "other":
+    # the broker holds starts of "default" only, so "other" is evened as before.
+    def member(name: str, capacity: int, running: int, pool: str) -> Member:
+        service_id = uuid.uuid5(uuid.NAMESPACE_DNS, name)
+        return Member(service_id, name, capacity, running, (pool,), kinds=frozenset({"probe"}))
+
+    rounds = _Round(
+        monkeypatch,
+        [
+            member("small", 100, 90, "default"),
+            member("big", 300, 0, "default"),  # came back empty from a dead node
+            member("o-1", 100, 80, "other"),
+            member("o-2", 100, 0, "other"),
+        ],
+    )
+    rounds.awaiting = {"default"}
+    assert await rounds.run() == {}  # the placements are new
+    rounds.confirm()
+    assert await rounds.run() == {"o-1": 40}
+    rounds.awaiting.clear()
+    rounds.fleet[2:] = [member("o-1", 100, 40, "other"), member("o-2", 100, 40, "other")]
+    assert await rounds.run() == {"small": 67}  # to its share of 90 over 400 workers, rounded up
