@@ -59,7 +59,8 @@ from bench.fresh import busiest_host, fresh_system, held_by
 from bench.raw import arun_raw
 from bench.results_file import RESULTS, results_path, stamp
 from bench.scenarios import BENCH_ENV, BULK, latencies_ms, percentile, rss_kib
-from shared.settings import ManagerSettings, ServiceSettings
+from manager.settings import ManagerSettings
+from observer_service.settings import ServiceSettings
 from tools import infra
 from tools.harness import FAST_ENV, Proc, System, free_port
 

@@ -26,8 +26,9 @@ def main() -> None:
         # stops this process below, and the child with it (it dies with its parent).
         child = _spawn_state_process()
 
+    from manager.settings import get_manager_settings
     from shared.logs import configure_logging
-    from shared.settings import get_manager_settings, settings_or_exit
+    from shared.settings import settings_or_exit
 
     settings = settings_or_exit(get_manager_settings)
     configure_logging(settings.log_level, "manager", settings.log_format)

@@ -32,11 +32,11 @@ from manager.db.errors import DATABASE_ERRORS, describe, is_transient
 from manager.errors import RETRY_AFTER_S, ManagerError
 from manager.history.sampler import Sampler
 from manager.metrics import STATE_REGISTRY
+from manager.settings import ManagerSettings, get_manager_settings
 from manager.state.supervisor import StateSupervisor
 from manager.state_side import StateSide
 from shared import __version__, tracing
 from shared.broker_nodes import warn_if_classic_on_cluster
-from shared.settings import ManagerSettings, get_manager_settings
 
 logger = logging.getLogger(__name__)
 

@@ -22,13 +22,14 @@ from aiormq import spec
 
 from manager.broker_probes import BrokerProbes
 from manager.broker_reconnect import RECONNECT_FIRST_S, Reconnects
+from manager.settings import ManagerSettings
 from shared import topology, tracing
 from shared.amqp_errors import ConnectionCancelled, cancelled_calls_as_errors
 from shared.batch_publish import BatchMessage, publish_batch
 from shared.broker_nodes import BrokerNodes
 from shared.errors import BrokerUnavailable
 from shared.messages import Message, StartObserver
-from shared.settings import ManagerSettings, amqp_url_with_heartbeat
+from shared.settings import amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
 

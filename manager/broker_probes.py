@@ -22,11 +22,12 @@ import aiormq
 from aio_pika.abc import AbstractChannel
 from pamqp.common import FieldTable
 
+from manager.settings import MAX_START_QUEUES, ManagerSettings
 from shared import topology
 from shared.amqp_errors import cancelled_calls_as_errors
 from shared.broker_nodes import BrokerNodes, node_name
 from shared.errors import BrokerUnavailable
-from shared.settings import MAX_START_QUEUES, ManagerSettings, amqp_url_with_heartbeat
+from shared.settings import amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
 

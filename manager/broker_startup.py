@@ -13,9 +13,9 @@ import logging
 
 import aio_pika
 
+from manager.settings import ManagerSettings
 from shared.amqp_errors import amqp_tls_refusal
 from shared.broker_nodes import node_name
-from shared.settings import ManagerSettings
 
 _ANSWER_WITHIN_S = 10.0
 

@@ -28,7 +28,7 @@ from manager.broker import BrokerLink
 from manager.db.counts import observer_counts
 from manager.db.models import LIVE_STATUSES
 from manager.metrics import START_QUEUES_KEPT_AWAKE
-from shared.settings import ManagerSettings
+from manager.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
 

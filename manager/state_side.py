@@ -40,6 +40,7 @@ from manager.db.startup import DatabaseRefused, wait_for_schema
 from manager.metrics import STATE_REGISTRY
 from manager.queue_waker import StartQueueWaker
 from manager.repairs.loop import RepairLoop, state_side_repairs
+from manager.settings import ManagerSettings, get_manager_settings
 from manager.start_publisher import StartPublisher
 from manager.state.consumer import StateConsumer
 from manager.state.leadership import LeaderLock
@@ -51,7 +52,7 @@ from shared import amqp_frames, topology, tracing
 from shared.event_loop import loop_factory
 from shared.linux import die_with_parent
 from shared.logs import configure_logging
-from shared.settings import ManagerSettings, get_manager_settings, settings_or_exit
+from shared.settings import settings_or_exit
 
 logger = logging.getLogger("manager.state_side")  # not "__main__" when run with -m
 

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from manager.db.models import Base
-from shared.settings import ManagerSettings
+from manager.settings import ManagerSettings
 
 config = context.config
 if config.config_file_name is not None:

@@ -6,10 +6,11 @@ import asyncio
 import logging
 
 from observer_service.service import ObserverService
+from observer_service.settings import get_service_settings
 from shared import amqp_frames, tracing
 from shared.event_loop import loop_factory
 from shared.logs import configure_logging
-from shared.settings import get_service_settings, settings_or_exit
+from shared.settings import settings_or_exit
 
 
 def main() -> None:

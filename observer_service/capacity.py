@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.settings import AUTO, AUTO_SLOTS, ServiceSettings
+from observer_service.settings import AUTO, AUTO_SLOTS, ServiceSettings
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from observer_service import metrics
 from observer_service.isolation import ProcessLimits, run_in_process
 from observer_service.outbox import Outbox
 from observer_service.session import Session
+from observer_service.settings import ServiceSettings
 from observer_service.settle_queue import DeliveryChannel
 from shared.errors import LeaseLost
 from shared.kinds import LoadedKind
 from shared.messages import ObserverRetrying, RetryPolicy, StartObserver, decode_start, utcnow
-from shared.settings import ServiceSettings
 
 MAX_ERROR_CHARS = 2000
 

@@ -24,9 +24,9 @@ from typing import Any
 from observer_service.observer import Running
 from observer_service.outbox import Outbox
 from observer_service.registry import Registry
+from observer_service.settings import ServiceSettings
 from shared.kinds import LoadedKind
 from shared.messages import ObserverIsolated
-from shared.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,11 @@ from observer_service.outbox import Outbox
 from observer_service.refusals import Refusals
 from observer_service.runner import Runner
 from observer_service.session import Session
+from observer_service.settings import ServiceSettings
 from observer_service.watchdog import LoopWatchdog
 from shared import __version__
 from shared.messages import ObserversDescribed, ServiceBorn, ServiceDigest, ServiceHeartbeat, ServiceInventory
-from shared.settings import ServiceSettings, hostname
+from shared.settings import hostname
 
 logger = logging.getLogger(__name__)
 

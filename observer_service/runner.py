@@ -27,6 +27,7 @@ from observer_service.outbox import Outbox, StartedReport
 from observer_service.probation import Probation
 from observer_service.registry import Registry
 from observer_service.session import Session
+from observer_service.settings import ServiceSettings
 from observer_service.settle import ack_once_confirmed, settle, until_confirmed
 from observer_service.start_log import StartLog
 from observer_service.stop_memory import StopMemory
@@ -40,7 +41,6 @@ from shared.messages import (
     StopObservers,
     decode_start,
 )
-from shared.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from observer_service.reports import Reports
 from observer_service.retire import retire
 from observer_service.runner import Runner
 from observer_service.session import Session
+from observer_service.settings import ServiceSettings
 from observer_service.settle_queue import DeliveryChannel
 from observer_service.start_consumers import Placement
 from observer_service.watchdog import GcPauses, LoopWatchdog
@@ -56,7 +57,6 @@ from shared.messages import (
     decode_start,
 )
 from shared.outage import OutageLog
-from shared.settings import ServiceSettings
 
 logger = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ from observer_service.holding import ControlHandler, HoldingConnection, RefusedH
 from observer_service.lease import Lease
 from observer_service.loop_thread import LoopThread, Mailbox
 from observer_service.outbox import Outbox, Report, StartedReport, pack
+from observer_service.settings import ServiceSettings
 from observer_service.settle_queue import DeliveryChannel, Settle
 from observer_service.start_consumers import Placement
 from shared import topology, tracing
@@ -49,7 +50,7 @@ from shared.amqp_errors import describe_close, describe_connect_failure, refusal
 from shared.broker_nodes import node_name
 from shared.errors import BrokerRefused, BrokerUnavailable, LeaseLost
 from shared.messages import Message, ObserversStarted
-from shared.settings import ServiceSettings, amqp_url_with_heartbeat
+from shared.settings import amqp_url_with_heartbeat
 
 logger = logging.getLogger(__name__)
 

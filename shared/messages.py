@@ -144,7 +144,7 @@ class SetPlacement(Message):
     pools: dict[str, Annotated[int, Field(ge=-100, le=100)]] = Field(default_factory=dict)
     # How many start queues each pool has (``ORCH_START_QUEUES``): the service consumes them
     # all. Left out at 1, so a service older than it takes the rest.
-    start_queues: int = Field(default=1, ge=1, le=64)  # shared.settings.MAX_START_QUEUES (it imports this)
+    start_queues: int = Field(default=1, ge=1, le=64)  # manager.settings.MAX_START_QUEUES (it imports this)
 
     def encode(self) -> bytes:
         return self.model_dump_json(exclude={"start_queues"} if self.start_queues == 1 else None).encode()
@@ -157,7 +157,7 @@ class SetStartQueues(Message):
 
     type: Literal["SetStartQueues"] = "SetStartQueues"
     service_id: uuid.UUID
-    start_queues: int = Field(ge=1, le=64)  # shared.settings.MAX_START_QUEUES (it imports this)
+    start_queues: int = Field(ge=1, le=64)  # manager.settings.MAX_START_QUEUES (it imports this)
 
 
 class RetireStarts(Message):
@@ -171,7 +171,7 @@ class RetireStarts(Message):
     type: Literal["RetireStarts"] = "RetireStarts"
     service_id: uuid.UUID
     session_id: uuid.UUID
-    keep: int = Field(ge=1, le=64)  # shared.settings.MAX_START_QUEUES (it imports this)
+    keep: int = Field(ge=1, le=64)  # manager.settings.MAX_START_QUEUES (it imports this)
     count: int = Field(ge=1)
 
 

@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from manager.errors import ManagerError
-from shared.settings import ManagerSettings
+from manager.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ from manager.balance.plan import Placed
 from manager.balance.retire import QueueHeld, Retirement
 from manager.broker import BrokerLink
 from manager.metrics import FLEET_IMBALANCE, HANDOVERS
+from manager.settings import ManagerSettings
 from shared.errors import BrokerUnavailable
 from shared.messages import STOPS_PER_MESSAGE, RetireStarts, SetPlacement, StopObservers
-from shared.settings import ManagerSettings
 from shared.topology import BROKER_HOLDS_AT_MOST_S
 
 logger = logging.getLogger(__name__)

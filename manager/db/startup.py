@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from manager.db.engine import SchemaOutdated, check_schema, make_engine
 from manager.db.errors import DATABASE_ERRORS, database_outage, database_tls_refusal, describe, is_transient
+from manager.settings import ManagerSettings
 from shared.outage import OutageLog
-from shared.settings import ManagerSettings
 
 _RETRY_S = 1.0
 

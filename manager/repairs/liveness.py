@@ -41,11 +41,11 @@ from manager.db import services
 from manager.db.retry import retry_lost_races
 from manager.metrics import SERVICES_LATE, SERVICES_LOST
 from manager.repairs.base import Repair
+from manager.settings import ManagerSettings
 from manager.state.context import StateContext
 from manager.state.probation import ProbationPolicy, service_died
 from manager.state.rows import ObserverRows, ServiceRows
 from shared.messages import IsolateObservers
-from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
 

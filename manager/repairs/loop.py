@@ -27,10 +27,10 @@ from manager.repairs.pending_starts import GoneStarts, PendingStarts
 from manager.repairs.rebuild import BrokerRebuild
 from manager.repairs.restop import Restop
 from manager.repairs.unknown import DescribeUnknown
+from manager.settings import ManagerSettings
 from manager.start_publisher import StartPublisher
 from manager.state.context import StateContext
 from shared.errors import BrokerUnavailable
-from shared.settings import ManagerSettings
 
 logger = logging.getLogger(__name__)
 

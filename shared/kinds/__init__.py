@@ -60,7 +60,7 @@ BUILTIN_KINDS: dict[str, ObserverKind[Any]]  # name -> kind; no value here: see 
 
 def __getattr__(name: str) -> Any:
     """``BUILTIN_KINDS`` (name -> kind), built on first use. Built at import it would cost
-    every importer of a kind module (``shared.settings`` imports ``shared.kinds.periodic``)
+    every importer of a kind module (``observer_service.settings`` imports ``shared.kinds.periodic``)
     httpx, websockets, click, rich and pygments, time a catching-up manager spends before it
     applies the first report (docs/design.md, "Where the time goes")."""
     if name == "BUILTIN_KINDS":

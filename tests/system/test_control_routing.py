@@ -13,9 +13,9 @@ import pytest
 from aio_pika.abc import AbstractConnection
 
 from manager.broker import BrokerLink
+from manager.settings import ManagerSettings
 from shared import topology
 from shared.messages import ControlMessage, InventoryRequest, StopObservers, decode_control
-from shared.settings import ManagerSettings
 from tools import infra
 
 

@@ -10,8 +10,8 @@ from aio_pika.abc import AbstractQueue
 
 from observer_service.service import ObserverService
 from observer_service.session import Session
+from observer_service.settings import ServiceSettings
 from shared.messages import ServiceStopped, decode_state
-from shared.settings import ServiceSettings
 from tools import infra
 
 

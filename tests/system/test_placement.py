@@ -18,8 +18,8 @@ from aio_pika.abc import AbstractQueue
 
 from observer_service.service import ObserverService
 from observer_service.session import Session
+from observer_service.settings import ServiceSettings
 from shared.messages import ServiceHeartbeat, SetPlacement, decode_state
-from shared.settings import ServiceSettings
 from tests.system.test_fencing import assert_never_on_two_services
 from tools import infra
 from tools.harness import System, probe_args, wait_for

@@ -10,9 +10,10 @@ import time
 from aio_pika.abc import AbstractQueue
 
 from manager.broker import BrokerLink
+from manager.settings import ManagerSettings
 from observer_service.service import ObserverService
+from observer_service.settings import ServiceSettings
 from shared.messages import ServiceHeartbeat, SetPlacement, decode_state
-from shared.settings import ManagerSettings, ServiceSettings
 from tools import infra
 
 

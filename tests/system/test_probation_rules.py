@@ -18,10 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from manager.broker import BrokerLink
 from manager.db.models import Observer, Service
 from manager.repairs.liveness import Liveness
+from manager.settings import ManagerSettings
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
 from shared.messages import ObserversStarted, ServiceBorn, ServiceHeartbeat, StateMessage
-from shared.settings import ManagerSettings
 
 # Every observer here sees every death: the budget would let only one of ten through.
 _POLICY = ProbationPolicy(after_service_deaths=2, window_s=600.0, budget=1.0)

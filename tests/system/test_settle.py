@@ -19,12 +19,12 @@ from observer_service import session as session_module
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.session import Session
+from observer_service.settings import ServiceSettings
 from observer_service.settle import settle
 from observer_service.settle_queue import DeliveryChannel
 from observer_service.start_consumers import Placement
 from shared import topology
 from shared.messages import ControlMessage
-from shared.settings import ServiceSettings
 from tools import infra
 
 POOL = "settle"

@@ -17,8 +17,8 @@ from manager.broker import BrokerLink
 from manager.commands import ObserverCommands
 from manager.db.models import Observer, ObserverStatus, PendingStart
 from manager.errors import Unavailable
+from manager.settings import ManagerSettings
 from shared.messages import RetryPolicy, StartObserver
-from shared.settings import ManagerSettings
 from tools.harness import System
 
 _LOCK_ROW = text("SELECT id FROM observers WHERE id = :id FOR UPDATE")

@@ -16,8 +16,8 @@ from manager.balance.handovers import Handovers
 from manager.balance.plan import Member, Move
 from manager.balance.rounds import SETTLE_ROUNDS, BalanceRound
 from manager.broker import BrokerLink
+from manager.settings import ManagerSettings
 from shared.messages import SetPlacement, StopObservers
-from shared.settings import ManagerSettings
 
 
 class _Sessions:

@@ -8,7 +8,8 @@ from bench import broker_work, cluster, leader_work
 from bench.broker_work import busy_seconds
 from bench.scale import SCALE_ENV
 from bench.scenarios import BENCH_ENV
-from shared.settings import ManagerSettings, ServiceSettings
+from manager.settings import ManagerSettings
+from observer_service.settings import ServiceSettings
 from tools.harness import FAST_ENV
 
 

@@ -23,8 +23,10 @@ import yaml
 
 from manager.api.health import router as manager_probes
 from manager.api.metrics import router as manager_metrics
+from manager.settings import ManagerSettings
 from observer_service.health import PATHS as SERVICE_PATHS
-from shared.settings import CommonSettings, ManagerSettings, ServiceSettings
+from observer_service.settings import ServiceSettings
+from shared.settings import CommonSettings
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERNETES = REPO / "deploy" / "kubernetes"

@@ -8,10 +8,10 @@ import ssl
 import httpcore
 import pytest
 
+from observer_service.settings import ServiceSettings
 from shared import egress
 from shared.errors import EgressDenied
 from shared.kinds.checked_http import CheckedBackend, checked_transport
-from shared.settings import ServiceSettings
 
 
 def policy(allow: str = "", deny: str | None = None) -> egress.EgressPolicy:

@@ -18,10 +18,10 @@ from observer_service.lease import Lease
 from observer_service.observer import Context, Running, _lease_back, supervise
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner
+from observer_service.settings import ServiceSettings
 from shared.errors import LeaseLost
 from shared.kinds import LoadedKind
 from shared.observer_api import ObserverContext, ObserverKind
-from shared.settings import ServiceSettings
 from tests.unit.fakes import FakeSession, until
 
 

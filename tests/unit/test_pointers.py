@@ -18,8 +18,9 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
-from shared import settings_doc
-from shared.settings import ManagerSettings, ServiceSettings
+from manager.settings import ManagerSettings
+from observer_service.settings import ServiceSettings
+from tools import settings_doc
 
 REPO = Path(__file__).resolve().parents[2]
 HISTORY = ("docs/bench-history.md", "docs/evidence/")

@@ -8,10 +8,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.broker import BrokerLink
 from manager.repairs.loop import Schedule, state_side_repairs
+from manager.settings import ManagerSettings
 from manager.start_publisher import StartPublisher
 from manager.state.probation import ProbationPolicy
 from manager.state.rules import StateRules
-from shared.settings import ManagerSettings
 
 
 def test_repairs_with_long_thresholds_run_at_a_quarter_of_them() -> None:

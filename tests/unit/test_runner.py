@@ -11,11 +11,11 @@ from observer_service.inbox import REDELIVERED_START_DELAY_S
 from observer_service.lease import Lease
 from observer_service.outbox import Outbox
 from observer_service.runner import Runner
+from observer_service.settings import ServiceSettings
 from shared.kinds import discover_kinds
 from shared.messages import (
     StartObserver,
 )
-from shared.settings import ServiceSettings
 from tests.unit.fakes import FakeSession, deliver, inbox_for, until
 
 

@@ -1,5 +1,6 @@
-"""``shared.settings``: pools parsed and bad names refused, the AMQP heartbeat added to a URL,
-``workers=auto`` resolved, TLS files checked and used."""
+"""The settings (``settings`` of ``shared``, ``manager`` and ``observer_service``): pools parsed
+and bad names refused, the AMQP heartbeat added to a URL, ``workers=auto`` resolved, TLS files
+checked and used."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from urllib.parse import quote
 import pytest
 from pydantic import ValidationError
 
+from manager.settings import ManagerSettings
 from observer_service.capacity import sized
-from shared.settings import ManagerSettings, ServiceSettings, amqp_url_with_heartbeat
+from observer_service.settings import ServiceSettings
+from shared.settings import amqp_url_with_heartbeat
 
 
 def test_settings_parse_pools_and_reject_bad_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pydantic_settings import BaseSettings
 
-from shared import settings_doc
-from shared.settings import ManagerSettings, ServiceSettings
+from manager.settings import ManagerSettings
+from observer_service.settings import ServiceSettings
+from tools import settings_doc
 
 
 def test_the_configuration_doc_is_the_settings_own() -> None:
     assert settings_doc.DOC.read_text() == settings_doc.render(), (
-        "docs/configuration.md differs from shared/settings.py: run `python -m shared.settings_doc --write`"
+        "docs/configuration.md differs from the settings classes: run `python -m tools.settings_doc --write`"
     )
 
 

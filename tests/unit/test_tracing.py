@@ -32,7 +32,7 @@ _SERVICE_OFF = textwrap.dedent(
     from observer_service.session import _trace_headers, _traces
     from shared.kinds import discover_kinds
     from shared.messages import StartObserver
-    from shared.settings import ServiceSettings
+    from observer_service.settings import ServiceSettings
     from tests.unit.fakes import FakeSession, deliver, inbox_for, until
 
     async def service() -> None:
@@ -78,7 +78,7 @@ _MANAGER_OFF = textwrap.dedent(
     from manager.broker import _publish_attributes
     from shared import topology
     from shared.messages import StartObserver
-    from shared.settings import get_manager_settings
+    from manager.settings import get_manager_settings
 
     app = create_app(get_manager_settings())
     assert not any("opentelemetry" in type(m.cls).__module__ for m in app.user_middleware)

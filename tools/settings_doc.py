@@ -1,7 +1,7 @@
 """``docs/configuration.md``, made from the settings' own field descriptions (one source).
 
-    python -m shared.settings_doc           # print it
-    python -m shared.settings_doc --write   # write docs/configuration.md
+    python -m tools.settings_doc           # print it
+    python -m tools.settings_doc --write   # write docs/configuration.md
 
 ``tests/unit/test_settings_doc.py`` fails when the file and the settings differ.
 """
@@ -14,7 +14,9 @@ from pathlib import Path
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-from shared.settings import CommonSettings, ManagerSettings, ServiceSettings
+from manager.settings import ManagerSettings
+from observer_service.settings import ServiceSettings
+from shared.settings import CommonSettings
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -24,8 +26,9 @@ _HEAD = """\
 Every process reads `ORCH_*` environment variables. A value that does not validate stops the
 process at start with one line naming the variable (exit status 2).
 
-<!-- Made by `python -m shared.settings_doc --write` from the descriptions in shared/settings.py:
-edit those, not this file (tests/unit/test_settings_doc.py compares them). -->
+<!-- Made by `python -m tools.settings_doc --write` from the descriptions in settings.py of
+shared/, manager/ and observer_service/: edit those, not this file
+(tests/unit/test_settings_doc.py compares them). -->
 """
 
 _SECTIONS: tuple[tuple[str, type[BaseSettings]], ...] = (
