@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.figures import Figure
 from bench.results_file import RESULTS
-from bench.scenarios import Figure
 
 _RUN_FILE = re.compile(r"(\d{8}T\d{6}Z)\.json")
 RAW_REDELIVERY = ("raw", "redelivery of 10,000 after kill -9")

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import profile
+from bench.figures import Figure
 from bench.fresh import fresh_system
 from bench.results_file import RESULTS, stamp
-from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench, Figure
+from bench.scenarios import NEEDS_CREATE, SCENARIOS, Bench
 from tools import infra
 
 

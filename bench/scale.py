@@ -55,10 +55,11 @@ from bench import broker_work, curve, profile
 from bench.broker_memory import broker_memory_kib
 from bench.curve import Point
 from bench.deaths import Killed, close_ledger, open_ledger
+from bench.figures import latencies_ms, percentile, rss_kib
 from bench.fresh import busiest_host, fresh_system, held_by
 from bench.raw import arun_raw
 from bench.results_file import RESULTS, results_path, stamp
-from bench.scenarios import BENCH_ENV, BULK, latencies_ms, percentile, rss_kib
+from bench.scenarios import BENCH_ENV, BULK
 from manager.settings import ManagerSettings
 from observer_service.settings import ServiceSettings
 from tools import infra

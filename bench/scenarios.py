@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import random
 import signal
 import ssl
@@ -17,7 +16,6 @@ import statistics
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +25,10 @@ import httpx
 from bench import profile
 from bench.broker_memory import broker_memory_kib
 from bench.deaths import Killed, Ledger, close_ledger, open_ledger
+from bench.figures import Figure, latencies_ms, percentile, rss_kib
 from bench.fresh import any_observer, busiest_host, held_by
 from bench.raw import arun_raw
 from shared import topology
-from shared.gc_pause import paused_collection
 from tools import infra
 from tools.harness import Proc, System, free_port
 
@@ -68,71 +66,6 @@ BENCH_ENV = {
 # start in the catch-up, the reconnection in the broker loss: about a second either way), so a
 # quick run reports them against the target without judging them.
 AT_FULL_SIZE = " (judged at make bench's size only)"
-
-
-@dataclass
-class Figure:
-    scenario: str
-    name: str
-    value: float
-    unit: str
-    target: float | None = None
-    higher_is_better: bool = True
-    target_text: str = "-"
-    note: str = ""
-    decimals: int | None = None  # None: 1 from 100 up, else 3
-
-    def shown(self) -> str:
-        if self.decimals is not None:
-            return f"{self.value:,.{self.decimals}f} {self.unit}"
-        return f"{self.value:,.1f} {self.unit}" if self.value >= 100 else f"{self.value:,.3f} {self.unit}"
-
-    def ratio(self) -> float | None:
-        if self.target is None or self.target == 0 or self.value == 0:
-            return None
-        return self.value / self.target if self.higher_is_better else self.target / self.value
-
-    def ratio_text(self) -> str:
-        ratio = self.ratio()
-        return "-" if ratio is None else f"{ratio:.2f}"
-
-    def verdict(self) -> str:
-        if self.target == 0:  # a count that must be nil (false deaths)
-            return "pass" if self.value == 0 else "FAIL"
-        ratio = self.ratio()
-        return "" if self.target is None else ("pass" if ratio is not None and ratio >= 1 else "FAIL")
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"ratio": self.ratio(), "verdict": self.verdict()}
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-async def latencies_ms(call: Callable[[], Awaitable[httpx.Response]], count: int) -> list[float]:
-    """``count`` calls one after another, each one's time until its answer, in ms.
-
-    With the bench's own collector paused (after a full collection): the bench holds every
-    id it created, and a full collection of its heap paused it 64 to 75 ms at a time while
-    it timed API calls (a ``gc.callbacks`` probe, ``--only scale``; up to 732 ms while it
-    created 100,000), which the call then seemed to take."""
-    gc.collect()
-    latencies = []
-    with paused_collection():
-        for _ in range(count):
-            began = time.monotonic()
-            (await call()).raise_for_status()
-            latencies.append((time.monotonic() - began) * 1000)
-    return latencies
 
 
 class Bench:

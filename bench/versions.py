@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.figures import Figure
 from bench.results_file import RESULTS, results_path, write_results
 from bench.run import aligned
-from bench.scenarios import Figure
 from tools.infra.brokers import RELEASES, SERIES_ENV_VAR
 
 SCENARIOS = "create,failover,stop"
