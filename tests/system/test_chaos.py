@@ -1,4 +1,4 @@
-"""Chaos (issue 11): two minutes of random fleet faults with creates and stops in between,
+"""Chaos (issue 11): 90 s of random fleet faults with creates and stops in between,
 default product settings (the harness's short test timings), then everything must converge:
 every observer that should run is Processing on an alive service, every stopped one Deleted,
 none stuck or Failed, at most a few on probation (all of them bystanders), the services'
@@ -101,7 +101,7 @@ def test_chaos(
     # Over three start queues (docs/design.md, "A pool over several start queues") for half as
     # long: what differs, capacity with no shared prefetch and the excess, shows in every
     # burst of moves, and CI's time is the limit.
-    length_s = float(os.environ.get("ORCH_CHAOS_S", "120")) / (1 if start_queues == 1 else 2)
+    length_s = float(os.environ.get("ORCH_CHAOS_S", "90")) / (1 if start_queues == 1 else 2)
     print(f"chaos seed {seed} ({length_s:g}s, {start_queues} start queues); replay: ORCH_CHAOS_SEED={seed}")
     system.env["ORCH_START_QUEUES"] = str(start_queues)
     rng = random.Random(seed)
