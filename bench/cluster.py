@@ -62,6 +62,7 @@ import httpx
 from bench import leader_work, node_death_raw, profile
 from bench.cluster_failovers import failovers, print_failovers
 from bench.cpu_timeline import CpuTimeline, cores_line
+from bench.figures import samples
 from bench.fresh import busiest_host, create_idle, fresh_system, held_by
 from bench.results_file import RESULTS, results_path, stamp, write_results
 from bench.scale import SCALE_ENV
@@ -193,17 +194,6 @@ async def handovers(system: System) -> int:
     return int(sum(value for name, value in samples(text) if name.startswith(HANDOVERS)))
 
 
-def samples(text: str) -> list[tuple[str, float]]:
-    """The samples of a Prometheus text page, each its name with labels and its value; split
-    at the last space, since a label value may hold one (reason="even load")."""
-    found = []
-    for line in text.splitlines():
-        name, _, value = line.rpartition(" ")
-        if name and not line.startswith("#"):
-            found.append((name, float(value)))
-    return found
-
-
 async def service_metrics(ports: dict[str, int]) -> list[tuple[str, float]]:
     """Every sample of the services at these metrics ports (a service that does not answer:
     none of its own)."""
@@ -221,9 +211,9 @@ async def service_metrics(ports: dict[str, int]) -> list[tuple[str, float]]:
 async def running_by_their_count(ports: dict[str, int]) -> tuple[float, float]:
     """What the services at these metrics ports run by their own count, summed, and the Unix
     time of the latest start among them."""
-    samples = await service_metrics(ports)
-    running = sum(value for name, value in samples if name == RUNNING)
-    return running, max((value for name, value in samples if name == LAST_START), default=0.0)
+    found = await service_metrics(ports)
+    running = sum(value for name, value in found if name == RUNNING)
+    return running, max((value for name, value in found if name == LAST_START), default=0.0)
 
 
 async def start_consumes(ports: dict[str, int]) -> float:
@@ -286,8 +276,8 @@ async def node_kill(
             # All of them, by its own count. The fleet's sum dipped and was back within 0.1 to
             # 0.2 s in two runs, before the fence was done (observers still moving at the kill,
             # most likely), and they timed the node kill at that (cluster-20261206T080230Z, …081504Z).
-            samples = await service_metrics({name: ports[name]})
-            return any(metric == RUNNING and value == 0 for metric, value in samples)
+            found = await service_metrics({name: ports[name]})
+            return any(metric == RUNNING and value == 0 for metric, value in found)
 
         async def all_running() -> bool:
             return (await running_by_their_count(ports))[0] >= size

@@ -1,5 +1,6 @@
 """What a bench reports: a ``Figure`` (a value beside its target, and its verdict), and the
-measuring helpers several benches share (a process's RSS, percentiles, timed API calls)."""
+measuring helpers several benches share (a process's RSS, percentiles, timed API calls, the
+samples of a metrics page)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,14 @@ async def latencies_ms(call: Callable[[], Awaitable[httpx.Response]], count: int
             (await call()).raise_for_status()
             latencies.append((time.monotonic() - began) * 1000)
     return latencies
+
+
+def samples(text: str) -> list[tuple[str, float]]:
+    """The samples of a Prometheus text page, each its name with labels and its value; split
+    at the last space, since a label value may hold one (reason="even load")."""
+    found = []
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name and not line.startswith("#"):
+            found.append((name, float(value)))
+    return found

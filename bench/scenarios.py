@@ -25,7 +25,7 @@ import httpx
 from bench import profile
 from bench.broker_memory import broker_memory_kib
 from bench.deaths import Killed, Ledger, close_ledger, open_ledger
-from bench.figures import Figure, latencies_ms, percentile, rss_kib
+from bench.figures import Figure, latencies_ms, percentile, rss_kib, samples
 from bench.fresh import any_observer, busiest_host, held_by
 from bench.raw import arun_raw
 from shared import topology
@@ -182,12 +182,11 @@ class Bench:
         summed: dict[str, float] = dict.fromkeys(_FAILOVER_METRICS, 0.0)
         for proc in services:
             text = (await self.http.get(f"http://127.0.0.1:{self.metrics_ports[proc.popen.pid]}/metrics")).text
-            for line in text.splitlines():
-                name, _, value = line.partition(" ")
+            for name, value in samples(text):
                 if name == LAST_START:
-                    summed[name] = max(summed[name], float(value))
+                    summed[name] = max(summed[name], value)
                 elif name in summed:
-                    summed[name] += float(value)
+                    summed[name] += value
         return summed
 
     # --- scenarios -------------------------------------------------------------------------

@@ -4,7 +4,7 @@ they read the broker's counters, and that the cost curve runs the product at its
 
 from __future__ import annotations
 
-from bench import broker_work, cluster, leader_work
+from bench import broker_work, figures, leader_work
 from bench.broker_work import busy_seconds
 from bench.scale import SCALE_ENV
 from bench.scenarios import BENCH_ENV
@@ -75,14 +75,14 @@ def test_leader_work_reads_each_leader_and_counts_ra_counters_only_for_a_leader_
     assert leader_work.batch_line(done["orch.start.default.1"]) == "no Ra counters"
 
 
-def test_cluster_reads_metrics_samples_whose_labels_hold_a_space() -> None:
+def test_metrics_samples_are_read_whose_labels_hold_a_space() -> None:
     page = """# HELP orch_handovers_total Observers the balancer asked a service to hand over
 # TYPE orch_handovers_total counter
 orch_handovers_total{reason="even load"} 250.0
 orch_handovers_total{reason="drain"} 3.0
 orch_service_observers_running 10499.0
 """
-    assert cluster.samples(page) == [
+    assert figures.samples(page) == [
         ('orch_handovers_total{reason="even load"}', 250.0),
         ('orch_handovers_total{reason="drain"}', 3.0),
         ("orch_service_observers_running", 10499.0),
