@@ -317,7 +317,7 @@ async def live_owners(session: AsyncSession, names: set[str]) -> dict[str, uuid.
     """Name -> id of the live observers that use any of ``names``."""
     live = Observer.status.not_in(FINAL_STATUSES)
     rows = await session.execute(select(Observer.name, Observer.id).where(Observer.name.in_(names), live))
-    return {name: oid for name, oid in rows.tuples()}
+    return {name: oid for name, oid in rows.all()}
 
 
 # --- waiting for a start that may be in no queue (the lost-start repair) -----------------------
@@ -345,7 +345,7 @@ async def waiting_pools(
 ) -> list[tuple[uuid.UUID, str]]:
     """(id, pool) of rows ``waiting_for_a_start``."""
     query = select(Observer.id, Observer.pool).where(waiting_for_a_start(unchanged_since, held_since)).limit(limit)
-    return [(oid, pool) for oid, pool in (await session.execute(query)).tuples()]
+    return [(oid, pool) for oid, pool in (await session.execute(query)).all()]
 
 
 async def still_waiting(

@@ -36,7 +36,7 @@ async def refused_services(session: AsyncSession, limit: int = 5) -> list[tuple[
         .order_by(Service.name)
         .limit(limit)
     )
-    return [(name, refused) for name, refused in result.tuples() if refused is not None]
+    return [(name, refused) for name, refused in result.all() if refused is not None]
 
 
 async def get_service(session: AsyncSession, service_id: uuid.UUID) -> tuple[Service, int]:
@@ -63,7 +63,7 @@ async def silent_since(
             Service.status == ServiceStatus.ALIVE, Service.last_heartbeat_at < heard_before
         )
     )
-    return list(result.tuples())
+    return list(result.all())
 
 
 async def pool_capacity(session: AsyncSession, pool: str) -> tuple[int, int]:
@@ -91,7 +91,7 @@ async def draining_in(session: AsyncSession, pool: str) -> list[str]:
 async def alive_offers(session: AsyncSession) -> list[tuple[list[str], list[dict[str, Any]]]]:
     """(pools, kinds announced) of every alive service."""
     rows = await session.execute(select(Service.pools, Service.kind_infos).where(Service.status == ServiceStatus.ALIVE))
-    return [(pools, infos) for pools, infos in rows.tuples()]
+    return [(pools, infos) for pools, infos in rows.all()]
 
 
 # Everything ``GET /api/stats`` reads, in one statement: each round trip waits for the API's
