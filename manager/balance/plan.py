@@ -14,9 +14,18 @@ decisions:
   so new creates and every observer handed over go to the emptiest first); draining services
   are cordoned;
 * moves: over services hand observers over, down to their share, no more than the under ones
-  lack; a service whose last hand-over has not landed yet waits (it would be counted twice);
+  lack beyond the starts in flight; a service whose last hand-over has not landed yet waits
+  (it would be counted twice);
 * drains: a draining service hands everything over as fast as the free workers of the others
   allow, and says so when they are too few to take it all.
+
+Starts in flight (``in_flight``: a pool's observers published and not yet reported running)
+are in no service's count yet, and a burst of creates reaches each service's count at its own
+pace, though the broker dealt it evenly. A difference the starts in flight could explain sets
+nothing moving: evened on it, the placement sent the whole burst to the services that merely
+looked under, the next round to the others, and hand-overs restarted observers that ran fine
+(docs/design.md, "Even load"). Beyond them the pool is evened as before, so a burst still
+fills an empty service first, until it is within the starts in flight of its share.
 
 Only moves that make the fleet more even are made: a source ends no lower than its share
 rounded up, a destination no higher than its share rounded down. How many observers a round
@@ -83,8 +92,8 @@ class Plan:
     imbalance: float = 0.0  # the largest deviation from a share, as a fraction of that share
 
 
-def plan(members: list[Member], tolerance: float) -> Plan:
-    """One round's decisions."""
+def plan(members: list[Member], tolerance: float, in_flight: Mapping[str, int] | None = None) -> Plan:
+    """One round's decisions; ``in_flight``: each pool's starts no service's count holds yet."""
     out = Plan()
     takers = [m for m in members if not m.draining]
     for m in members:
@@ -96,7 +105,7 @@ def plan(members: list[Member], tolerance: float) -> Plan:
     for pool in sorted({p for m in members for p in m.pools}):
         in_pool = [m for m in takers if pool in m.pools]
         _drain(out, pool, in_pool, [m for m in members if m.draining and pool in m.pools])
-        evens += _even(out, pool, in_pool, tolerance)
+        evens += _even(out, pool, in_pool, tolerance, (in_flight or {}).get(pool, 0))
     out.moves += evens
     return out
 
@@ -132,7 +141,7 @@ def shares(members: list[Member], pool: str) -> dict[uuid.UUID, float]:
     return {m.id: m.capacity * factor for m in members}
 
 
-def _even(out: Plan, pool: str, members: list[Member], tolerance: float) -> list[Move]:
+def _even(out: Plan, pool: str, members: list[Member], tolerance: float, in_flight: int) -> list[Move]:
     if len(members) < 2:
         return []
     share = shares(members, pool)
@@ -140,8 +149,11 @@ def _even(out: Plan, pool: str, members: list[Member], tolerance: float) -> list
     deviation = {m.id: (running[m.id] - share[m.id]) / share[m.id] if share[m.id] > 0 else 0.0 for m in members}
     # Only a service beyond the tolerance, either way, sets the pool moving; then every one
     # above its share gives and every one below takes, down and up to the share: a service
-    # 15 % under must get its observers even when nobody is 10 % over.
-    active = any(abs(deviation[m.id]) > tolerance and abs(running[m.id] - share[m.id]) >= 1 for m in members)
+    # 15 % under must get its observers even when nobody is 10 % over. A difference no larger
+    # than the starts in flight sets nothing moving (module docstring).
+    active = any(
+        abs(deviation[m.id]) > tolerance and abs(running[m.id] - share[m.id]) >= in_flight + 1 for m in members
+    )
     excess: dict[uuid.UUID, int] = {}
     lack = 0
     takers: list[Member] = []
@@ -156,7 +168,9 @@ def _even(out: Plan, pool: str, members: list[Member], tolerance: float) -> list
             takers.append(m)
         out.priorities[m.id][pool] = level
     moves = []
-    moved = 0
+    # The starts in flight go to the under ones first (their priority): moved on top of them,
+    # as many observers would have to move back.
+    moved = in_flight
     for m in sorted(members, key=lambda m: -excess.get(m.id, 0)):
         count = min(excess.get(m.id, 0), lack - moved)
         if count > 0 and not m.busy:

@@ -39,3 +39,26 @@ async def test_the_pools_awaiting_the_broker_are_those_with_a_recent_mark_on_a_c
     async with sessions() as s:
         assert await fleet_rows.awaiting_broker(s, now - timedelta(seconds=300)) == {"waits"}
         assert await fleet_rows.awaiting_broker(s, now - timedelta(seconds=900)) == {"waits", "old-mark"}
+
+
+async def test_the_starts_in_flight_are_the_created_rows_of_each_pool_changed_lately(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    now = datetime.now(UTC)
+    rows = [
+        ("burst", "Created", now - timedelta(seconds=1)),  # published, no report yet
+        ("burst", "Created", now - timedelta(seconds=5)),  # a restart after its service died
+        ("burst", "Processing", now),  # its report applied: in a service's count
+        ("burst", "Scheduled", now),  # not published before its time
+        ("stuck", "Created", now - timedelta(seconds=600)),  # waits for a kind no service runs
+        ("other", "Created", now - timedelta(seconds=2)),
+    ]
+    insert = text(
+        "INSERT INTO observers (id, name, kind, pool, status, modified_at) "
+        "VALUES (:id, :name, 'ticker', :pool, CAST(:status AS observer_status), :at)"
+    )
+    async with sessions.begin() as s:
+        for i, (pool, status, at) in enumerate(rows):
+            await s.execute(insert, {"id": uuid.uuid4(), "name": f"f-{i}", "pool": pool, "status": status, "at": at})
+    async with sessions() as s:
+        assert await fleet_rows.in_flight(s, now - timedelta(seconds=60)) == {"burst": 2, "other": 1}

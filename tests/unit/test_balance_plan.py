@@ -109,6 +109,33 @@ def test_one_service_under_the_tolerance_is_filled_from_those_above_their_share_
     assert sorted(m.count for m in decided.moves) == [548, 952]  # both down to 10,000, c up to it
 
 
+def test_a_difference_the_starts_in_flight_explain_moves_nothing_and_places_evenly() -> None:
+    # A second into a create of 100,000 on three services: the broker dealt them evenly, but
+    # each service's reports had reached the rows at their own pace (bench, one node).
+    a, b, c = member("a", 529, 100_000), member("b", 325, 100_000), member("c", 350, 100_000)
+    assert plan([a, b, c], 0.1).moves  # as the rows alone say it
+    decided = plan([a, b, c], 0.1, {"default": 3_000})
+    assert decided.moves == [] and set(levels(decided, "default").values()) == {EVEN}
+    assert decided.imbalance > 0.1  # still shown as it is
+
+
+def test_an_empty_service_takes_a_burst_first_and_nothing_moves_onto_what_is_in_flight() -> None:
+    full, joined = member("full", 9_000), member("joined", 0)
+    decided = plan([full, joined], 0.1, {"default": 3_000})
+    assert levels(decided, "default") == {full.id: OVER, joined.id: UNDER}
+    # Its share is 4,500, of which the 3,000 in flight go to it first: 1,500 move, not 4,500
+    assert decided.moves == [Move(full.id, "default", 1_500, "even load", (joined,))]
+    # Within the starts in flight of its share it is even: the burst goes round again
+    assert set(
+        levels(plan([member("full", 9_000), member("joined", 7_000)], 0.1, {"default": 3_000}), "default").values()
+    ) == {EVEN}
+
+
+def test_starts_in_flight_of_another_pool_change_nothing() -> None:
+    s1, s2, s3 = member("s1", 400), member("s2", 200), member("s3", 0)
+    assert plan([s1, s2, s3], 0.1, {"gpu": 10_000}).moves == plan([s1, s2, s3], 0.1).moves != []
+
+
 def test_a_pool_whose_placements_never_settle_still_moves_after_a_few_rounds() -> None:
     # Drain and uncordon requests flapping leave "default" unsettled every round; "gpu" is
     # unsettled twice. Each pool waits while unsettled, never more than three rounds running.

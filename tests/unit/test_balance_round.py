@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.balance import fleet as fleet_rows
 from manager.balance.handovers import Handovers
-from manager.balance.plan import Member, Move
+from manager.balance.plan import EVEN, Member, Move
 from manager.balance.rounds import SETTLE_ROUNDS, BalanceRound
 from manager.broker import BrokerLink
 from manager.settings import ManagerSettings
@@ -44,9 +44,9 @@ class _Broker:
         self.sent.append(message)
 
 
-def _member(name: str, running: int, **kw: Any) -> Member:
+def _member(name: str, running: int, capacity: int = 100, **kw: Any) -> Member:
     service_id = uuid.uuid5(uuid.NAMESPACE_DNS, name)
-    return Member(service_id, name, 100, running, ("default",), kinds=frozenset({"probe"}), **kw)
+    return Member(service_id, name, capacity, running, ("default",), kinds=frozenset({"probe"}), **kw)
 
 
 class _Round:
@@ -74,7 +74,13 @@ class _Round:
         async def awaiting_broker(session: object, since: object) -> set[str]:
             return set(self.awaiting)
 
+        self.in_flight: dict[str, int] = {}
+
+        async def in_flight(session: object, since: object) -> dict[str, int]:
+            return dict(self.in_flight)
+
         monkeypatch.setattr(fleet_rows, "awaiting_broker", awaiting_broker)
+        monkeypatch.setattr(fleet_rows, "in_flight", in_flight)
         monkeypatch.setattr(fleet_rows, "members", members)
         monkeypatch.setattr(fleet_rows, "movable", movable)
         monkeypatch.setattr(fleet_rows, "set_drain_notes", set_drain_notes)
@@ -155,6 +161,31 @@ async def test_a_pool_whose_starts_the_broker_holds_for_a_dead_session_is_not_ev
     # Once no start waits in the broker, the pool is evened again.
     rounds.awaiting.clear()
     assert await rounds.run() == {"a": 20, "b": 20}
+
+
+async def test_a_burst_of_creates_moves_nothing_while_the_rows_lag_behind_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As a create of 100,000 met it: the broker dealt the burst evenly, but the reports
+    # reached each service's rows at their own pace. Evened on that, the placement sent the
+    # whole burst to the services that looked under, and after the fifth round the balancer
+    # asked 250 observers to move each round, restarts of observers that ran fine.
+    def lagging(a: int, b: int, c: int) -> list[Member]:
+        return [_member("a", a, capacity=100_000), _member("b", b, capacity=100_000), _member("c", c, capacity=100_000)]
+
+    rounds = _Round(monkeypatch, lagging(529, 325, 350))
+    rounds.in_flight = {"default": 4_000}
+    for a, b, c in [(529, 325, 350), (3326, 3175, 650), (5355, 3675, 3675), (7650, 5627, 5680)]:
+        rounds.fleet[:] = lagging(a, b, c)
+        assert await rounds.run() == {}
+        rounds.confirm()
+    # Every service stays at one priority: the burst goes round-robin, none gets it all
+    assert {sent.priority for sent in rounds.sent_placements.values()} == {EVEN}
+
+    # Once it has landed, the rows are what the services run, and a real difference moves
+    rounds.in_flight = {}
+    rounds.fleet[:] = lagging(40_000, 30_000, 30_000)
+    assert await rounds.run() == {}  # the placements are new
+    rounds.confirm()
+    assert await rounds.run() == {"a": 125}  # toward 33,334, at the round's budget
 
 
 async def test_a_drain_is_made_while_the_broker_holds_starts_for_a_dead_session(
