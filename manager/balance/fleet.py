@@ -75,10 +75,16 @@ async def in_flight(session: AsyncSession, since: datetime) -> dict[str, int]:
     (``Created``: a create, a restart after a death, a hand-over, a scheduled start fallen
     due), which no service's count holds yet. Read through the status index: outside a burst
     they are few. One older is not on its way but waiting (a kind no service runs, a queue
-    holding it): it makes no service's count lag."""
+    holding it): it makes no service's count lag. Nor one the broker holds for an ended
+    session (``awaiting_broker``): it is dealt to no one yet, and once the queue lets it go
+    it should go where the placement points, to the service its node's death emptied."""
     query = (
         select(Observer.pool, func.count())
-        .where(Observer.status == ObserverStatus.CREATED, Observer.modified_at > since)
+        .where(
+            Observer.status == ObserverStatus.CREATED,
+            Observer.modified_at > since,
+            Observer.awaiting_broker_since.is_(None),
+        )
         .group_by(Observer.pool)
     )
     return {pool: int(count) for pool, count in (await session.execute(query)).all()}

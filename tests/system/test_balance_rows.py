@@ -54,11 +54,15 @@ async def test_the_starts_in_flight_are_the_created_rows_of_each_pool_changed_la
         ("other", "Created", now - timedelta(seconds=2)),
     ]
     insert = text(
-        "INSERT INTO observers (id, name, kind, pool, status, modified_at) "
-        "VALUES (:id, :name, 'ticker', :pool, CAST(:status AS observer_status), :at)"
+        "INSERT INTO observers (id, name, kind, pool, status, modified_at, awaiting_broker_since) "
+        "VALUES (:id, :name, 'ticker', :pool, CAST(:status AS observer_status), :at, :held)"
     )
     async with sessions.begin() as s:
         for i, (pool, status, at) in enumerate(rows):
-            await s.execute(insert, {"id": uuid.uuid4(), "name": f"f-{i}", "pool": pool, "status": status, "at": at})
+            values = {"id": uuid.uuid4(), "name": f"f-{i}", "pool": pool, "status": status, "at": at}
+            await s.execute(insert, values | {"held": None})
+        # A dead node's start, held by its queue: dealt to no service yet
+        values = {"id": uuid.uuid4(), "name": "held", "pool": "other", "status": "Created", "at": now}
+        await s.execute(insert, values | {"held": now})
     async with sessions() as s:
         assert await fleet_rows.in_flight(s, now - timedelta(seconds=60)) == {"burst": 2, "other": 1}
