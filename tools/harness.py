@@ -121,6 +121,21 @@ class Proc:
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
+    def state_process(self) -> int | None:
+        """The pid of a manager's state process (its child running manager.state_side): a
+        signal to the manager's own pid reaches only its API."""
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
+                cmdline = (proc / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if ppid == self.popen.pid and b"manager.state_side" in cmdline:
+                return int(proc.name)
+        return None
+
 
 @dataclass
 class System:

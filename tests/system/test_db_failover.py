@@ -113,16 +113,10 @@ def failover_system(
         print(system.logs())
 
 
-def _state_process(system: System) -> str:
-    assert system.manager is not None
-    pid = system.manager.popen.pid
-    return Path(f"/proc/{pid}/task/{pid}/children").read_text().strip()
-
-
 def test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice(failover_system: System, pair: PgPair) -> None:
     system = failover_system
     manager = system.start_manager(ORCH_LEADER_TIMEOUT_S=str(_LEADER_TIMEOUT_S))
-    state_process = _state_process(system)
+    state_process = manager.state_process()
     system.start_service("svc-a", workers=200)
     system.start_service("svc-b", workers=200)
     before = [system.create(f"before-{i}", args={"interval_s": 0.5})["id"] for i in range(10)]
@@ -157,7 +151,7 @@ def test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice(failove
         load.join(_CLIENT_TIMEOUT_S + 5)
     wait_for(lambda: system.get("/readyz").status_code == 200, 60, "/readyz 200 after the promotion")
     assert manager.alive() and system.manager is manager
-    assert _state_process(system) == state_process, "the state process was restarted"
+    assert manager.state_process() == state_process, "the state process was restarted"
 
     # During the outage: 503 with Retry-After, never a 500 or a hang.
     assert ready.status_code == 503, ready.text

@@ -157,21 +157,6 @@ def test_an_inventory_larger_than_the_sql_parameter_limit_is_applied(system: Sys
     assert system.observer(created["id"])["status"] == "Processing"
 
 
-def _state_process_of(manager_pid: int) -> int | None:
-    """The pid of the manager's state process (its child running manager.state_side)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rpartition(")")[2].split()[1])
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if ppid == manager_pid and b"manager.state_side" in cmdline:
-            return int(proc.name)
-    return None
-
-
 def _squat(port: int, trying_s: float) -> socket.socket | None:
     """A socket listening on ``port``, or None if it cannot be had for ``trying_s`` (the
     dead child's sockets may hold it for a moment)."""
@@ -215,7 +200,7 @@ def _gone(pid: int) -> bool:
 def test_the_state_process_is_restarted_if_it_dies_and_dies_with_the_manager(system: System) -> None:
     manager = system.start_manager()
     system.start_service("svc-a", workers=5)
-    first = wait_for(lambda: _state_process_of(manager.popen.pid) or 0, 20, "the state process")
+    first = wait_for(lambda: manager.state_process() or 0, 20, "the state process")
     metrics_port = wait_for(lambda: _listening_port(first) or 0, 20, "the state process's metrics socket")
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: _gone(first), 10, "the state process to die", every=0.01)
@@ -225,7 +210,7 @@ def test_the_state_process_is_restarted_if_it_dies_and_dies_with_the_manager(sys
     squatter = _squat(metrics_port, 0.5)
 
     def replaced() -> int:
-        pid = _state_process_of(manager.popen.pid) or 0
+        pid = manager.state_process() or 0
         return pid if pid != first else 0
 
     second = wait_for(replaced, 20, "a new state process")
@@ -247,7 +232,7 @@ def test_a_manager_killed_while_it_starts_takes_its_state_process_along(system: 
     # ``python -m manager`` spawns the state process before it imports the API (so a restarted
     # manager applies its backlog sooner): a kill -9 in between must leave no consumer behind.
     manager = system.start_manager(wait=False)
-    child = wait_for(lambda: _state_process_of(manager.popen.pid) or 0, 20, "the state process", every=0.02)
+    child = wait_for(lambda: manager.state_process() or 0, 20, "the state process", every=0.02)
     manager.kill9()
     wait_for(lambda: _gone(child), 10, "the state process to die with the manager")
 
@@ -259,7 +244,7 @@ def test_a_single_process_manager_applies_state_too(system: System) -> None:
     system.wait_status(created["id"], "Processing")
     assert system.delete(f"/api/observers/{created['id']}").status_code == 202
     system.wait_status(created["id"], "Deleted")
-    assert _state_process_of(manager.popen.pid) is None
+    assert manager.state_process() is None
     applied = [line for line in system.get("/metrics").text.splitlines() if line.startswith("orch_state_messages")]
     assert applied and float(applied[0].split()[-1]) > 0, applied
 

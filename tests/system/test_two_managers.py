@@ -11,12 +11,11 @@ import os
 import signal
 import time
 from collections import Counter
-from pathlib import Path
 
 from sqlalchemy import text
 
 from manager.db.engine import make_engine
-from tools.harness import Proc, System, free_port, metric, wait_for
+from tools.harness import System, free_port, metric, wait_for
 
 
 def _leader(system: System) -> str | None:
@@ -45,13 +44,6 @@ def _second(system: System) -> System:
     workdir = system.workdir / "b"
     workdir.mkdir()
     return dataclasses.replace(system, manager_port=free_port(), procs=[], manager=None, workdir=workdir)
-
-
-def _state_process(manager: Proc) -> int:
-    pid = manager.popen.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    assert len(children) == 1, children
-    return int(children[0])
 
 
 def test_two_managers_serve_the_api_one_leads_and_the_other_takes_over(system: System) -> None:
@@ -122,7 +114,8 @@ def test_a_frozen_leader_gives_way_and_steps_down_when_it_wakes(system: System) 
         wait_for(lambda: _leader(a) == "manager-a", 30, "manager-a to lead")
         b.start_manager(ORCH_MANAGER_NAME="manager-b", ORCH_LEADER_TIMEOUT_S="3")
         a.start_service("svc-1", workers=50)
-        frozen = _state_process(manager_a)
+        frozen = manager_a.state_process()
+        assert frozen is not None
         os.kill(frozen, signal.SIGSTOP)
         try:
             created = [b.create(f"o-{i}")["id"] for i in range(10)]
