@@ -41,6 +41,7 @@ from shared.errors import BrokerRefused, BrokerUnavailable, DecodeError
 from shared.kinds import discover_kinds
 from shared.logs import set_service_id
 from shared.messages import (
+    UNDER,
     ControlMessage,
     DescribeRequest,
     IntroduceRequest,
@@ -232,6 +233,7 @@ class ObserverService:
             if stale:
                 logger.warning("dropped %d unpublished start report(s) and inventories of the dead session", stale)
             self.runner.gc.fenced()
+            self._emptied()
             # On a cluster the next session starts at the next node: the one this session
             # lost may be down, or up but cut off from the others (which answers a connect).
             if self._moved_home:
@@ -355,6 +357,17 @@ class ObserverService:
                 self.reports.describe(command.observer_ids)
             case IntroduceRequest():
                 self._introduce(name_taken=command.name_taken)
+
+    def _emptied(self) -> None:
+        """Its session ended and it runs nothing: the next one takes starts first. Those it
+        held come back once the queue lets the ended session go (2 s after a node's death)
+        and should come back here; the balancer's placement saying so can come later (its
+        command refused on the dead node's control queue, the others confirming theirs while
+        busy taking starts: docs/design.md, "Even load"). The balancer's next word wins."""
+        emptied = self.placement.emptied()
+        if emptied != self.placement:
+            logger.info("runs nothing since its session ended: its next one takes starts first (priority %d)", UNDER)
+        self.placement = emptied
 
     def _place(self, placement: Placement) -> None:
         """Take new starts under ``placement``: this session at once, every later one from its

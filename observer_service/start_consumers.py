@@ -57,6 +57,7 @@ from aio_pika.abc import AbstractChannel
 from observer_service import metrics
 from observer_service.start_channel import StartChannel
 from shared import topology
+from shared.messages import EVEN, UNDER
 
 ASIDE = -1  # the priority of a queue stepped aside from: below every placement (0 to 2)
 
@@ -72,13 +73,18 @@ class Placement:
     that just joined takes its turn with the others at once, not after them. ``pools`` gives
     a pool a priority of its own, as (pool, priority) pairs."""
 
-    priority: int = 1  # manager.balance.plan.EVEN
+    priority: int = EVEN
     cordoned: bool = False
     pools: tuple[tuple[str, int], ...] = ()
     start_queues: int = 1  # each pool's start queues, all consumed
 
     def priority_in(self, pool: str) -> int:
         return dict(self.pools).get(pool, self.priority)
+
+    def emptied(self) -> Placement:
+        """This placement once the service runs nothing (its session ended and fenced it all):
+        under its share in every pool, as the balancer will say once it hears; a cordon stays."""
+        return self if self.cordoned else dataclasses.replace(self, priority=UNDER, pools=())
 
 
 @dataclass

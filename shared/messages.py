@@ -128,6 +128,12 @@ class DescribeRequest(Message):
     observer_ids: list[uuid.UUID]
 
 
+# The consumer priorities of a placement (``SetPlacement``): a service under its fair share of
+# a pool, at it, over it (docs/design.md, "Even load"). The broker gives each start to the
+# highest priority with a free worker.
+UNDER, EVEN, OVER = 2, 1, 0
+
+
 class SetPlacement(Message):
     """How the named service takes new starts from now on (docs/design.md, "Even load"): it
     consumes its pools' start queues with consumer priority ``priority`` (the broker gives each

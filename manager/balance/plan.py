@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-UNDER, EVEN, OVER = 2, 1, 0  # consumer priorities
+from shared.messages import EVEN, OVER, UNDER
 
 # A placement as ``SetPlacement`` carries it and heartbeats report it: the priority, whether
 # cordoned, and the (pool, priority) pairs of pools that have one of their own.

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -278,3 +280,70 @@ def test_a_pool_over_three_start_queues_spreads_their_leaders_and_loses_nothing_
     kill_and_restart(on_cluster, on_cluster.nodes[0], services[0], ids, ticks)
     assert_never_on_two_services(ticks)
     wait_for(lambda: consuming_services(on_cluster) == {"svc-0", "svc-1", "svc-2"}, 30, "every service consuming")
+
+
+def layout(log: Path, since: float) -> dict[str, str]:
+    """Each observer's service by its last tick after ``since``."""
+    last: dict[str, tuple[float, str]] = {}
+    for observer, service, _pid, at in read_ticks(log):
+        if at > since and at >= last.get(observer, (0.0, ""))[0]:
+            last[observer] = (at, service)
+    return {observer: service for observer, (_at, service) in last.items()}
+
+
+def test_a_node_death_gives_the_emptied_service_its_starts_back_before_the_manager_can_say_so(
+    on_cluster: Fleet, tmp_path: Path
+) -> None:
+    """svc-1's node killed with the manager stopped (SIGSTOP), so no placement of the balancer
+    follows the death: the starts svc-1 held come back to svc-1 alone, because a service whose
+    session ended, having fenced everything, consumes under its share on its own
+    (docs/design.md, "Even load"); the others keep what they run. Before, all three consumed
+    at one priority and the returning starts spread over them, to be evened later by hand-overs
+    (a second interruption for observers that ran fine)."""
+    ticks = tmp_path / "ticks.log"
+    count = 150
+    services, ids = on_cluster.start(ticks, count)
+    system = on_cluster.system
+    wait_for(lambda: on_cluster.all_processing_on_alive(ids), 120, "all Processing")
+
+    # Even within the balancer's tolerance and still for 3 s: all three at the same priority.
+    def settled() -> dict[str, str] | None:
+        now = time.time()
+        seen = layout(ticks, now - 1)
+        if len(seen) < count:
+            return None
+        time.sleep(3)
+        if layout(ticks, time.time() - 1) != seen:
+            return None
+        loads = [list(seen.values()).count(s) for s in set(seen.values())]
+        return seen if len(loads) == 3 and max(abs(n - count / 3) for n in loads) <= 0.1 * count / 3 else None
+
+    before = wait_for(settled, 120, "the fleet even and still")
+    assert before is not None
+    victim = system.service_by_name("svc-1")
+    assert victim is not None
+    manager = system.procs[0]
+    state = manager.state_process()
+    assert state is not None
+    frozen = [manager.popen.pid, state]  # its API, and the state process that balances
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        node, service = on_cluster.nodes[1], services[1]
+        assert f"broker session open on 127.0.0.1:{node.port}" in service.text()
+        opened = service.text().count("broker session open on")
+        killed_at = time.time()
+        node.kill()
+        wait_for(lambda: service.text().count("broker session open on") > opened, 60, "svc-1 to reconnect")
+        wait_for(lambda: ticking_since(ticks, ids, killed_at + 1), 120, "all running again")
+        after = layout(ticks, killed_at + 1)
+        moved = {oid: (before[oid], after[oid]) for oid in ids if before[oid] != after[oid]}
+        assert not moved, f"{len(moved)} observer(s) came back elsewhere; svc-1 is {victim['id']}: {moved}"
+        assert "runs nothing since its session ended" in service.text()
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: on_cluster.all_processing_on_alive(ids), 120, "all Processing once the manager is back")
+    node.start()
+    wait_for(lambda: len(running_nodes(node)) == 3, 120, f"{node.node} to rejoin")
+    assert_never_on_two_services(ticks)

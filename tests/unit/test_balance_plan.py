@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import uuid
 
-from manager.balance.plan import EVEN, OVER, UNDER, Member, Move, Plan, drain_note, placement, plan
+from manager.balance.plan import Member, Move, Plan, drain_note, placement, plan
 from manager.balance.rounds import Settle
+from shared.messages import EVEN, OVER, UNDER
 
 
 def levels(decided: Plan, pool: str) -> dict[uuid.UUID, int]:

@@ -13,11 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from manager.balance import fleet as fleet_rows
 from manager.balance.handovers import Handovers
-from manager.balance.plan import EVEN, Member, Move
+from manager.balance.plan import Member, Move
 from manager.balance.rounds import SETTLE_ROUNDS, BalanceRound
 from manager.broker import BrokerLink
 from manager.settings import ManagerSettings
-from shared.messages import SetPlacement, StopObservers
+from shared.messages import EVEN, SetPlacement, StopObservers
 
 
 class _Sessions:

@@ -11,6 +11,7 @@ from aio_pika.abc import AbstractChannel
 
 from observer_service.start_channel import StartChannel
 from observer_service.start_consumers import Placement, StartConsumers
+from shared.messages import EVEN, OVER, UNDER
 
 
 class FakeChannel:
@@ -251,3 +252,14 @@ async def test_a_full_record_taken_up_consumes_again_at_the_first_slot_back() ->
     starts.settled(fake, 1)
     await settle_tasks()
     assert fake.tags[-1] == "orch-start q" and fake.windows[-1] == 2  # the one held and the slot back
+
+
+def test_an_emptied_placement_takes_starts_first_in_every_pool_unless_cordoned() -> None:
+    """What a service consumes under once its session ended and fenced everything: UNDER in
+    every pool (a per-pool OVER would keep its own starts away from it), the start queues kept;
+    a cordon holds (a draining service takes nothing)."""
+    placed = Placement(priority=OVER, pools=(("a", OVER), ("b", EVEN)), start_queues=3)
+    emptied = placed.emptied()
+    assert (emptied.priority_in("a"), emptied.priority_in("b"), emptied.start_queues) == (UNDER, UNDER, 3)
+    cordoned = Placement(priority=OVER, cordoned=True)
+    assert cordoned.emptied() == cordoned
