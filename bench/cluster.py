@@ -335,11 +335,19 @@ async def node_cut(system: System, services: list[Proc], nodes: list[infra.Rabbi
 
 def _session_node(service: Proc, nodes: list[infra.RabbitNode]) -> infra.RabbitNode:
     """The node the service is connected to, as the broker lists its connections (each line
-    starts with the port of the node it is on)."""
-    listing = nodes[0].ctl("-q", "list_connections", "--no-table-headers", "port", "client_properties")
-    mine = [line for line in listing.splitlines() if f"observer-service {service.name} (publish)" in line]
-    ports = {int(line.split("\t", 1)[0]) for line in mine}
-    return next(n for n in nodes if n.port in ports)
+    starts with the port of the node it is on). A service that has just opened a session may
+    not have its publish connection listed yet: asked again for a while (a run failed on it)."""
+    deadline = time.monotonic() + 30
+    while True:
+        listing = nodes[0].ctl("-q", "list_connections", "--no-table-headers", "port", "client_properties")
+        mine = [line for line in listing.splitlines() if f"observer-service {service.name} (publish)" in line]
+        ports = {int(line.split("\t", 1)[0]) for line in mine}
+        found = [n for n in nodes if n.port in ports]
+        if found:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{service.name} has no publish connection on any node of the cluster")
+        time.sleep(0.5)
 
 
 def _node_order(system: System, i: int) -> dict[str, str]:
