@@ -117,6 +117,7 @@ def test_a_switchover_under_load_loses_nothing_and_applies_nothing_twice(failove
     system = failover_system
     manager = system.start_manager(ORCH_LEADER_TIMEOUT_S=str(_LEADER_TIMEOUT_S))
     state_process = manager.state_process()
+    assert state_process is not None  # else "not restarted" below would compare two Nones
     system.start_service("svc-a", workers=200)
     system.start_service("svc-b", workers=200)
     before = [system.create(f"before-{i}", args={"interval_s": 0.5})["id"] for i in range(10)]
