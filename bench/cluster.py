@@ -464,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             system.env |= {
                 "ORCH_QUEUE_TYPE": "quorum",
                 "ORCH_AMQP_URLS": ",".join(n.url_for(tag) for n in nodes),
+                "ORCH_BROKER_METRICS_URLS": ",".join(n.metrics_url for n in nodes),
                 "ORCH_AMQP_HOME": "first",
                 "ORCH_AMQP_RETURN_HOME_AFTER_S": "0",
             }

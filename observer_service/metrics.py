@@ -75,3 +75,9 @@ REFUSALS = Counter(
     "orch_service_refusals", "Refusals by the broker that retrying cannot heal (each attempt)", registry=REGISTRY
 )
 EMITS_WAITING = Gauge("orch_service_emits_waiting", "Emits waiting for a slot now", registry=REGISTRY)
+LEASE_GIVE_UP = Gauge(
+    "orch_service_lease_give_up_seconds",
+    "On a cluster, how long an unrenewed lease ends a session: ORCH_LEASE_GIVE_UP_S, lowered to fit the "
+    "broker's net_ticktime",
+    registry=REGISTRY,
+)

@@ -21,10 +21,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from observer_service import health, home_node, metrics
+from observer_service import health, home_node, metrics, net_ticktime
 from observer_service.capacity import sized
 from observer_service.inbox import Delivery, Inbox
 from observer_service.lease import Lease
+from observer_service.net_ticktime import NetTicktime, endpoint_urls
 from observer_service.outbox import Outbox
 from observer_service.refusals import Refusals
 from observer_service.reports import Reports
@@ -58,6 +59,7 @@ from shared.messages import (
     decode_start,
 )
 from shared.outage import OutageLog
+from shared.tls import client_context
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,13 @@ class ObserverService:
         set_service_id(str(self.service_id))
         self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
         self.lease = Lease(settings.amqp_heartbeat_s, cluster=settings.queue_type == "quorum")
+        # On a cluster the give-up bound is checked against the broker's net_ticktime.
+        self.ticktime = NetTicktime(
+            endpoint_urls(self.nodes.urls, settings.broker_metrics_urls) if settings.queue_type == "quorum" else [],
+            settings.lease_give_up_s,
+            self.lease.validity_s / 4,
+            client_context(settings.amqp_ca_file, settings.amqp_cert_file, settings.amqp_key_file),
+        )
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
         self.inbox = Inbox(self.outbox, self.runner.gc, self.runner.admit, self.runner.spawn)
         self.refusals = Refusals()
@@ -143,6 +152,11 @@ class ObserverService:
             )
         ]
         try:
+            if self.ticktime.urls:
+                # Read before the first session opens, so that it already uses a bound that fits.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.ticktime.check(), 2 * net_ticktime.READ_TIMEOUT_S)
+                loops.append(asyncio.create_task(self.ticktime.watch()))
             await self._session_loop()
             await self._graceful_stop()
         finally:
@@ -185,7 +199,9 @@ class ObserverService:
         failures = 0
         markers_left: list[tuple[str, str]] = []  # queue markers a lost connection left
         while not self.shutdown.is_set():
-            session = Session(self.settings, self.service_id, self.lease, self.nodes.current, markers_left)
+            session = Session(
+                self.settings, self.service_id, self.lease, self.nodes.current, markers_left, self.ticktime.give_up_s
+            )
             try:
                 await session.open(
                     functools.partial(self._on_start, session=session),

@@ -93,8 +93,11 @@ class Session:
         lease: Lease,
         url: str,
         markers_left: list[tuple[str, str]] | None = None,
+        give_up_s: float | None = None,
     ) -> None:
         self.settings = settings
+        # On a cluster, a lease unrenewed this long ends the session (``net_ticktime.py``).
+        self.give_up_s = settings.lease_give_up_s if give_up_s is None else give_up_s
         self.service_id = service_id
         self.url = url  # one node of the broker: both connections go to it
         # Named in start reports and inventories; a stop aimed at one copy carries it.
@@ -154,7 +157,7 @@ class Session:
                 self._to_main,
                 self._fail_from_hold,
                 self.settings.queue_type,
-                self.settings.lease_give_up_s,
+                self.give_up_s,
                 placement,
                 self.settings.refused_retry_s,
             )

@@ -13,7 +13,7 @@ from pydantic_settings import NoDecode
 
 from shared.egress import DEFAULT_DENY, DENY_ENV, Network, parse_networks
 from shared.kinds.periodic import parse_modules
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, split_commas
 
 AUTO = 0
 AUTO_SLOTS = -1
@@ -76,8 +76,19 @@ class ServiceSettings(CommonSettings):
         default=10.0,
         gt=0,
         description="with `ORCH_QUEUE_TYPE=quorum`: a lease unrenewed this long ends the session (its node may be "
-        "cut off from the others, which then hand its starts on); keep it under 0.75 x the broker's "
-        '`net_ticktime` + 2 s (docs/design.md, "How soon the starts of a dead node may move")',
+        "cut off from the others, which then hand its starts on); it must stay under 0.75 x the broker's "
+        "`net_ticktime` + 2 s less 1.25 s, and is lowered to that where the broker's net_ticktime can be read "
+        '(`ORCH_BROKER_METRICS_URLS`; docs/design.md, "How soon the starts of a dead node may move")',
+    )
+    broker_metrics_urls: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="with `ORCH_QUEUE_TYPE=quorum`: RabbitMQ's Prometheus endpoints (comma-separated), where the "
+        "service reads each node's `net_ticktime` to check `ORCH_LEASE_GIVE_UP_S` against it (lowered to fit if "
+        "needed) and to say when a node cut off would wait long; `none`: not read",
+        json_schema_extra={
+            "shown_default": "`http://HOST:15692/metrics` for each broker URL's host (`https://HOST:15691/metrics` "
+            "for an `amqps://` one, verified with `ORCH_AMQP_CA_FILE` and `ORCH_AMQP_CERT_FILE`)"
+        },
     )
     refused_retry_s: float = Field(
         default=30.0,
@@ -173,6 +184,11 @@ class ServiceSettings(CommonSettings):
     @classmethod
     def _split_networks(cls, value: object, info: ValidationInfo) -> object:
         return parse_networks(value, f"ORCH_{str(info.field_name).upper()}") if isinstance(value, str) else value
+
+    @field_validator("broker_metrics_urls", mode="before")
+    @classmethod
+    def _split_metrics_urls(cls, value: object) -> object:
+        return split_commas(value)
 
     @field_validator("pools", mode="before")
     @classmethod

@@ -40,6 +40,11 @@ def _readable(path: str | None) -> str | None:
 TlsFile = Annotated[str | None, AfterValidator(_readable)]
 
 
+def split_commas(value: object) -> object:
+    """A comma-separated setting as its list of non-empty items (a list stays as it is)."""
+    return [item.strip() for item in value.split(",") if item.strip()] if isinstance(value, str) else value
+
+
 class CommonSettings(BaseSettings):
     """Every field's ``description`` is its documentation: ``docs/configuration.md`` is made
     from them (``python -m tools.settings_doc``), and a test fails when the two differ."""
@@ -97,7 +102,7 @@ class CommonSettings(BaseSettings):
     @field_validator("amqp_urls", mode="before")
     @classmethod
     def _split_urls(cls, value: object) -> object:
-        return [url.strip() for url in value.split(",") if url.strip()] if isinstance(value, str) else value
+        return split_commas(value)
 
     @model_validator(mode="after")
     def _tls_needs_amqps(self) -> Self:

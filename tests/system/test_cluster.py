@@ -154,6 +154,7 @@ def fleet_on_cluster(
     system.env = {
         "ORCH_QUEUE_TYPE": "quorum",
         "ORCH_AMQP_URLS": ",".join(urls),
+        "ORCH_BROKER_METRICS_URLS": ",".join(node.metrics_url for node in nodes),
         "ORCH_AMQP_HOME": "first",
         "ORCH_AMQP_RETURN_HOME_AFTER_S": "0",
         "PYTHONPATH": str(plugin_path),
@@ -254,6 +255,11 @@ def test_each_node_killed_in_turn_loses_no_observer_and_runs_none_twice(on_clust
     services, ids = on_cluster.start(ticks)
     system = on_cluster.system
     wait_for(lambda: on_cluster.all_processing_on_alive(ids), 120, "all Processing")
+    # Each read every node's net_ticktime (deploy/rabbitmq/cluster.conf's), which the give-up fits.
+    for service in services:
+        said = service.text()
+        assert all(f"broker net_ticktime is 20 s at {node.metrics_url}" in said for node in on_cluster.nodes), said
+        assert "lease give-up lowered" not in said
     for node, service in zip(on_cluster.nodes, services, strict=True):
         kill_and_restart(on_cluster, node, service, ids, ticks)
     assert_never_on_two_services(ticks)

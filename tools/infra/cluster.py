@@ -32,6 +32,8 @@ MAX_NODES = 7
 # Ports of member i: above the single node's, so both may run.
 _AMQP_FROM = DEFAULT_AMQP_PORT + 10
 _DIST_FROM = DEFAULT_DIST_PORT + 10
+# Each member serves its net_ticktime to the services from RabbitMQ's Prometheus plugin.
+_PROMETHEUS_FROM = 15692 + 10
 
 
 def dist_source(i: int) -> str:
@@ -61,7 +63,7 @@ def members(single: RabbitNode, count: int, base: Path, *, allocate: bool) -> li
     nodes = []
     taken: set[int] = {single.port, single.dist_port}
     for i, name in enumerate(names, 1):
-        amqp, dist = ports.get(name, [_AMQP_FROM + i, _DIST_FROM + i])
+        amqp, dist, prometheus = [*ports.get(name, [_AMQP_FROM + i, _DIST_FROM + i]), _PROMETHEUS_FROM + i][:3]
         node = RabbitNode(
             name=name,
             base=folder / f"n{i}",
@@ -72,6 +74,7 @@ def members(single: RabbitNode, count: int, base: Path, *, allocate: bool) -> li
             cookie=cookie,
             install=install_for(series, base),
             dist_source=dist_source(i),
+            prometheus_port=prometheus,
             extra_conf=f"cluster_formation.peer_discovery_backend = classic_config\n{peers}\n\n"
             f"# {SHIPPED_CLUSTER.name}\n{SHIPPED_CLUSTER.read_text().strip()}",
         )
@@ -79,10 +82,13 @@ def members(single: RabbitNode, count: int, base: Path, *, allocate: bool) -> li
             node.port = move_port(node.port, taken, f"rabbitmq {name} AMQP")
             taken.add(node.port)
             node.dist_port = move_port(node.dist_port, taken, f"rabbitmq {name} distribution")
-        taken |= {node.port, node.dist_port}
+            taken.add(node.dist_port)
+            node.prometheus_port = move_port(node.prometheus_port, taken, f"rabbitmq {name} Prometheus")
+        taken |= {node.port, node.dist_port, node.prometheus_port}
         nodes.append(node)
     if allocate:
-        _save(folder, {"cookie": cookie, "ports": {n.name: [n.port, n.dist_port] for n in nodes}})
+        ports = {n.name: [n.port, n.dist_port, n.prometheus_port] for n in nodes}
+        _save(folder, {"cookie": cookie, "ports": ports})
     return nodes
 
 

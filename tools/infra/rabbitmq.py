@@ -83,6 +83,9 @@ class RabbitNode:
     # for a certificate signed by ``tls.ca`` (mutual TLS); the plain one stays.
     tls: TlsFiles | None = None
     tls_port: int = 0
+    # With a port, RabbitMQ's own Prometheus endpoint (the rabbitmq_prometheus plugin) serves
+    # ``metrics_url`` there, where a service on a cluster reads the node's net_ticktime.
+    prometheus_port: int = 0
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False, compare=False)
 
     # ----- names and paths
@@ -126,6 +129,11 @@ class RabbitNode:
     @property
     def url(self) -> str:
         return f"amqp://{quote(self.user, safe='')}:{quote(self.password, safe='')}@{LOOPBACK}:{self.port}/"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its Prometheus endpoint (with ``prometheus_port``)."""
+        return f"http://{LOOPBACK}:{self.prometheus_port}/metrics"
 
     def tls_url_for(self, vhost: str, host: str = LOOPBACK) -> str:
         """The ``amqps://`` URL of ``vhost`` on the TLS listener, reached as ``host``."""
@@ -219,11 +227,13 @@ class RabbitNode:
                 "ssl_options.verify = verify_peer",
                 "ssl_options.fail_if_no_peer_cert = true",
             ]
+        if self.prometheus_port:
+            conf += ["", f"prometheus.tcp.ip = {LOOPBACK}", f"prometheus.tcp.port = {self.prometheus_port}"]
         if self.extra_conf.strip():
             conf += ["", "# extra_conf", self.extra_conf.strip()]
         write_private(self.config_file, "\n".join(conf) + "\n")
         write_private(self.advanced_config_file, self._advanced_config())
-        write_private(self.plugins_file, "[].\n")
+        write_private(self.plugins_file, "[rabbitmq_prometheus].\n" if self.prometheus_port else "[].\n")
         write_private(self.base / "rabbitmq-env.conf", "# Intentionally empty (tools/infra/rabbitmq.py).\n")
         cookie = self.base / ".erlang.cookie"
         if self.cookie:
@@ -402,8 +412,8 @@ class RabbitNode:
         if registered is not None and not self._epmd_forgets(_EPMD_FORGETS_S):
             # Registered, yet nobody listens on its distribution port: not a node that runs.
             raise InfraError(conflicts.node_name_taken(self.name, registered, self.pid_file, None))
-        for port, what in ((self.port, "AMQP"), (self.dist_port, "distribution")):
-            if not port_is_free(port):
+        for port, what in ((self.port, "AMQP"), (self.dist_port, "distribution"), (self.prometheus_port, "Prometheus")):
+            if port and not port_is_free(port):
                 found = conflicts.listening_holder(port)
                 label = f"rabbitmq {self.node}: {what} port"
                 raise InfraError(conflicts.port_taken(label, port, found, self.pid_file))

@@ -181,6 +181,7 @@ def env_lines(
     if brokers:
         lines.append(f"ORCH_AMQP_URLS={shlex.quote(','.join(node.url for node in brokers))}")
         lines.append("ORCH_QUEUE_TYPE=quorum")  # docs/design.md, "On a RabbitMQ cluster"
+        lines.append(f"ORCH_BROKER_METRICS_URLS={shlex.quote(','.join(node.metrics_url for node in brokers))}")
     return [*lines, f"ORCH_DATABASE_URL={shlex.quote(pg.url(database))}"]
 
 
