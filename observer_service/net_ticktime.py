@@ -6,7 +6,7 @@ the majority hands a cut-off node's starts on 0.75 N + T after the cut at the ea
 broker's ``net_ticktime``, T the queues' hand-on timeout). It is safe while G + P < 0.75 N + T
 (P the lease's renewal period). N is a node setting that no queue or consumer argument
 carries, so each service reads it from RabbitMQ's own Prometheus endpoint (the
-``rabbitmq_prometheus`` plugin, ``rabbitmq_erlang_net_ticktime_seconds`` since 4.1):
+``rabbitmq_prometheus`` plugin's ``rabbitmq_erlang_net_ticktime_seconds``, on 3.10, 4.0 and 4.3):
 * a net_ticktime too short for G lowers G to fit, for the sessions that open from then on,
   so a node configured with a short one never makes the lease unsafe; said once;
 * one longer than the 20 s the project ships is said with what it costs (a node cut off
@@ -65,7 +65,7 @@ def parse(text: str) -> float:
     """The net_ticktime in a Prometheus text page; ValueError if it holds none."""
     found = _LINE.search(text)
     if found is None:
-        raise ValueError(f"no {METRIC} in it (RabbitMQ before 4.1?)")
+        raise ValueError(f"no {METRIC} in it: not RabbitMQ's endpoint?")
     return float(found.group(1))
 
 
@@ -118,7 +118,7 @@ class NetTicktime:
                 url,
                 f"cannot read the broker's net_ticktime from {url} ({_reason(e)}): ORCH_LEASE_GIVE_UP_S="
                 f"{self.configured_s:g} is safe only if every node's net_ticktime is at least "
-                f"{self._least_safe_ticktime_s():.0f} s; enable the rabbitmq_prometheus plugin (RabbitMQ 4.1+) "
+                f"{self._least_safe_ticktime_s():.0f} s; enable the rabbitmq_prometheus plugin "
                 "or set ORCH_BROKER_METRICS_URLS (none: do not check)",
                 logging.WARNING,
             )

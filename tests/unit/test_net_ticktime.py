@@ -102,5 +102,5 @@ async def test_an_endpoint_that_does_not_answer_leaves_the_give_up_as_set(
     assert not await ticktime.check()
     assert ticktime.give_up_s == 10.0
     assert f"cannot read the broker's net_ticktime from {missing} (HTTP 404)" in caplog.text
-    assert "RabbitMQ before 4.1?" in caplog.text
+    assert "no rabbitmq_erlang_net_ticktime_seconds in it" in caplog.text
     assert "safe only if every node's net_ticktime is at least 12 s" in caplog.text
