@@ -33,7 +33,8 @@ and so may be offered more than the pool has room for when several queues delive
 what arrives past the pool's workers is excess, never run. The first excess cancels every
 consumer of the pool (``pause``) before it is handed back, so it goes to a service with room,
 and while any consumer is cut to the pool's free workers, a queue left with no consumer that
-has room is offered them again as slots come back on any channel (``_offer_every_queue``).
+has room is offered them again as slots come back on any channel, and when a cut consumer uses
+its window up (``_offer_every_queue``).
 
 Stepping aside (docs/design.md, "Starts a service cannot run"): a service handed a start it
 cannot run (a kind it lacks, no free process slot) consumes that pool's queues at ``ASIDE``,
@@ -209,6 +210,11 @@ class StartConsumers:
         # Frames arrive in order: a tag above the floor came to the current consumer.
         mine = tag > consumer.floor
         consumer.current += mine
+        if mine and consumer.used_up() and self._cut.get(consumer.pool):
+            # Its window may have been cut to fewer workers than are free now: freed by settles
+            # on other queues, which offered them to none of its consumers while it had room.
+            # No settle may come again (a killed service's starts just came back to it).
+            self._offer_every_queue(consumer.pool)
         if held > self._workers[consumer.pool]:
             return "excess"
         return "aside" if consumer.aside and mine else "run"

@@ -206,6 +206,30 @@ async def test_a_queue_whose_consumers_are_all_used_up_is_offered_a_free_worker_
     assert len(c.consumes) == 2  # queue 2's consumer still has room: nothing to do
 
 
+async def test_a_window_cut_then_used_up_while_workers_are_free_is_opened_again() -> None:
+    """A consumer cut to the pool's free workers keeps that window while workers come free on
+    other queues (their settles offer the free workers only to queues all of whose consumers
+    are used up, and this one was not). Used up later by starts that came back to its queue (a
+    service killed), it must consume again: no settle may ever come, and the starts would wait
+    while the pool has free workers (seen in CI: 14 of 30 waited past 60 s with 14 free)."""
+    starts, (a, b, c) = await several_queues(workers=10)
+    for tag in range(1, 5):
+        starts.delivered(a, tag)
+        starts.delivered(b, tag)
+    await starts.place(Placement(priority=2, start_queues=3))  # every queue cut to the 2 free
+    assert a.windows[-1] == b.windows[-1] == c.windows[-1] == 2
+    for tag in range(1, 5):
+        starts.settled(b, tag)  # queue 1's starts moved away (ORCH_START_QUEUES lowered)
+    await settle_tasks()
+    assert await starts.release("default", "orch.start.default.1") is not None
+    assert await starts.release("default", "orch.start.default.2") is not None
+
+    starts.delivered(a, 5)
+    starts.delivered(a, 6)  # a's window of 2 used up, 4 of the 10 workers still free
+    await settle_tasks()
+    assert a.windows[-1] == 4 and len(a.consumes) == 3
+
+
 async def taken_up(size: int) -> tuple[StartConsumers, FakeChannel]:
     """A quorum queue's channel on RabbitMQ 4: its record is taken up at each consume."""
     starts = StartConsumers(quorum=True, placement=Placement())
