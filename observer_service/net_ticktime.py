@@ -69,10 +69,15 @@ def parse(text: str) -> float:
     return float(found.group(1))
 
 
+def handed_on_after_s(ticktime_s: float) -> float:
+    """The earliest the majority may hand a cut-off node's starts on, after the cut."""
+    return 0.75 * ticktime_s + topology.HAND_ON_AFTER_MS / 1000
+
+
 def safe_give_up(give_up_s: float, ticktime_s: float, renewal_s: float) -> float:
     """The largest give-up bound no greater than ``give_up_s`` that ends a cut-off session
     before the majority may hand its starts on."""
-    return min(give_up_s, 0.75 * ticktime_s + topology.HAND_ON_AFTER_MS / 1000 - renewal_s - MARGIN_S)
+    return min(give_up_s, handed_on_after_s(ticktime_s) - renewal_s - MARGIN_S)
 
 
 def cut_costs_s(ticktime_s: float) -> float:
@@ -155,7 +160,7 @@ class NetTicktime:
                 give_up_s,
                 ticktime_s,
                 url,
-                0.75 * ticktime_s + topology.HAND_ON_AFTER_MS / 1000,
+                handed_on_after_s(ticktime_s),
             )
         else:
             logger.info("lease give-up back to ORCH_LEASE_GIVE_UP_S=%g s", give_up_s)

@@ -97,11 +97,12 @@ class ObserverService:
         self.outbox = Outbox(settings.outbox_max, settings.outbox_high_water)
         self.lease = Lease(settings.amqp_heartbeat_s, cluster=settings.queue_type == "quorum")
         # On a cluster the give-up bound is checked against the broker's net_ticktime.
+        urls = endpoint_urls(self.nodes.urls, settings.broker_metrics_urls) if settings.queue_type == "quorum" else []
         self.ticktime = NetTicktime(
-            endpoint_urls(self.nodes.urls, settings.broker_metrics_urls) if settings.queue_type == "quorum" else [],
+            urls,
             settings.lease_give_up_s,
             self.lease.validity_s / 4,
-            client_context(settings.amqp_ca_file, settings.amqp_cert_file, settings.amqp_key_file),
+            client_context(settings.amqp_ca_file, settings.amqp_cert_file, settings.amqp_key_file) if urls else None,
         )
         self.runner = Runner(settings, self.service_id, self.outbox, discover_kinds())
         self.inbox = Inbox(self.outbox, self.runner.gc, self.runner.admit, self.runner.spawn)
